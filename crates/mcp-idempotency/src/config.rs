@@ -1,0 +1,198 @@
+//! Engine settings: limits, retention, leases and the after-crash policy, with their defaults.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::key::DEFAULT_MAX_KEY_BYTES;
+use crate::store::RecordLimits;
+
+/// What to do with a retry whose original call stopped renewing its lease (its owner crashed or
+/// lost contact with the store) before recording an outcome.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AfterCrash {
+    /// Answer `idempotency_outcome_unknown` until the record expires: the tool may have run, so it is
+    /// never run again for this key. The safe default for side effects such as payments.
+    #[default]
+    Reject,
+    /// Take the record over and run the tool again: the SEP's minimum, which accepts a second
+    /// execution when the first one's owner died between executing and recording.
+    Reexecute,
+}
+
+impl AfterCrash {
+    /// The name used on the command line and in configuration files.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Reexecute => "reexecute",
+        }
+    }
+}
+
+impl fmt::Display for AfterCrash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for AfterCrash {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reject" => Ok(Self::Reject),
+            "reexecute" => Ok(Self::Reexecute),
+            other => Err(format!(
+                "unknown after-crash policy {other:?}; expected `reject` or `reexecute`"
+            )),
+        }
+    }
+}
+
+/// Settings of an [`Engine`](crate::Engine). Start from [`EngineConfig::default`] and adjust:
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_idempotency::{AfterCrash, EngineConfig};
+///
+/// let config = EngineConfig::default()
+///     .retention(Duration::from_secs(3600))
+///     .after_crash(AfterCrash::Reexecute)
+///     .max_records_per_scope(1_000);
+/// assert_eq!(config.retention_window(), Duration::from_secs(3600));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineConfig {
+    pub(crate) retention: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) after_crash: AfterCrash,
+    pub(crate) in_progress_retry_after: Duration,
+    pub(crate) max_key_bytes: usize,
+    pub(crate) max_argument_bytes: usize,
+    pub(crate) max_outcome_bytes: usize,
+    pub(crate) limits: RecordLimits,
+}
+
+/// Default retention window: 24 hours, as Stripe keeps keys.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default lease of an in-progress call; the owner renews it while the call runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// Default size limit of a call's `arguments`.
+pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
+/// Default size limit of a recorded outcome.
+pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 1024 * 1024;
+/// Default number of live records one scope may hold.
+pub const DEFAULT_MAX_RECORDS_PER_SCOPE: u64 = 10_000;
+/// Default number of live records a store may hold.
+pub const DEFAULT_MAX_RECORDS_TOTAL: u64 = 100_000;
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            retention: DEFAULT_RETENTION,
+            lease: DEFAULT_LEASE,
+            after_crash: AfterCrash::Reject,
+            in_progress_retry_after: Duration::from_secs(1),
+            max_key_bytes: DEFAULT_MAX_KEY_BYTES,
+            max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
+            max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            limits: RecordLimits {
+                max_records_per_scope: DEFAULT_MAX_RECORDS_PER_SCOPE,
+                max_records_total: DEFAULT_MAX_RECORDS_TOTAL,
+            },
+        }
+    }
+}
+
+impl EngineConfig {
+    /// How long a record is kept after its call completes. A retry after that runs as a new call.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long an in-progress claim lives without renewal.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// What a retry gets after the original call's owner died.
+    pub fn after_crash(mut self, policy: AfterCrash) -> Self {
+        self.after_crash = policy;
+        self
+    }
+
+    /// The `retryAfterMs` hint sent with `idempotency_key_in_progress`.
+    pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
+        self.in_progress_retry_after = after;
+        self
+    }
+
+    /// Longest accepted key, in bytes.
+    pub fn max_key_bytes(mut self, max: usize) -> Self {
+        self.max_key_bytes = max;
+        self
+    }
+
+    /// Largest accepted `arguments`, in bytes of JSON text.
+    pub fn max_argument_bytes(mut self, max: usize) -> Self {
+        self.max_argument_bytes = max;
+        self
+    }
+
+    /// Largest outcome kept for replay, in bytes of JSON text. A larger outcome is recorded as
+    /// completed but not retained: retries get `idempotency_outcome_not_retained`, never a second run.
+    pub fn max_outcome_bytes(mut self, max: usize) -> Self {
+        self.max_outcome_bytes = max;
+        self
+    }
+
+    /// Most live records per scope.
+    pub fn max_records_per_scope(mut self, max: u64) -> Self {
+        self.limits.max_records_per_scope = max;
+        self
+    }
+
+    /// Most live records in the store.
+    pub fn max_records_total(mut self, max: u64) -> Self {
+        self.limits.max_records_total = max;
+        self
+    }
+
+    /// The retention window.
+    pub fn retention_window(&self) -> Duration {
+        self.retention
+    }
+
+    /// The lease duration.
+    pub fn lease_duration(&self) -> Duration {
+        self.lease
+    }
+
+    /// The after-crash policy.
+    pub fn after_crash_policy(&self) -> AfterCrash {
+        self.after_crash
+    }
+
+    /// The record quotas.
+    pub fn record_limits(&self) -> RecordLimits {
+        self.limits
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_crash_parses_its_names() {
+        assert_eq!("reject".parse(), Ok(AfterCrash::Reject));
+        assert_eq!("reexecute".parse(), Ok(AfterCrash::Reexecute));
+        assert!("retry"
+            .parse::<AfterCrash>()
+            .unwrap_err()
+            .contains("expected"));
+    }
+}

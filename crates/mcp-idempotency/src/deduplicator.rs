@@ -1,0 +1,112 @@
+//! The async driver of the [`Engine`] over a [`Store`].
+
+use std::sync::Arc;
+
+use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
+use crate::record::{FencingToken, Outcome, Scope};
+use crate::store::{Fenced, Store, StoreError};
+use crate::time::Timestamp;
+
+/// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
+///
+/// This is the piece every transport adapter shares: hand it a call, act on the [`Decision`], and
+/// report the outcome of executed calls back.
+///
+/// ```
+/// # tokio_test_block_on(async {
+/// use std::sync::Arc;
+/// use mcp_idempotency::{Decision, Deduplicator, EngineConfig, Outcome, Scope, ToolCall};
+/// use mcp_idempotency::store::MemoryStore;
+///
+/// let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(MemoryStore::new()));
+/// let scope = Scope::new("payments-server", "local-user");
+/// let key = serde_json::json!("order-42");
+/// let call = ToolCall {
+///     tool_name: "charge_payment",
+///     arguments: Some(r#"{"amount": 4200, "currency": "usd"}"#),
+///     idempotency_key: Some(&key),
+///     mrtr_continuation: false,
+/// };
+///
+/// let Decision::Execute(claim) = dedup.decide(&scope, &call).await else { panic!() };
+/// // ... run the tool, then record what it returned:
+/// dedup.complete(&claim, Outcome::Success(r#"{"content":[]}"#.into())).await?;
+///
+/// // A retry with the same key and equivalent arguments replays the outcome.
+/// let retry = ToolCall { arguments: Some(r#"{"currency":"usd","amount":4200.0}"#), ..call };
+/// assert!(matches!(dedup.decide(&scope, &retry).await, Decision::Replay(_)));
+/// # Ok::<(), mcp_idempotency::store::StoreError>(())
+/// # }).unwrap();
+/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Deduplicator {
+    engine: Engine,
+    store: Arc<dyn Store>,
+}
+
+impl Deduplicator {
+    /// A driver for an engine with `config` over `store`.
+    pub fn new(config: crate::EngineConfig, store: Arc<dyn Store>) -> Self {
+        Self {
+            engine: Engine::new(config),
+            store,
+        }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Decides what to do with a call, claiming its key if it is to be executed.
+    pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
+        let mut step = self
+            .engine
+            .begin(scope, call, FencingToken::random(), Timestamp::now());
+        loop {
+            step = match step {
+                Step::Done(decision) => return decision,
+                Step::Claim(req) => {
+                    let answer = self.store.claim(&req).await;
+                    self.engine.on_claim(req, answer)
+                }
+                Step::TakeOver(req) => {
+                    let answer = self.store.take_over(&req).await;
+                    self.engine.on_take_over(req, answer)
+                }
+            };
+        }
+    }
+
+    /// Records the outcome of an executed call. [`Fenced::NotOwner`] means the lease was lost and
+    /// someone else owns the record now; the outcome was not written.
+    pub async fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Fenced, StoreError> {
+        let req = self.engine.completion(claim, outcome, Timestamp::now());
+        let fenced = self.store.complete(&req).await?;
+        if fenced == Fenced::NotOwner {
+            tracing::warn!(key = %claim.id().key, "outcome not recorded: the claim was taken over");
+        }
+        Ok(fenced)
+    }
+
+    /// Extends the lease of a running call.
+    pub async fn renew(&self, claim: &mut Claim) -> Result<Fenced, StoreError> {
+        let lease_expires_at = self.engine.renew(claim, Timestamp::now());
+        self.store
+            .renew(claim.id(), claim.owner(), lease_expires_at)
+            .await
+    }
+
+    /// Gives up a claim whose call certainly did not run, so that a retry may run it.
+    pub async fn release(&self, claim: &Claim) -> Result<Fenced, StoreError> {
+        self.store.release(claim.id(), claim.owner()).await
+    }
+}

@@ -1,0 +1,381 @@
+//! The sans-IO decision engine.
+//!
+//! The engine decides what happens to a `tools/call`; it never touches a socket, a clock or a store.
+//! The caller feeds it the request and the store's answers, and it says what to do next:
+//!
+//! ```text
+//!   begin(scope, call, token, now) ──► Step::Claim(req) ──store.claim──► on_claim(req, answer)
+//!        │                                                                    │
+//!        ▼                                                                    ▼
+//!   Step::Done(Decision)  ◄── on_take_over(req, answer) ◄──store.take_over── Step::TakeOver(req)
+//! ```
+//!
+//! [`Deduplicator`](crate::Deduplicator) is the ready-made async driver of this loop.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::config::{AfterCrash, EngineConfig};
+use crate::fingerprint::{fingerprint, ArgumentsError};
+use crate::key::IdempotencyKey;
+use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState, Scope};
+use crate::rejection::{Rejection, RejectionKind};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, StoreError, TakeOverRequest,
+};
+use crate::time::Timestamp;
+
+/// The facts of one `tools/call` request that matter for idempotency.
+#[derive(Clone, Copy, Debug)]
+pub struct ToolCall<'a> {
+    /// `params.name`.
+    pub tool_name: &'a str,
+    /// The raw JSON text of `params.arguments`, or `None` when absent.
+    pub arguments: Option<&'a str>,
+    /// The raw `params.idempotencyKey` value, or `None` when absent.
+    pub idempotency_key: Option<&'a Value>,
+    /// Whether the request is an MRTR continuation (`params.requestState` or
+    /// `params.inputResponses` present).
+    pub mrtr_continuation: bool,
+}
+
+/// Why a call is forwarded without deduplication.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BypassReason {
+    /// The request carries no `idempotencyKey`.
+    NoKey,
+    /// The request is an MRTR continuation, which the SEP leaves out of scope. Clients (the
+    /// TypeScript SDK among them) re-send the original key on continuations, so these must neither
+    /// replay nor conflict.
+    MrtrContinuation,
+}
+
+/// Ownership of a claimed key: proof that the caller may run the tool and must record its outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    id: RecordId,
+    owner: FencingToken,
+    lease_expires_at: Timestamp,
+}
+
+impl Claim {
+    /// Scope and key of the claimed record.
+    pub fn id(&self) -> &RecordId {
+        &self.id
+    }
+
+    /// The fencing token that proves ownership.
+    pub fn owner(&self) -> FencingToken {
+        self.owner
+    }
+
+    /// When the lease runs out unless renewed.
+    pub fn lease_expires_at(&self) -> Timestamp {
+        self.lease_expires_at
+    }
+}
+
+/// A recorded outcome to send back instead of running the tool again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Replay {
+    /// Send a JSON-RPC response whose `result` is this raw JSON text, byte for byte.
+    Result(String),
+    /// Send a JSON-RPC response whose `error` is this raw JSON text, byte for byte.
+    Error(String),
+}
+
+impl Replay {
+    /// The complete JSON-RPC response for a request with the given `id`.
+    pub fn to_response(&self, id: &Value) -> String {
+        let (member, raw) = match self {
+            Self::Result(raw) => ("result", raw),
+            Self::Error(raw) => ("error", raw),
+        };
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"{member}":{raw}}}"#)
+    }
+}
+
+/// What to do with a `tools/call`.
+#[must_use]
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// Forward the request as it is; record nothing.
+    Bypass(BypassReason),
+    /// Forward the request: the key is now owned by the caller, who must renew the lease while the
+    /// call runs and then record the outcome ([`Engine::completion`]), or release the claim if the
+    /// call certainly did not run.
+    Execute(Claim),
+    /// Do not forward: answer with the recorded outcome under the new request's id.
+    Replay(Replay),
+    /// Do not forward: answer with this error.
+    Reject(Rejection),
+}
+
+/// The next thing the caller must do.
+#[must_use]
+#[derive(Clone, Debug)]
+pub enum Step {
+    /// The decision is made.
+    Done(Decision),
+    /// Run this claim against the store, then pass the answer to [`Engine::on_claim`].
+    Claim(ClaimRequest),
+    /// Run this take-over against the store, then pass the answer to [`Engine::on_take_over`].
+    TakeOver(TakeOverRequest),
+}
+
+/// The SEP-3182 decision logic. Cheap to clone; holds only its configuration.
+#[derive(Clone, Debug, Default)]
+pub struct Engine {
+    config: EngineConfig,
+}
+
+impl Engine {
+    /// An engine with the given settings.
+    pub fn new(config: EngineConfig) -> Self {
+        Self { config }
+    }
+
+    /// The engine's settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Starts deciding a call: validates the key, fingerprints the arguments and prepares the claim.
+    /// `owner` is a fresh token ([`FencingToken::random`]); `now` is the current time.
+    pub fn begin(
+        &self,
+        scope: &Scope,
+        call: &ToolCall<'_>,
+        owner: FencingToken,
+        now: Timestamp,
+    ) -> Step {
+        if call.mrtr_continuation {
+            return Step::Done(Decision::Bypass(BypassReason::MrtrContinuation));
+        }
+        let Some(raw_key) = call.idempotency_key else {
+            return Step::Done(Decision::Bypass(BypassReason::NoKey));
+        };
+        let key = match IdempotencyKey::from_json(raw_key, self.config.max_key_bytes) {
+            Ok(key) => key,
+            Err(err) => {
+                let mut rejection = Rejection::new(RejectionKind::KeyInvalid, err.to_string());
+                if let Value::String(key) = raw_key {
+                    if key.len() <= self.config.max_key_bytes {
+                        rejection = rejection.with_key(key);
+                    }
+                }
+                return reject(rejection);
+            }
+        };
+        let arguments_len = call.arguments.map_or(0, str::len);
+        if arguments_len > self.config.max_argument_bytes {
+            return reject(
+                Rejection::new(
+                    RejectionKind::ArgumentsTooLarge,
+                    format!(
+                        "arguments are {arguments_len} bytes, more than the limit of {} bytes",
+                        self.config.max_argument_bytes
+                    ),
+                )
+                .with_key(key.as_str())
+                .with_detail("limit", self.config.max_argument_bytes),
+            );
+        }
+        let fingerprint = match fingerprint(call.tool_name, call.arguments) {
+            Ok(fingerprint) => fingerprint,
+            Err(err) => return reject(arguments_invalid(&err, &key)),
+        };
+        Step::Claim(ClaimRequest {
+            id: RecordId {
+                scope: scope.clone(),
+                key,
+            },
+            fingerprint,
+            tool_name: call.tool_name.to_owned(),
+            owner,
+            now,
+            lease_expires_at: now.saturating_add(self.config.lease),
+            expires_at: now.saturating_add(self.config.retention),
+            limits: self.config.limits,
+        })
+    }
+
+    /// Turns the store's answer to a claim into the next step.
+    pub fn on_claim(&self, req: ClaimRequest, answer: Result<ClaimOutcome, StoreError>) -> Step {
+        let key = req.id.key.as_str();
+        match answer {
+            Ok(ClaimOutcome::Claimed) => Step::Done(Decision::Execute(Claim {
+                lease_expires_at: req.lease_expires_at,
+                owner: req.owner,
+                id: req.id,
+            })),
+            Ok(ClaimOutcome::Existing(record)) => self.on_existing(req, record),
+            Ok(ClaimOutcome::QuotaExceeded(quota)) => {
+                let (whose, limit) = match quota {
+                    QuotaExceeded::Scope { limit } => ("this caller", limit),
+                    QuotaExceeded::Total { limit } => ("the server", limit),
+                };
+                reject(
+                    Rejection::new(
+                        RejectionKind::QuotaExceeded,
+                        format!(
+                            "{whose} already holds {limit} idempotency records; retry when older ones expire"
+                        ),
+                    )
+                    .with_key(key)
+                    .with_detail("limit", limit),
+                )
+            }
+            Err(err) => reject(store_unavailable(&err, key)),
+        }
+    }
+
+    fn on_existing(&self, req: ClaimRequest, record: Record) -> Step {
+        let key = req.id.key.as_str();
+        if record.fingerprint != req.fingerprint {
+            return reject(
+                Rejection::new(
+                    RejectionKind::KeyConflict,
+                    "idempotencyKey was already used with a different tool name or arguments",
+                )
+                .with_key(key),
+            );
+        }
+        match record.state {
+            RecordState::Completed { outcome, .. } => Step::Done(replay(outcome, key)),
+            RecordState::InProgress {
+                lease_expires_at, ..
+            } if lease_expires_at > req.now => reject(
+                Rejection::new(
+                    RejectionKind::KeyInProgress,
+                    "a request with this idempotencyKey is still in progress; retry later",
+                )
+                .with_key(key)
+                .with_retry_after(self.config.in_progress_retry_after),
+            ),
+            RecordState::InProgress { owner, .. } => match self.config.after_crash {
+                AfterCrash::Reject => reject(
+                    Rejection::new(
+                        RejectionKind::OutcomeUnknown,
+                        "the request holding this idempotencyKey stopped before recording its outcome; it may or may not have taken effect",
+                    )
+                    .with_key(key),
+                ),
+                AfterCrash::Reexecute => Step::TakeOver(TakeOverRequest {
+                    previous_owner: owner,
+                    new_owner: req.owner,
+                    now: req.now,
+                    lease_expires_at: req.lease_expires_at,
+                    expires_at: req.expires_at,
+                    id: req.id,
+                }),
+            },
+        }
+    }
+
+    /// Turns the store's answer to a take-over into the decision.
+    pub fn on_take_over(&self, req: TakeOverRequest, answer: Result<Fenced, StoreError>) -> Step {
+        match answer {
+            Ok(Fenced::Applied) => Step::Done(Decision::Execute(Claim {
+                lease_expires_at: req.lease_expires_at,
+                owner: req.new_owner,
+                id: req.id,
+            })),
+            // Someone else took the record over or completed it first: the key is busy or done, and
+            // the client's next retry will see which.
+            Ok(Fenced::NotOwner) => reject(
+                Rejection::new(
+                    RejectionKind::KeyInProgress,
+                    "a request with this idempotencyKey is still in progress; retry later",
+                )
+                .with_key(req.id.key.as_str())
+                .with_retry_after(self.config.in_progress_retry_after),
+            ),
+            Err(err) => reject(store_unavailable(&err, req.id.key.as_str())),
+        }
+    }
+
+    /// The store request that records `outcome` for a claimed call. An outcome larger than the
+    /// configured limit is recorded as [`Outcome::NotRetained`].
+    pub fn completion(&self, claim: &Claim, outcome: Outcome, now: Timestamp) -> CompleteRequest {
+        let outcome = match outcome {
+            Outcome::Success(raw) | Outcome::Error(raw)
+                if raw.len() > self.config.max_outcome_bytes =>
+            {
+                Outcome::NotRetained {
+                    size: raw.len() as u64,
+                }
+            }
+            other => other,
+        };
+        CompleteRequest {
+            id: claim.id.clone(),
+            owner: claim.owner,
+            outcome,
+            completed_at: now,
+            expires_at: now.saturating_add(self.config.retention),
+        }
+    }
+
+    /// When the owner should renew its lease: once a third of it has passed.
+    pub fn renewal_due(&self, claim: &Claim) -> Timestamp {
+        let early = self.config.lease - self.config.lease / 3;
+        Timestamp::from_millis(
+            claim
+                .lease_expires_at
+                .as_millis()
+                .saturating_sub(u64::try_from(early.as_millis()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    /// Extends the claim's lease from `now`; returns the new deadline to pass to
+    /// [`Store::renew`](crate::store::Store::renew).
+    pub fn renew(&self, claim: &mut Claim, now: Timestamp) -> Timestamp {
+        claim.lease_expires_at = now.saturating_add(self.config.lease);
+        claim.lease_expires_at
+    }
+}
+
+fn reject(rejection: Rejection) -> Step {
+    Step::Done(Decision::Reject(rejection))
+}
+
+fn replay(outcome: Outcome, key: &str) -> Decision {
+    match outcome {
+        Outcome::Success(raw) => Decision::Replay(Replay::Result(raw)),
+        Outcome::Error(raw) => Decision::Replay(Replay::Error(raw)),
+        Outcome::NotRetained { size } => Decision::Reject(
+            Rejection::new(
+                RejectionKind::OutcomeNotRetained,
+                format!(
+                    "the request with this idempotencyKey completed, but its {size}-byte outcome was too large to keep"
+                ),
+            )
+            .with_key(key),
+        ),
+        Outcome::Unknown { reason } => Decision::Reject(
+            Rejection::new(
+                RejectionKind::OutcomeUnknown,
+                format!(
+                    "the outcome of the request with this idempotencyKey is unknown: {reason}; it may or may not have taken effect"
+                ),
+            )
+            .with_key(key),
+        ),
+    }
+}
+
+fn arguments_invalid(err: &ArgumentsError, key: &IdempotencyKey) -> Rejection {
+    Rejection::new(RejectionKind::ArgumentsInvalid, err.to_string()).with_key(key.as_str())
+}
+
+fn store_unavailable(err: &StoreError, key: &str) -> Rejection {
+    tracing::warn!(error = %err, "idempotency store unavailable; refusing to execute");
+    Rejection::new(
+        RejectionKind::StoreUnavailable,
+        "the idempotency store is unavailable, so the request was not executed; retry later",
+    )
+    .with_key(key)
+    .with_retry_after(Duration::from_secs(1))
+}

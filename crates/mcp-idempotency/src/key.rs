@@ -1,0 +1,183 @@
+//! `idempotencyKey` validation.
+//!
+//! The SEP says the key is an opaque, client-generated string. We accept any JSON string that is
+//! non-empty, at most [`DEFAULT_MAX_KEY_BYTES`] bytes of UTF-8 (configurable) and free of control
+//! characters (Unicode category Cc: U+0000..U+001F and U+007F..U+009F), which would make logs and
+//! store keys ambiguous. Anything else is refused before the tool runs.
+
+use std::fmt;
+
+use serde_json::Value;
+
+/// Default upper bound on a key's length in bytes, as Stripe and the IETF draft use.
+pub const DEFAULT_MAX_KEY_BYTES: usize = 255;
+
+/// A validated `idempotencyKey`.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(Box<str>);
+
+/// Why an `idempotencyKey` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The value is a number, boolean, null, object or array.
+    #[error("idempotencyKey must be a string, got {found}")]
+    NotAString {
+        /// The JSON type that was sent: `number`, `boolean`, `null`, `object` or `array`.
+        found: &'static str,
+    },
+    /// The string is empty.
+    #[error("idempotencyKey must not be empty")]
+    Empty,
+    /// The string is longer than the configured limit.
+    #[error("idempotencyKey is {len} bytes long, more than the limit of {max} bytes")]
+    TooLong {
+        /// Length of the key in bytes of UTF-8.
+        len: usize,
+        /// The configured limit.
+        max: usize,
+    },
+    /// The string contains a control character.
+    #[error("idempotencyKey contains a control character (U+{code_point:04X}) at byte {offset}")]
+    ControlCharacter {
+        /// Byte offset of the character in the key.
+        offset: usize,
+        /// The offending character's code point.
+        code_point: u32,
+    },
+}
+
+impl IdempotencyKey {
+    /// Validates the raw `params.idempotencyKey` value.
+    pub fn from_json(value: &Value, max_bytes: usize) -> Result<Self, KeyError> {
+        match value {
+            Value::String(s) => Self::new(s, max_bytes),
+            other => Err(KeyError::NotAString {
+                found: json_type_name(other),
+            }),
+        }
+    }
+
+    /// Validates a key given as a string.
+    pub fn new(key: &str, max_bytes: usize) -> Result<Self, KeyError> {
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > max_bytes {
+            return Err(KeyError::TooLong {
+                len: key.len(),
+                max: max_bytes,
+            });
+        }
+        if let Some((offset, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(KeyError::ControlCharacter {
+                offset,
+                code_point: u32::from(c),
+            });
+        }
+        Ok(Self(key.into()))
+    }
+
+    /// The key as sent by the client.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The JSON type name of a value, as used in error messages.
+pub(crate) fn json_type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const MAX: usize = DEFAULT_MAX_KEY_BYTES;
+
+    #[test]
+    fn accepts_ordinary_keys() {
+        for key in [
+            "b3b6c1e4-6b8b-4f1a-9c1e-2a6e6b1d9f2a",
+            "x",
+            "clé 🔑",
+            "a b/c:d",
+        ] {
+            assert_eq!(
+                IdempotencyKey::from_json(&json!(key), MAX)
+                    .unwrap()
+                    .as_str(),
+                key
+            );
+        }
+    }
+
+    #[test]
+    fn refuses_non_strings_naming_the_type() {
+        let cases = [
+            (json!(42), "number"),
+            (json!(null), "null"),
+            (json!(true), "boolean"),
+            (json!({"k": 1}), "object"),
+            (json!(["k"]), "array"),
+        ];
+        for (value, found) in cases {
+            let err = IdempotencyKey::from_json(&value, MAX).unwrap_err();
+            assert_eq!(err, KeyError::NotAString { found });
+            assert!(err.to_string().contains(found));
+        }
+    }
+
+    #[test]
+    fn refuses_empty_and_oversized() {
+        assert_eq!(IdempotencyKey::new("", MAX), Err(KeyError::Empty));
+        assert!(IdempotencyKey::new(&"k".repeat(255), MAX).is_ok());
+        assert_eq!(
+            IdempotencyKey::new(&"k".repeat(256), MAX),
+            Err(KeyError::TooLong { len: 256, max: 255 })
+        );
+        // The limit is in bytes, not characters.
+        assert_eq!(
+            IdempotencyKey::new("é", 1),
+            Err(KeyError::TooLong { len: 2, max: 1 })
+        );
+        assert!(IdempotencyKey::new(&"k".repeat(1000), 1000).is_ok());
+    }
+
+    #[test]
+    fn refuses_control_characters() {
+        assert_eq!(
+            IdempotencyKey::new("ab\ncd", MAX),
+            Err(KeyError::ControlCharacter {
+                offset: 2,
+                code_point: 0x0A
+            })
+        );
+        for bad in ["\u{0}", "x\u{7f}", "\u{85}y", "\t"] {
+            assert!(matches!(
+                IdempotencyKey::new(bad, MAX),
+                Err(KeyError::ControlCharacter { .. })
+            ));
+        }
+    }
+}

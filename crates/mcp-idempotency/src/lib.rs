@@ -1,0 +1,70 @@
+//! SEP-3182 request idempotency for the Model Context Protocol.
+//!
+//! An MCP client that loses a `tools/call` response cannot tell "never ran" from "ran, answer lost".
+//! With SEP-3182 it sends an opaque `idempotencyKey`; a server that advertises
+//! `capabilities.tools.idempotency` replays the recorded outcome of an equivalent earlier call,
+//! rejects the key reused with different arguments, and rejects at once a duplicate of a call still
+//! running.
+//!
+//! # Design
+//!
+//! This crate does no networking. Its parts:
+//!
+//! - [`Engine`]: the sans-IO decision logic. Input: a [`Scope`], a [`ToolCall`], a fresh
+//!   [`FencingToken`], the current [`Timestamp`], and the store's answers. Output: a [`Decision`]
+//!   (bypass, execute, replay or reject). No clock, no I/O, no async runtime.
+//! - [`fingerprint`]: the exact equivalence of `(tool name, arguments)` the SEP asks for: key order,
+//!   whitespace and escapes ignored, numbers compared as exact decimals.
+//! - [`store`]: the [`Store`](store::Store) trait (atomic claim, fenced complete/renew/release) and
+//!   its implementations, all checked by one shared [`store::testsuite`].
+//! - [`Deduplicator`]: the thin async driver that runs the engine against a store.
+//! - [`Rejection`]: the JSON-RPC errors and their stable `error.data.type` values.
+//!
+//! # Example
+//!
+//! ```
+//! use mcp_idempotency::{Decision, Engine, EngineConfig, FencingToken, Scope, Step, Timestamp, ToolCall};
+//! use mcp_idempotency::store::ClaimOutcome;
+//!
+//! let engine = Engine::new(EngineConfig::default());
+//! let scope = Scope::new("demo", "alice");
+//! let key = serde_json::json!("k-1");
+//! let call = ToolCall {
+//!     tool_name: "charge_payment",
+//!     arguments: Some(r#"{"amount": 1}"#),
+//!     idempotency_key: Some(&key),
+//!     mrtr_continuation: false,
+//! };
+//! let now = Timestamp::from_millis(1_000);
+//! let Step::Claim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {
+//!     unreachable!()
+//! };
+//! // A real caller now runs `store.claim(&req)`; here the key was free.
+//! let Step::Done(Decision::Execute(claim)) = engine.on_claim(req, Ok(ClaimOutcome::Claimed)) else {
+//!     unreachable!()
+//! };
+//! assert_eq!(claim.id().key.as_str(), "k-1");
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+mod deduplicator;
+mod engine;
+pub mod fingerprint;
+pub mod key;
+mod record;
+mod rejection;
+pub mod store;
+mod time;
+
+pub use config::{AfterCrash, EngineConfig};
+pub use deduplicator::Deduplicator;
+pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall};
+pub use fingerprint::Fingerprint;
+pub use key::IdempotencyKey;
+pub use record::{
+    CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
+};
+pub use rejection::{Rejection, RejectionKind, INTERNAL_ERROR, INVALID_PARAMS};
+pub use time::Timestamp;

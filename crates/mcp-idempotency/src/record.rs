@@ -1,0 +1,260 @@
+//! What a store keeps for one `(scope, idempotencyKey)`.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::time::Timestamp;
+
+/// The authorization boundary a record belongs to, plus a namespace for the server it protects.
+///
+/// The SEP requires records to be scoped to the boundary that governs the tool call itself: a key
+/// sent by one principal is never matched against another principal's records. The namespace keeps
+/// the records of two servers sharing one store apart. Cloning is cheap.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    namespace: Arc<str>,
+    principal: Arc<str>,
+}
+
+impl Scope {
+    /// A scope for `principal` (for example a hash of a bearer token, or the local user over stdio)
+    /// within `namespace` (the protected server).
+    pub fn new(namespace: impl Into<Arc<str>>, principal: impl Into<Arc<str>>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            principal: principal.into(),
+        }
+    }
+
+    /// The protected server's namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The principal within the namespace.
+    pub fn principal(&self) -> &str {
+        &self.principal
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scope({:?}, {:?})", self.namespace, self.principal)
+    }
+}
+
+/// Identifies one record: a key within a scope.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecordId {
+    /// The authorization boundary and namespace.
+    pub scope: Scope,
+    /// The client's key.
+    pub key: IdempotencyKey,
+}
+
+/// Proof of ownership of an in-progress record.
+///
+/// Each claim (and each take-over of a dead lease) gets a fresh random token; only the holder of the
+/// current token may complete, renew or release the record, so an owner whose lease was taken over
+/// cannot overwrite the new owner's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// A token with the given value, as read back from a store.
+    pub const fn from_u64(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// A fresh random, non-zero token.
+    pub fn random() -> Self {
+        Self(rand::random::<u64>().max(1))
+    }
+
+    /// The token's value, for writing to a store.
+    pub const fn as_u64(self) -> u64 {
+        self.0
+    }
+}
+
+/// The recorded outcome of an executed call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The JSON-RPC `result` member, as the raw JSON text the server sent. Results with
+    /// `isError: true` are successes at this level and replay like any other result.
+    Success(String),
+    /// The JSON-RPC `error` member, as the raw JSON text the server sent.
+    Error(String),
+    /// The call completed but its outcome was larger than the configured limit and was not kept.
+    NotRetained {
+        /// Size of the outcome that was dropped, in bytes.
+        size: u64,
+    },
+    /// The call may or may not have run to completion, and nobody knows how it ended (the upstream
+    /// exited mid-call, or the owner forwarded a cancellation).
+    Unknown {
+        /// Why the outcome is unknown.
+        reason: String,
+    },
+}
+
+/// The kind of an [`Outcome`], as stored in the `outcome_kind` column or field of a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutcomeKind {
+    /// [`Outcome::Success`]
+    Success,
+    /// [`Outcome::Error`]
+    Error,
+    /// [`Outcome::NotRetained`]
+    NotRetained,
+    /// [`Outcome::Unknown`]
+    Unknown,
+}
+
+impl OutcomeKind {
+    /// The stable name used in stores and in `inspect` output.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::Error => "error",
+            Self::NotRetained => "not_retained",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl FromStr for OutcomeKind {
+    type Err = CorruptRecord;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "success" => Ok(Self::Success),
+            "error" => Ok(Self::Error),
+            "not_retained" => Ok(Self::NotRetained),
+            "unknown" => Ok(Self::Unknown),
+            _ => Err(CorruptRecord(format!("unknown outcome kind {s:?}"))),
+        }
+    }
+}
+
+/// A stored record that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("corrupt record: {0}")]
+pub struct CorruptRecord(pub String);
+
+impl Outcome {
+    /// The kind of this outcome.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Self::Success(_) => OutcomeKind::Success,
+            Self::Error(_) => OutcomeKind::Error,
+            Self::NotRetained { .. } => OutcomeKind::NotRetained,
+            Self::Unknown { .. } => OutcomeKind::Unknown,
+        }
+    }
+
+    /// The body a store keeps beside the kind: the raw JSON, the dropped size, or the reason.
+    pub fn body(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            Self::Success(raw) | Self::Error(raw) => raw.as_str().into(),
+            Self::NotRetained { size } => size.to_string().into(),
+            Self::Unknown { reason } => reason.as_str().into(),
+        }
+    }
+
+    /// Rebuilds an outcome from what [`Outcome::kind`] and [`Outcome::body`] stored.
+    pub fn from_parts(kind: OutcomeKind, body: String) -> Result<Self, CorruptRecord> {
+        Ok(match kind {
+            OutcomeKind::Success => Self::Success(body),
+            OutcomeKind::Error => Self::Error(body),
+            OutcomeKind::NotRetained => Self::NotRetained {
+                size: body
+                    .parse()
+                    .map_err(|_| CorruptRecord(format!("not_retained size {body:?}")))?,
+            },
+            OutcomeKind::Unknown => Self::Unknown { reason: body },
+        })
+    }
+}
+
+/// Where a record is in its life.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordState {
+    /// The call is running (or its owner died) under a lease.
+    InProgress {
+        /// The current owner's token.
+        owner: FencingToken,
+        /// When the lease runs out unless renewed. After that the owner is presumed dead.
+        lease_expires_at: Timestamp,
+    },
+    /// The call finished and its outcome is recorded.
+    Completed {
+        /// What happened.
+        outcome: Outcome,
+        /// When the outcome was recorded.
+        completed_at: Timestamp,
+    },
+}
+
+/// One idempotency record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Scope and key.
+    pub id: RecordId,
+    /// Fingerprint of the tool name and arguments of the call that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// The tool that was called, kept for inspection and error messages.
+    pub tool_name: String,
+    /// In progress or completed.
+    pub state: RecordState,
+    /// When the key was first claimed.
+    pub created_at: Timestamp,
+    /// End of the retention window: from then on the record counts as absent.
+    pub expires_at: Timestamp,
+}
+
+impl Record {
+    /// Whether the retention window has ended at `now`.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at <= now
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcome_round_trips_through_parts() {
+        let outcomes = [
+            Outcome::Success(r#"{"content":[]}"#.into()),
+            Outcome::Error(r#"{"code":-32603,"message":"boom"}"#.into()),
+            Outcome::NotRetained { size: 123_456 },
+            Outcome::Unknown {
+                reason: "upstream exited".into(),
+            },
+        ];
+        for outcome in outcomes {
+            let kind: OutcomeKind = outcome.kind().as_str().parse().unwrap();
+            let back = Outcome::from_parts(kind, outcome.body().into_owned()).unwrap();
+            assert_eq!(back, outcome);
+        }
+    }
+
+    #[test]
+    fn corrupt_parts_are_errors() {
+        assert!("bogus".parse::<OutcomeKind>().is_err());
+        assert!(Outcome::from_parts(OutcomeKind::NotRetained, "x".into()).is_err());
+    }
+
+    #[test]
+    fn tokens_are_random_and_non_zero() {
+        let a = FencingToken::random();
+        let b = FencingToken::random();
+        assert_ne!(a, b);
+        assert_ne!(a.as_u64(), 0);
+    }
+}

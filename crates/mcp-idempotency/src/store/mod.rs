@@ -1,0 +1,190 @@
+//! Where records live: the [`Store`] trait and its implementations.
+//!
+//! Every store offers the same few atomic operations. A claim is one atomic step (a mutex-guarded map
+//! update, one SQL transaction, one server-side script): either the key was free and is now owned by
+//! the caller, or the existing record is returned. Every store passes the same test suite,
+//! [`testsuite`].
+//!
+//! | URL | store |
+//! | --- | --- |
+//! | `memory` | [`MemoryStore`]: in-process, sharded, bounded; lost on exit |
+//! | `sqlite:PATH` | [`SqliteStore`] (feature `sqlite`, default): a file; survives restarts |
+//!
+//! Expired records count as absent everywhere: a claim overwrites them and `get` does not return them.
+
+mod error;
+mod memory;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+pub mod testsuite;
+mod url;
+
+use std::future::Future;
+use std::pin::Pin;
+
+pub use error::StoreError;
+pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+pub use url::{open, StoreUrl};
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{FencingToken, Outcome, Record, RecordId};
+use crate::time::Timestamp;
+
+/// The future every store operation returns: boxed so that `dyn Store` works, since the store is
+/// chosen from a URL at run time.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Limits on how many live records may exist, checked atomically with each claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordLimits {
+    /// Most records one scope (principal) may hold.
+    pub max_records_per_scope: u64,
+    /// Most records the whole store may hold.
+    pub max_records_total: u64,
+}
+
+impl RecordLimits {
+    /// No limits.
+    pub const UNLIMITED: Self = Self {
+        max_records_per_scope: u64::MAX,
+        max_records_total: u64::MAX,
+    };
+}
+
+/// Ask to own `id`, unless a live record already holds it.
+#[derive(Clone, Debug)]
+pub struct ClaimRequest {
+    /// The record to claim.
+    pub id: RecordId,
+    /// Fingerprint of the call's tool name and arguments.
+    pub fingerprint: Fingerprint,
+    /// The tool being called.
+    pub tool_name: String,
+    /// The token that will prove ownership.
+    pub owner: FencingToken,
+    /// The current time.
+    pub now: Timestamp,
+    /// Initial lease deadline.
+    pub lease_expires_at: Timestamp,
+    /// End of the retention window.
+    pub expires_at: Timestamp,
+    /// Quotas to enforce if this claim creates a record.
+    pub limits: RecordLimits,
+}
+
+/// What a claim found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// The key was free (absent or expired); the caller now owns an in-progress record.
+    Claimed,
+    /// A live record holds the key; here it is, as it was at the time of the claim.
+    Existing(Record),
+    /// Creating the record would break a quota; nothing was written.
+    QuotaExceeded(QuotaExceeded),
+}
+
+/// Which quota a refused claim would have broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuotaExceeded {
+    /// The scope already holds `limit` live records.
+    Scope {
+        /// The per-scope limit.
+        limit: u64,
+    },
+    /// The store already holds `limit` live records.
+    Total {
+        /// The store-wide limit.
+        limit: u64,
+    },
+}
+
+/// Record the outcome of an owned call.
+#[derive(Clone, Debug)]
+pub struct CompleteRequest {
+    /// The record.
+    pub id: RecordId,
+    /// The token the claim returned.
+    pub owner: FencingToken,
+    /// What happened.
+    pub outcome: Outcome,
+    /// When it was recorded.
+    pub completed_at: Timestamp,
+    /// New end of the retention window (it runs from completion).
+    pub expires_at: Timestamp,
+}
+
+/// Replace the owner of an in-progress record whose lease ran out (policy `reexecute`).
+#[derive(Clone, Debug)]
+pub struct TakeOverRequest {
+    /// The record.
+    pub id: RecordId,
+    /// The owner whose lease ran out, as seen by the caller.
+    pub previous_owner: FencingToken,
+    /// The new owner.
+    pub new_owner: FencingToken,
+    /// The current time: the take-over only happens if the lease has really run out by then.
+    pub now: Timestamp,
+    /// The new owner's lease deadline.
+    pub lease_expires_at: Timestamp,
+    /// New end of the retention window.
+    pub expires_at: Timestamp,
+}
+
+/// Whether a fenced write (complete, renew, release, take-over) happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fenced {
+    /// The caller held the current token (or, for take-over, the expected dead one) and the write
+    /// happened.
+    Applied,
+    /// The record is gone, completed, or owned by someone else; nothing was written.
+    NotOwner,
+}
+
+/// Counts of what a store holds, for metrics and `inspect`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Unexpired records in progress.
+    pub in_progress: u64,
+    /// Unexpired completed records.
+    pub completed: u64,
+    /// Records past their retention window that have not been purged yet.
+    pub expired: u64,
+}
+
+/// A place to keep idempotency records. All operations are atomic with respect to each other, also
+/// across processes or machines for stores shared between them.
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Creates an in-progress record owned by `req.owner` if no live record holds `req.id`, or
+    /// returns the live record. Enforces `req.limits` when it creates a record.
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome>;
+
+    /// Records the outcome, if `req.owner` still owns the in-progress record.
+    fn complete<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced>;
+
+    /// Moves an in-progress record whose lease ran out before `req.now` from `req.previous_owner`
+    /// to `req.new_owner`.
+    fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced>;
+
+    /// Extends the lease of an in-progress record owned by `owner`.
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: FencingToken,
+        lease_expires_at: Timestamp,
+    ) -> StoreFuture<'a, Fenced>;
+
+    /// Deletes an in-progress record owned by `owner`, so a retry may run the call (used when the
+    /// call was certainly not executed, e.g. the upstream was unreachable).
+    fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced>;
+
+    /// The live record for `id`, if any.
+    fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>>;
+
+    /// Deletes every record whose retention window ended by `now`; returns how many.
+    fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64>;
+
+    /// Counts records.
+    fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats>;
+}

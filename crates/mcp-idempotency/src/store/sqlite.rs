@@ -1,0 +1,528 @@
+//! The SQLite store: the embedded default, kept in one file that survives restarts.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rusqlite::{
+    params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
+};
+
+use super::{
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, Store, StoreError,
+    StoreFuture, StoreStats, TakeOverRequest,
+};
+use crate::fingerprint::Fingerprint;
+use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
+use crate::time::Timestamp;
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS idem_records (
+    namespace        TEXT    NOT NULL,
+    principal        TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    fingerprint      BLOB    NOT NULL,
+    tool_name        TEXT    NOT NULL,
+    owner            INTEGER,
+    lease_expires_at INTEGER,
+    outcome_kind     TEXT,
+    outcome_body     TEXT,
+    completed_at     INTEGER,
+    created_at       INTEGER NOT NULL,
+    expires_at       INTEGER NOT NULL,
+    PRIMARY KEY (namespace, principal, key),
+    CHECK ((owner IS NULL) = (outcome_kind IS NOT NULL))
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS idem_records_expires_at ON idem_records (expires_at);
+CREATE TABLE IF NOT EXISTS idem_scope_counts (
+    namespace TEXT    NOT NULL,
+    principal TEXT    NOT NULL,
+    records   INTEGER NOT NULL,
+    PRIMARY KEY (namespace, principal)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS idem_totals (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    records INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO idem_totals (id, records) VALUES (1, 0);
+";
+
+const SELECT_RECORD: &str =
+    "SELECT fingerprint, tool_name, owner, lease_expires_at, outcome_kind, \
+     outcome_body, completed_at, created_at, expires_at FROM idem_records \
+     WHERE namespace = ?1 AND principal = ?2 AND key = ?3";
+
+/// Records in a SQLite file (WAL mode, one transaction per claim).
+///
+/// Several processes may share the file: claims take SQLite's write lock, so they are atomic across
+/// processes too. Commits use `synchronous=NORMAL`, which survives a crash of the process (the case
+/// that matters when a client restarts its server) but may lose the last commits on power loss.
+/// Operations run on Tokio's blocking pool when called inside a Tokio runtime.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path`, with its parent directory and schema.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_owned();
+        run_blocking(move || Self::open_blocking(&path)).await
+    }
+
+    /// [`SqliteStore::open`] for callers outside an async runtime.
+    pub fn open_blocking(path: &Path) -> Result<Self, StoreError> {
+        let cannot_open = |err: rusqlite::Error| {
+            StoreError::unavailable(format!("cannot open SQLite store {}", path.display()), err)
+        };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|err| {
+                StoreError::unavailable(
+                    format!("cannot create directory {}", parent.display()),
+                    err,
+                )
+            })?;
+        }
+        let mut conn = Connection::open(path).map_err(cannot_open)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(cannot_open)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(cannot_open)?;
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(cannot_open)?;
+        migrate(&mut conn).map_err(|err| match err {
+            StoreError::Backend { message, source } => StoreError::Unavailable {
+                message: format!("cannot prepare SQLite store {}: {message}", path.display()),
+                source,
+            },
+            other => other,
+        })?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path: path.to_owned(),
+                conn: Mutex::new(conn),
+            }),
+        })
+    }
+
+    /// The file this store lives in.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn with_conn<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> StoreFuture<'static, T> {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(run_blocking(move || {
+            // A panic mid-transaction rolls the transaction back when it is dropped, so the
+            // connection stays consistent even if the lock was poisoned.
+            let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            op(&mut conn)
+        }))
+    }
+}
+
+async fn run_blocking<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle
+            .spawn_blocking(op)
+            .await
+            .map_err(|err| StoreError::Backend {
+                message: "SQLite task failed".into(),
+                source: Some(Box::new(err)),
+            })?,
+        Err(_) => op(),
+    }
+}
+
+fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error)?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(sql_error)?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Backend {
+            message: format!(
+                "the file has schema version {version}, newer than this build understands ({SCHEMA_VERSION})"
+            ),
+            source: None,
+        });
+    }
+    tx.execute_batch(SCHEMA).map_err(sql_error)?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(sql_error)?;
+    tx.commit().map_err(sql_error)
+}
+
+fn sql_error(err: rusqlite::Error) -> StoreError {
+    let unavailable = matches!(
+        err.sqlite_error_code(),
+        Some(
+            ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::DiskFull
+                | ErrorCode::ReadOnly
+                | ErrorCode::CannotOpen
+                | ErrorCode::SystemIoFailure
+                | ErrorCode::PermissionDenied
+        )
+    );
+    if unavailable {
+        StoreError::unavailable("SQLite store cannot be written", err)
+    } else {
+        StoreError::backend("SQLite error", err)
+    }
+}
+
+/// SQLite integers are signed; instants far in the future are clamped.
+fn sql_time(t: Timestamp) -> i64 {
+    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn sql_token(token: FencingToken) -> i64 {
+    token.as_u64() as i64
+}
+
+fn immediate(conn: &mut Connection) -> Result<Transaction<'_>, StoreError> {
+    conn.transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql_error)
+}
+
+fn read_record(tx: &Connection, id: &RecordId) -> Result<Option<Record>, StoreError> {
+    let mut stmt = tx.prepare_cached(SELECT_RECORD).map_err(sql_error)?;
+    let row = stmt
+        .query_row(
+            params![id.scope.namespace(), id.scope.principal(), id.key.as_str()],
+            |row| Ok(decode(id, row)),
+        )
+        .optional()
+        .map_err(sql_error)?;
+    row.transpose().map_err(StoreError::from)
+}
+
+fn decode(id: &RecordId, row: &Row<'_>) -> Result<Record, CorruptRecord> {
+    let corrupt = |what: &str| CorruptRecord(format!("{what} of {:?}", id.key));
+    let column = |i: usize| -> Result<rusqlite::types::Value, CorruptRecord> {
+        row.get(i).map_err(|_| corrupt("unreadable column"))
+    };
+    use rusqlite::types::Value as V;
+    let fingerprint = match column(0)? {
+        V::Blob(bytes) => Fingerprint::from_bytes(
+            bytes
+                .try_into()
+                .map_err(|_| corrupt("fingerprint length"))?,
+        ),
+        _ => return Err(corrupt("fingerprint type")),
+    };
+    let text = |v: V| match v {
+        V::Text(s) => Ok(s),
+        _ => Err(corrupt("text column")),
+    };
+    let int = |v: V| match v {
+        V::Integer(i) => Ok(i),
+        _ => Err(corrupt("integer column")),
+    };
+    let time = |v: V| int(v).map(|i| Timestamp::from_millis(i.max(0) as u64));
+    let state = match (column(2)?, column(4)?) {
+        (V::Integer(owner), V::Null) => RecordState::InProgress {
+            owner: FencingToken::from_u64(owner as u64),
+            lease_expires_at: time(column(3)?)?,
+        },
+        (V::Null, V::Text(kind)) => RecordState::Completed {
+            outcome: Outcome::from_parts(kind.parse()?, text(column(5)?)?)?,
+            completed_at: time(column(6)?)?,
+        },
+        _ => return Err(corrupt("state columns")),
+    };
+    Ok(Record {
+        id: id.clone(),
+        fingerprint,
+        tool_name: text(column(1)?)?,
+        state,
+        created_at: time(column(7)?)?,
+        expires_at: time(column(8)?)?,
+    })
+}
+
+fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+    let tx = immediate(conn)?;
+    let scope = &req.id.scope;
+    let existing = read_record(&tx, &req.id)?;
+    if let Some(record) = existing.as_ref().filter(|r| !r.is_expired(req.now)) {
+        return Ok(ClaimOutcome::Existing(record.clone()));
+    }
+    if existing.is_none() {
+        if let Some(quota) = over_quota(&tx, req)? {
+            if !has_expired(&tx, req.now)? {
+                return Ok(ClaimOutcome::QuotaExceeded(quota));
+            }
+            purge(&tx, req.now)?;
+            if let Some(quota) = over_quota(&tx, req)? {
+                return Ok(ClaimOutcome::QuotaExceeded(quota));
+            }
+        }
+        adjust_counts(&tx, scope, 1)?;
+    }
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO idem_records (namespace, principal, key, fingerprint, tool_name, \
+         owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at, expires_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, ?8, ?9)",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            scope.namespace(),
+            scope.principal(),
+            req.id.key.as_str(),
+            &req.fingerprint.as_bytes()[..],
+            req.tool_name,
+            sql_token(req.owner),
+            sql_time(req.lease_expires_at),
+            sql_time(req.now),
+            sql_time(req.expires_at),
+        ])
+    })
+    .map_err(sql_error)?;
+    tx.commit().map_err(sql_error)?;
+    Ok(ClaimOutcome::Claimed)
+}
+
+fn over_quota(
+    tx: &Transaction<'_>,
+    req: &ClaimRequest,
+) -> Result<Option<QuotaExceeded>, StoreError> {
+    let total: i64 = tx
+        .prepare_cached("SELECT records FROM idem_totals WHERE id = 1")
+        .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
+        .map_err(sql_error)?;
+    if total as u64 >= req.limits.max_records_total {
+        return Ok(Some(QuotaExceeded::Total {
+            limit: req.limits.max_records_total,
+        }));
+    }
+    let scoped: Option<i64> = tx
+        .prepare_cached(
+            "SELECT records FROM idem_scope_counts WHERE namespace = ?1 AND principal = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![req.id.scope.namespace(), req.id.scope.principal()],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(sql_error)?;
+    if scoped.unwrap_or(0) as u64 >= req.limits.max_records_per_scope {
+        return Ok(Some(QuotaExceeded::Scope {
+            limit: req.limits.max_records_per_scope,
+        }));
+    }
+    Ok(None)
+}
+
+fn has_expired(tx: &Transaction<'_>, now: Timestamp) -> Result<bool, StoreError> {
+    tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM idem_records WHERE expires_at <= ?1)")
+        .and_then(|mut stmt| stmt.query_row([sql_time(now)], |row| row.get(0)))
+        .map_err(sql_error)
+}
+
+fn adjust_counts(tx: &Transaction<'_>, scope: &Scope, delta: i64) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT INTO idem_scope_counts (namespace, principal, records) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (namespace, principal) DO UPDATE SET records = records + excluded.records",
+    )
+    .and_then(|mut stmt| stmt.execute(params![scope.namespace(), scope.principal(), delta]))
+    .and_then(|_| {
+        tx.prepare_cached("UPDATE idem_totals SET records = records + ?1 WHERE id = 1")?
+            .execute([delta])
+    })
+    .map(drop)
+    .map_err(sql_error)
+}
+
+fn purge(tx: &Transaction<'_>, now: Timestamp) -> Result<u64, StoreError> {
+    let now = sql_time(now);
+    let expired_per_scope: Vec<(String, String, i64)> = tx
+        .prepare_cached(
+            "SELECT namespace, principal, COUNT(*) FROM idem_records WHERE expires_at <= ?1 \
+             GROUP BY namespace, principal",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map([now], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+                .collect()
+        })
+        .map_err(sql_error)?;
+    let mut purged = 0;
+    for (namespace, principal, count) in expired_per_scope {
+        adjust_counts(tx, &Scope::new(namespace, principal), -count)?;
+        purged += count as u64;
+    }
+    tx.prepare_cached("DELETE FROM idem_records WHERE expires_at <= ?1")
+        .and_then(|mut stmt| stmt.execute([now]))
+        .and_then(|_| tx.execute("DELETE FROM idem_scope_counts WHERE records <= 0", []))
+        .map_err(sql_error)?;
+    Ok(purged)
+}
+
+/// Runs one fenced `UPDATE`/`DELETE` and reports whether it touched the record.
+fn fenced_write(
+    conn: &Connection,
+    sql: &'static str,
+    params: &[&dyn rusqlite::ToSql],
+) -> Result<Fenced, StoreError> {
+    let changed = conn
+        .prepare_cached(sql)
+        .and_then(|mut stmt| stmt.execute(params))
+        .map_err(sql_error)?;
+    Ok(if changed == 1 {
+        Fenced::Applied
+    } else {
+        Fenced::NotOwner
+    })
+}
+
+impl Store for SqliteStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
+        let req = req.clone();
+        self.with_conn(move |conn| claim(conn, &req))
+    }
+
+    fn complete<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced> {
+        let req = req.clone();
+        self.with_conn(move |conn| {
+            let (kind, body) = (req.outcome.kind().as_str(), req.outcome.body());
+            fenced_write(
+                conn,
+                "UPDATE idem_records SET owner = NULL, lease_expires_at = NULL, outcome_kind = ?5, \
+                 outcome_body = ?6, completed_at = ?7, expires_at = ?8 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4",
+                params![
+                    req.id.scope.namespace(),
+                    req.id.scope.principal(),
+                    req.id.key.as_str(),
+                    sql_token(req.owner),
+                    kind,
+                    body.as_ref(),
+                    sql_time(req.completed_at),
+                    sql_time(req.expires_at),
+                ],
+            )
+        })
+    }
+
+    fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
+        let req = req.clone();
+        self.with_conn(move |conn| {
+            fenced_write(
+                conn,
+                "UPDATE idem_records SET owner = ?5, lease_expires_at = ?6, expires_at = ?7 \
+                 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4 \
+                 AND lease_expires_at <= ?8 AND expires_at > ?8",
+                params![
+                    req.id.scope.namespace(),
+                    req.id.scope.principal(),
+                    req.id.key.as_str(),
+                    sql_token(req.previous_owner),
+                    sql_token(req.new_owner),
+                    sql_time(req.lease_expires_at),
+                    sql_time(req.expires_at),
+                    sql_time(req.now),
+                ],
+            )
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: FencingToken,
+        lease_expires_at: Timestamp,
+    ) -> StoreFuture<'a, Fenced> {
+        let id = id.clone();
+        self.with_conn(move |conn| {
+            fenced_write(
+                conn,
+                "UPDATE idem_records SET lease_expires_at = ?5 \
+                 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4",
+                params![
+                    id.scope.namespace(),
+                    id.scope.principal(),
+                    id.key.as_str(),
+                    sql_token(owner),
+                    sql_time(lease_expires_at),
+                ],
+            )
+        })
+    }
+
+    fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
+        let id = id.clone();
+        self.with_conn(move |conn| {
+            let tx = immediate(conn)?;
+            let fenced = fenced_write(
+                &tx,
+                "DELETE FROM idem_records \
+                 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4",
+                params![
+                    id.scope.namespace(),
+                    id.scope.principal(),
+                    id.key.as_str(),
+                    sql_token(owner)
+                ],
+            )?;
+            if fenced == Fenced::Applied {
+                adjust_counts(&tx, &id.scope, -1)?;
+            }
+            tx.commit().map_err(sql_error)?;
+            Ok(fenced)
+        })
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
+        let id = id.clone();
+        self.with_conn(move |conn| {
+            Ok(read_record(conn, &id)?.filter(|record| !record.is_expired(now)))
+        })
+    }
+
+    fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
+        self.with_conn(move |conn| {
+            let tx = immediate(conn)?;
+            let purged = purge(&tx, now)?;
+            tx.commit().map_err(sql_error)?;
+            Ok(purged)
+        })
+    }
+
+    fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
+        self.with_conn(move |conn| {
+            conn.query_row(
+                "SELECT \
+                   COALESCE(SUM(expires_at > ?1 AND owner IS NOT NULL), 0), \
+                   COALESCE(SUM(expires_at > ?1 AND owner IS NULL), 0), \
+                   COALESCE(SUM(expires_at <= ?1), 0) \
+                 FROM idem_records",
+                [sql_time(now)],
+                |row| {
+                    Ok(StoreStats {
+                        in_progress: row.get::<_, i64>(0)? as u64,
+                        completed: row.get::<_, i64>(1)? as u64,
+                        expired: row.get::<_, i64>(2)? as u64,
+                    })
+                },
+            )
+            .map_err(sql_error)
+        })
+    }
+}
