@@ -1,1 +1,74 @@
-fn main() {}
+//! Claim + complete throughput of each store, on one core (a current-thread runtime).
+//!
+//! `cargo bench -p mcp-idempotency --bench stores`; criterion prints the throughput as elements
+//! (claim+complete pairs) per second.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use mcp_idempotency::fingerprint::fingerprint;
+use mcp_idempotency::store::{
+    ClaimOutcome, ClaimRequest, CompleteRequest, MemoryStore, RecordLimits, SqliteStore, Store,
+};
+use mcp_idempotency::{FencingToken, IdempotencyKey, Outcome, RecordId, Scope, Timestamp};
+
+const OUTCOME: &str = r#"{"content":[{"type":"text","text":"charged: ch_0001"}],"structuredContent":{"chargeId":"ch_0001"}}"#;
+
+/// Runs `iters` claim+complete pairs on fresh keys and returns the time they took.
+fn claim_complete(store: Arc<dyn Store>, iters: u64) -> Duration {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let scope = Scope::new("bench", "principal");
+    let fingerprint = fingerprint("charge_payment", Some(r#"{"amount":4200}"#)).unwrap();
+    let now = Timestamp::now();
+    let run = |base: u64| async move {
+        let start = Instant::now();
+        for i in base..base + iters {
+            let req = ClaimRequest {
+                id: RecordId {
+                    scope: scope.clone(),
+                    key: IdempotencyKey::new(&format!("key-{i}"), 255).unwrap(),
+                },
+                fingerprint,
+                tool_name: "charge_payment".into(),
+                owner: FencingToken::random(),
+                now,
+                lease_expires_at: now.saturating_add(Duration::from_secs(30)),
+                expires_at: now.saturating_add(Duration::from_secs(86_400)),
+                limits: RecordLimits::UNLIMITED,
+            };
+            assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+            let done = CompleteRequest {
+                id: req.id,
+                owner: req.owner,
+                outcome: Outcome::Success(OUTCOME.into()),
+                completed_at: now,
+                expires_at: req.expires_at,
+            };
+            store.complete(&done).await.unwrap();
+        }
+        start.elapsed()
+    };
+    runtime.block_on(run(rand::random::<u64>() >> 16))
+}
+
+fn stores(c: &mut Criterion) {
+    let mut group = c.benchmark_group("claim_complete");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("memory", |b| {
+        b.iter_custom(|iters| claim_complete(Arc::new(MemoryStore::new()), iters))
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn Store> =
+        Arc::new(SqliteStore::open_blocking(&dir.path().join("bench.sqlite3")).unwrap());
+    group.sample_size(20);
+    group.bench_function("sqlite", |b| {
+        b.iter_custom(|iters| claim_complete(Arc::clone(&sqlite), iters))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, stores);
+criterion_main!(benches);

@@ -97,12 +97,19 @@ impl Deduplicator {
         Ok(fenced)
     }
 
-    /// Extends the lease of a running call.
+    /// Extends the lease of a running call. The claim's deadline moves only if the store applied
+    /// the renewal; after an error or [`Fenced::NotOwner`] it still says what the store holds.
     pub async fn renew(&self, claim: &mut Claim) -> Result<Fenced, StoreError> {
-        let lease_expires_at = self.engine.renew(claim, Timestamp::now());
-        self.store
-            .renew(claim.id(), claim.owner(), lease_expires_at)
-            .await
+        let mut renewed = claim.clone();
+        let lease_expires_at = self.engine.renew(&mut renewed, Timestamp::now());
+        let fenced = self
+            .store
+            .renew(renewed.id(), renewed.owner(), lease_expires_at)
+            .await?;
+        if fenced == Fenced::Applied {
+            *claim = renewed;
+        }
+        Ok(fenced)
     }
 
     /// Gives up a claim whose call certainly did not run, so that a retry may run it.

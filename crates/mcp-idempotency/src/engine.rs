@@ -196,7 +196,10 @@ impl Engine {
             owner,
             now,
             lease_expires_at: now.saturating_add(self.config.lease),
-            expires_at: now.saturating_add(self.config.retention),
+            // Retention runs from completion; until then the record must at least outlive its
+            // lease, or a retention shorter than the lease would let a duplicate of a running call
+            // claim the key again and execute a second time.
+            expires_at: now.saturating_add(self.config.retention.max(self.config.lease)),
             limits: self.config.limits,
         })
     }

@@ -35,7 +35,8 @@ async fn writer_process() {
     };
     let dedup = dedup(Path::new(&path)).await;
     let key = json!("order-1");
-    let Decision::Execute(claim) = dedup.decide(&Scope::new("ns", "user"), &call(&key)).await else {
+    let Decision::Execute(claim) = dedup.decide(&Scope::new("ns", "user"), &call(&key)).await
+    else {
         panic!("the writer must execute");
     };
     let outcome = json!({"content": [], "structuredContent": {"pid": std::process::id()}});
@@ -71,7 +72,9 @@ async fn record_completed_by_one_process_is_replayed_by_another() {
 
     // The record is scoped: another principal on the same file executes anew.
     assert!(matches!(
-        dedup.decide(&Scope::new("ns", "someone-else"), &call(&key)).await,
+        dedup
+            .decide(&Scope::new("ns", "someone-else"), &call(&key))
+            .await,
         Decision::Execute(_)
     ));
 }

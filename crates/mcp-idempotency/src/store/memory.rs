@@ -1,5 +1,5 @@
-use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+use std::collections::hash_map::Entry as MapEntry;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -7,8 +7,12 @@ use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, RecordLimits, Store,
     StoreFuture, StoreStats, TakeOverRequest,
 };
+use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordId, RecordState, Scope};
 use crate::time::Timestamp;
+
+/// foldhash with a per-store random seed: fast, and resistant to precomputed collisions.
+type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 const DEFAULT_SHARDS: usize = 16;
 
@@ -20,7 +24,7 @@ const DEFAULT_SHARDS: usize = 16;
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: foldhash::fast::RandomState,
     counts: Mutex<HashMap<Scope, u64>>,
     total: AtomicU64,
     /// A lower bound on every record's `expires_at`: no purge can free anything before then.
@@ -29,7 +33,34 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct Shard {
-    records: HashMap<RecordId, Record>,
+    records: HashMap<RecordId, Entry>,
+}
+
+/// A record without its id, which is the map key.
+#[derive(Debug)]
+struct Entry {
+    fingerprint: Fingerprint,
+    tool_name: String,
+    state: RecordState,
+    created_at: Timestamp,
+    expires_at: Timestamp,
+}
+
+impl Entry {
+    fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at <= now
+    }
+
+    fn to_record(&self, id: &RecordId) -> Record {
+        Record {
+            id: id.clone(),
+            fingerprint: self.fingerprint,
+            tool_name: self.tool_name.clone(),
+            state: self.state.clone(),
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -50,48 +81,46 @@ impl MemoryStore {
             shards: (0..shards.max(1))
                 .map(|_| Mutex::new(Shard::default()))
                 .collect(),
-            hasher: RandomState::new(),
-            counts: Mutex::new(HashMap::new()),
+            hasher: foldhash::fast::RandomState::default(),
+            counts: Mutex::new(HashMap::default()),
             total: AtomicU64::new(0),
             earliest_expiry: AtomicU64::new(u64::MAX),
         }
     }
 
     fn shard(&self, id: &RecordId) -> MutexGuard<'_, Shard> {
-        let mut hasher = self.hasher.build_hasher();
-        id.hash(&mut hasher);
-        let index = (hasher.finish() % self.shards.len() as u64) as usize;
+        let index = (self.hasher.hash_one(id) % self.shards.len() as u64) as usize;
         lock(&self.shards[index])
     }
 
     fn claim_now(&self, req: &ClaimRequest) -> Result<ClaimOutcome, QuotaExceeded> {
         let mut shard = self.shard(&req.id);
-        let replaces_expired = match shard.records.get(&req.id) {
-            Some(record) if !record.is_expired(req.now) => {
-                return Ok(ClaimOutcome::Existing(record.clone()))
-            }
-            Some(_) => true,
-            None => false,
+        let entry = Entry {
+            fingerprint: req.fingerprint,
+            tool_name: req.tool_name.clone(),
+            state: RecordState::InProgress {
+                owner: req.owner,
+                lease_expires_at: req.lease_expires_at,
+            },
+            created_at: req.now,
+            expires_at: req.expires_at,
         };
-        if !replaces_expired {
-            self.reserve(&req.id.scope, req.limits)?;
+        match shard.records.entry(req.id.clone()) {
+            MapEntry::Occupied(existing) if !existing.get().is_expired(req.now) => {
+                return Ok(ClaimOutcome::Existing(
+                    existing.get().to_record(existing.key()),
+                ))
+            }
+            MapEntry::Occupied(mut expired) => {
+                expired.insert(entry);
+            }
+            MapEntry::Vacant(vacant) => {
+                self.reserve(&req.id.scope, req.limits)?;
+                vacant.insert(entry);
+            }
         }
         self.earliest_expiry
             .fetch_min(req.expires_at.as_millis(), Ordering::Relaxed);
-        shard.records.insert(
-            req.id.clone(),
-            Record {
-                id: req.id.clone(),
-                fingerprint: req.fingerprint,
-                tool_name: req.tool_name.clone(),
-                state: RecordState::InProgress {
-                    owner: req.owner,
-                    lease_expires_at: req.lease_expires_at,
-                },
-                created_at: req.now,
-                expires_at: req.expires_at,
-            },
-        );
         Ok(ClaimOutcome::Claimed)
     }
 
@@ -138,7 +167,7 @@ impl MemoryStore {
         let mut earliest = u64::MAX;
         for shard in self.shards.iter() {
             let mut shard = lock(shard);
-            let mut removed: HashMap<Scope, u64> = HashMap::new();
+            let mut removed: HashMap<Scope, u64> = HashMap::default();
             shard.records.retain(|id, record| {
                 if record.is_expired(now) {
                     *removed.entry(id.scope.clone()).or_insert(0) += 1;
@@ -162,7 +191,7 @@ impl MemoryStore {
         id: &RecordId,
         owner: FencingToken,
         now: Option<Timestamp>,
-        apply: impl FnOnce(&mut Record) -> T,
+        apply: impl FnOnce(&mut Entry) -> T,
     ) -> Option<T> {
         let mut shard = self.shard(id);
         let record = shard.records.get_mut(id)?;
@@ -247,6 +276,7 @@ impl Store for MemoryStore {
                 owner,
                 lease_expires_at,
             };
+            record.expires_at = record.expires_at.max(lease_expires_at);
         });
         Box::pin(std::future::ready(Ok(fenced(applied))))
     }
@@ -256,7 +286,7 @@ impl Store for MemoryStore {
             let mut shard = self.shard(id);
             let owned = matches!(
                 shard.records.get(id),
-                Some(Record { state: RecordState::InProgress { owner: current, .. }, .. })
+                Some(Entry { state: RecordState::InProgress { owner: current, .. }, .. })
                     if *current == owner
             );
             owned && shard.records.remove(id).is_some()
@@ -276,8 +306,8 @@ impl Store for MemoryStore {
             .shard(id)
             .records
             .get(id)
-            .filter(|record| !record.is_expired(now))
-            .cloned();
+            .filter(|entry| !entry.is_expired(now))
+            .map(|entry| entry.to_record(id));
         Box::pin(std::future::ready(Ok(record)))
     }
 

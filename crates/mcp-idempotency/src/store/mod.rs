@@ -167,7 +167,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// to `req.new_owner`.
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced>;
 
-    /// Extends the lease of an in-progress record owned by `owner`.
+    /// Extends the lease of an in-progress record owned by `owner`, and its retention window to at
+    /// least the new lease deadline: a call that is still running never expires.
     fn renew<'a>(
         &'a self,
         id: &'a RecordId,

@@ -97,12 +97,9 @@ impl SqliteStore {
             .map_err(cannot_open)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(cannot_open)?;
-        migrate(&mut conn).map_err(|err| match err {
-            StoreError::Backend { message, source } => StoreError::Unavailable {
-                message: format!("cannot prepare SQLite store {}: {message}", path.display()),
-                source,
-            },
-            other => other,
+        migrate(&mut conn).map_err(|err| StoreError::Unavailable {
+            message: format!("cannot prepare SQLite store {}: {err}", path.display()),
+            source: Some(Box::new(err)),
         })?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -453,7 +450,7 @@ impl Store for SqliteStore {
         self.with_conn(move |conn| {
             fenced_write(
                 conn,
-                "UPDATE idem_records SET lease_expires_at = ?5 \
+                "UPDATE idem_records SET lease_expires_at = ?5, expires_at = MAX(expires_at, ?5) \
                  WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4",
                 params![
                     id.scope.namespace(),

@@ -40,6 +40,7 @@ macro_rules! store_test_suite {
             complete_is_fenced,
             release_frees_the_key,
             renew_extends_only_the_owners_lease,
+            renew_keeps_a_running_record_past_its_retention,
             take_over_only_after_the_lease_ran_out,
             expired_records_count_as_absent,
             purge_removes_only_expired,
@@ -259,6 +260,34 @@ pub async fn renew_extends_only_the_owners_lease(store: Arc<dyn Store>) {
         store.renew(&id, req.owner, later(T0, 200)).await.unwrap(),
         Fenced::NotOwner
     );
+}
+
+/// A call renewed past its retention window is still in progress: its record does not expire,
+/// so a retry cannot execute it a second time.
+pub async fn renew_keeps_a_running_record_past_its_retention(store: Arc<dyn Store>) {
+    let id = id(&scope(), "k");
+    let req = ClaimRequest {
+        expires_at: later(T0, 60),
+        ..claim_req(&id, T0)
+    };
+    claim(&*store, &req).await;
+    let deadline = later(T0, 90);
+    assert_eq!(
+        store.renew(&id, req.owner, deadline).await.unwrap(),
+        Fenced::Applied
+    );
+    let record = store
+        .get(&id, later(T0, 70))
+        .await
+        .unwrap()
+        .expect("still running");
+    assert_eq!(record.expires_at, deadline);
+    assert!(matches!(
+        claim(&*store, &claim_req(&id, later(T0, 70))).await,
+        ClaimOutcome::Existing(_)
+    ));
+    let done = complete_req(&req, Outcome::Success("1".into()), later(T0, 80));
+    assert_eq!(store.complete(&done).await.unwrap(), Fenced::Applied);
 }
 
 /// A take-over needs the dead owner's token and a lease that has run out; afterwards the old owner
