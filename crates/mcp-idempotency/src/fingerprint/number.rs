@@ -1,0 +1,183 @@
+//! Strict JSON number grammar and exact decimal normalisation.
+
+use std::ops::Range;
+
+use super::encode::malformed;
+use super::ArgumentsError;
+
+/// Exponent parts with more significant digits than this are refused.
+const MAX_EXPONENT_DIGITS: usize = 18;
+
+/// Parses the number starting at `src[start]` (a `-` or a digit), appends its canonical
+/// encoding to `out` and returns the position just past it.
+pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usize, ArgumentsError> {
+    let mut pos = start;
+    let negative = src[pos] == b'-';
+    if negative {
+        pos += 1;
+    }
+    let int_start = pos;
+    match src.get(pos) {
+        Some(b'0') => {
+            pos += 1;
+            if src.get(pos).is_some_and(u8::is_ascii_digit) {
+                return Err(malformed(pos, "leading zero in number"));
+            }
+        }
+        Some(b'1'..=b'9') => pos = digits_end(src, pos + 1),
+        _ => return Err(malformed(pos, "expected digit")),
+    }
+    if !matches!(src.get(pos), Some(b'.' | b'e' | b'E')) {
+        write_integer(out, negative, src, int_start..pos);
+        return Ok(pos);
+    }
+    let int = &src[int_start..pos];
+
+    let mut frac: &[u8] = &[];
+    if src.get(pos) == Some(&b'.') {
+        pos += 1;
+        let frac_start = pos;
+        pos = digits_end(src, pos);
+        if pos == frac_start {
+            return Err(malformed(pos, "expected digit after decimal point"));
+        }
+        frac = &src[frac_start..pos];
+    }
+
+    let mut exponent = 0i64;
+    if let Some(b'e' | b'E') = src.get(pos) {
+        pos += 1;
+        let exp_negative = src.get(pos) == Some(&b'-');
+        if let Some(b'-' | b'+') = src.get(pos) {
+            pos += 1;
+        }
+        let exp_start = pos;
+        pos = digits_end(src, pos);
+        if pos == exp_start {
+            return Err(malformed(pos, "expected digit in exponent"));
+        }
+        let digits = &src[exp_start..pos];
+        let significant = &digits[digits.iter().take_while(|&&d| d == b'0').count()..];
+        if significant.len() > MAX_EXPONENT_DIGITS {
+            return Err(ArgumentsError::NumberOutOfRange { offset: start });
+        }
+        let magnitude = significant
+            .iter()
+            .fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
+        exponent = if exp_negative { -magnitude } else { magnitude };
+    }
+
+    write_canonical(out, negative, int, frac, exponent);
+    Ok(pos)
+}
+
+fn digits_end(src: &[u8], mut pos: usize) -> usize {
+    while src.get(pos).is_some_and(u8::is_ascii_digit) {
+        pos += 1;
+    }
+    pos
+}
+
+/// Writes `±int.frac × 10^exponent` as sign, significant digits and adjusted exponent.
+///
+/// `int` is `0` or has no leading zero, as the grammar guarantees.
+/// Writes an integer without fraction or exponent; `int` is `0` or has no leading zero.
+fn write_integer(out: &mut Vec<u8>, negative: bool, src: &[u8], int: Range<usize>) {
+    let Some(last) = src[int.clone()].iter().rposition(|&d| d != b'0') else {
+        out.extend_from_slice(ZERO);
+        return;
+    };
+    if negative {
+        out.push(b'-');
+    }
+    extend_short(out, src, int.start, last + 1);
+    let trailing_zeros = int.len() - 1 - last;
+    if trailing_zeros == 0 {
+        out.push(b';');
+    } else {
+        write_exponent(out, trailing_zeros as i128);
+    }
+}
+
+/// Appends `src[start..start + len]`; short runs are copied as one fixed-size block
+/// (reading past the run when `src` allows), which avoids a `memcpy` call.
+fn extend_short(out: &mut Vec<u8>, src: &[u8], start: usize, len: usize) {
+    const BLOCK: usize = 16;
+    match src.get(start..start + BLOCK) {
+        Some(block) if len <= BLOCK => {
+            let mut copy = [0u8; BLOCK];
+            copy.copy_from_slice(block);
+            out.extend_from_slice(&copy);
+            out.truncate(out.len() - BLOCK + len);
+        }
+        _ => out.extend_from_slice(&src[start..start + len]),
+    }
+}
+
+const ZERO: &[u8] = b"0;";
+
+/// Writes `±int.frac × 10^exponent` as sign, significant digits and adjusted exponent.
+///
+/// `int` is `0` or has no leading zero, as the grammar guarantees.
+fn write_canonical(out: &mut Vec<u8>, negative: bool, int: &[u8], frac: &[u8], exponent: i64) {
+    let frac_last = frac.iter().rposition(|&d| d != b'0');
+    let exponent = i128::from(exponent);
+    let (head, tail, exponent): (&[u8], &[u8], i128) = if int != b"0" {
+        match frac_last {
+            Some(last) => (int, &frac[..=last], exponent - (last as i128 + 1)),
+            None => {
+                let last = int.iter().rposition(|&d| d != b'0').unwrap_or(0);
+                (
+                    &int[..=last],
+                    &[],
+                    exponent + (int.len() - 1 - last) as i128,
+                )
+            }
+        }
+    } else {
+        match frac_last {
+            None => {
+                out.extend_from_slice(ZERO);
+                return;
+            }
+            Some(last) => {
+                let first = frac.iter().position(|&d| d != b'0').unwrap_or(last);
+                (&frac[first..=last], &[], exponent - (last as i128 + 1))
+            }
+        }
+    };
+    if negative {
+        out.push(b'-');
+    }
+    out.extend_from_slice(head);
+    out.extend_from_slice(tail);
+    write_exponent(out, exponent);
+}
+
+/// Writes `e<exponent>;`, or just `;` for a zero exponent.
+fn write_exponent(out: &mut Vec<u8>, exponent: i128) {
+    if exponent != 0 {
+        out.push(b'e');
+        if exponent < 0 {
+            out.push(b'-');
+        }
+        let magnitude = exponent.unsigned_abs();
+        if magnitude < 10 {
+            out.push(b'0' + magnitude as u8);
+        } else {
+            write_decimal(out, magnitude);
+        }
+    }
+    out.push(b';');
+}
+
+fn write_decimal(out: &mut Vec<u8>, mut n: u128) {
+    let mut buf = [0u8; 39];
+    let mut i = buf.len();
+    while n != 0 {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    out.extend_from_slice(&buf[i..]);
+}
