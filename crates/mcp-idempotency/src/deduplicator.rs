@@ -90,7 +90,7 @@ impl Deduplicator {
     /// someone else owns the record now; the outcome was not written.
     pub async fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Fenced, StoreError> {
         let req = self.engine.completion(claim, outcome, Timestamp::now());
-        let fenced = self.store.complete(&req).await?;
+        let fenced = self.store.complete(req).await?;
         if fenced == Fenced::NotOwner {
             tracing::warn!(key = %claim.id().key, "outcome not recorded: the claim was taken over");
         }

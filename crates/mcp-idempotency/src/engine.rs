@@ -192,7 +192,7 @@ impl Engine {
                 key,
             },
             fingerprint,
-            tool_name: call.tool_name.to_owned(),
+            tool_name: call.tool_name.into(),
             owner,
             now,
             lease_expires_at: now.saturating_add(self.config.lease),

@@ -787,7 +787,7 @@ impl Store for FlakyStore {
         self.inner.claim(req)
     }
 
-    fn complete<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced> {
+    fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         self.inner.complete(req)
     }
 

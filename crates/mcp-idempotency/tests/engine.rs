@@ -496,7 +496,7 @@ fn begin_prepares_the_claim_from_the_config() {
     let req = default_request(&engine, owner);
     assert_eq!(req.id.scope, scope());
     assert_eq!(req.id.key.as_str(), KEY);
-    assert_eq!(req.tool_name, TOOL);
+    assert_eq!(&*req.tool_name, TOOL);
     assert_eq!(req.owner, owner);
     assert_eq!(req.now, at(T0));
     assert_eq!(req.lease_expires_at, at(T0 + 10_000));

@@ -1,7 +1,7 @@
 use std::collections::hash_map::Entry as MapEntry;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, RecordLimits, Store,
@@ -40,7 +40,7 @@ struct Shard {
 #[derive(Debug)]
 struct Entry {
     fingerprint: Fingerprint,
-    tool_name: String,
+    tool_name: Arc<str>,
     state: RecordState,
     created_at: Timestamp,
     expires_at: Timestamp,
@@ -55,7 +55,7 @@ impl Entry {
         Record {
             id: id.clone(),
             fingerprint: self.fingerprint,
-            tool_name: self.tool_name.clone(),
+            tool_name: self.tool_name.to_string(),
             state: self.state.clone(),
             created_at: self.created_at,
             expires_at: self.expires_at,
@@ -132,13 +132,20 @@ impl MemoryStore {
                 limit: limits.max_records_total,
             });
         }
-        let count = counts.entry(scope.clone()).or_insert(0);
-        if *count >= limits.max_records_per_scope {
-            return Err(QuotaExceeded::Scope {
-                limit: limits.max_records_per_scope,
-            });
+        match counts.get_mut(scope) {
+            Some(count) if *count >= limits.max_records_per_scope => {
+                return Err(QuotaExceeded::Scope {
+                    limit: limits.max_records_per_scope,
+                })
+            }
+            Some(count) => *count += 1,
+            None if limits.max_records_per_scope == 0 => {
+                return Err(QuotaExceeded::Scope { limit: 0 })
+            }
+            None => {
+                counts.insert(scope.clone(), 1);
+            }
         }
-        *count += 1;
         self.total.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -231,10 +238,10 @@ impl Store for MemoryStore {
         )))
     }
 
-    fn complete<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced> {
+    fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         let applied = self.with_owned(&req.id, req.owner, None, |record| {
             record.state = RecordState::Completed {
-                outcome: req.outcome.clone(),
+                outcome: req.outcome,
                 completed_at: req.completed_at,
             };
             record.expires_at = req.expires_at;

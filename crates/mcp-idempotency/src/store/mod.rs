@@ -21,6 +21,7 @@ mod url;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 pub use error::StoreError;
 pub use memory::MemoryStore;
@@ -61,7 +62,7 @@ pub struct ClaimRequest {
     /// Fingerprint of the call's tool name and arguments.
     pub fingerprint: Fingerprint,
     /// The tool being called.
-    pub tool_name: String,
+    pub tool_name: Arc<str>,
     /// The token that will prove ownership.
     pub owner: FencingToken,
     /// The current time.
@@ -161,7 +162,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome>;
 
     /// Records the outcome, if `req.owner` still owns the in-progress record.
-    fn complete<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced>;
+    fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced>;
 
     /// Moves an in-progress record whose lease ran out before `req.now` from `req.previous_owner`
     /// to `req.new_owner`.

@@ -284,7 +284,7 @@ fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOutcome, Stor
             scope.principal(),
             req.id.key.as_str(),
             &req.fingerprint.as_bytes()[..],
-            req.tool_name,
+            &*req.tool_name,
             sql_token(req.owner),
             sql_time(req.lease_expires_at),
             sql_time(req.now),
@@ -396,8 +396,7 @@ impl Store for SqliteStore {
         self.with_conn(move |conn| claim(conn, &req))
     }
 
-    fn complete<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced> {
-        let req = req.clone();
+    fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         self.with_conn(move |conn| {
             let (kind, body) = (req.outcome.kind().as_str(), req.outcome.body());
             fenced_write(

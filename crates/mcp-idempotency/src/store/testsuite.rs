@@ -3,7 +3,7 @@
 //! Each check is a public async function taking a fresh store; [`store_test_suite!`](crate::store_test_suite)
 //! turns the whole list into `#[tokio::test]`s for a store factory:
 //!
-//! ```ignore
+//! ```text
 //! mcp_idempotency::store_test_suite!(|| async {
 //!     std::sync::Arc::new(MyStore::connect("…").await.unwrap()) as std::sync::Arc<dyn Store>
 //! });
@@ -141,7 +141,7 @@ pub async fn complete_then_replay_exactly(store: Arc<dyn Store>) {
     let raw =
         "{ \"content\" : [{\"type\":\"text\",\"text\":\"caf\\u00e9 \u{1F600}\"}], \"n\": 1.0e0 }";
     let done = complete_req(&req, Outcome::Success(raw.into()), later(T0, 2));
-    assert_eq!(store.complete(&done).await.unwrap(), Fenced::Applied);
+    assert_eq!(store.complete(done.clone()).await.unwrap(), Fenced::Applied);
 
     let record = store.get(&id, later(T0, 3)).await.unwrap().expect("record");
     assert_eq!(
@@ -165,22 +165,22 @@ pub async fn complete_is_fenced(store: Arc<dyn Store>) {
     claim(&*store, &req).await;
     let mut stale = complete_req(&req, Outcome::Error("{\"code\":1}".into()), later(T0, 1));
     stale.owner = FencingToken::random();
-    assert_eq!(store.complete(&stale).await.unwrap(), Fenced::NotOwner);
+    assert_eq!(store.complete(stale).await.unwrap(), Fenced::NotOwner);
     assert!(matches!(
         store.get(&id, later(T0, 1)).await.unwrap().unwrap().state,
         RecordState::InProgress { .. }
     ));
 
     let good = complete_req(&req, Outcome::Success("1".into()), later(T0, 1));
-    assert_eq!(store.complete(&good).await.unwrap(), Fenced::Applied);
+    assert_eq!(store.complete(good).await.unwrap(), Fenced::Applied);
     let again = complete_req(&req, Outcome::Success("2".into()), later(T0, 2));
-    assert_eq!(store.complete(&again).await.unwrap(), Fenced::NotOwner);
+    assert_eq!(store.complete(again).await.unwrap(), Fenced::NotOwner);
     let missing = complete_req(
         &claim_req(&self::id(&id.scope, "other"), T0),
         Outcome::Success("3".into()),
         T0,
     );
-    assert_eq!(store.complete(&missing).await.unwrap(), Fenced::NotOwner);
+    assert_eq!(store.complete(missing).await.unwrap(), Fenced::NotOwner);
     let record = store.get(&id, later(T0, 3)).await.unwrap().unwrap();
     assert!(
         matches!(record.state, RecordState::Completed { outcome: Outcome::Success(ref s), .. } if s == "1")
@@ -210,7 +210,7 @@ pub async fn release_frees_the_key(store: Arc<dyn Store>) {
     let next = claim_req(&id, later(T0, 1));
     assert_eq!(claim(&*store, &next).await, ClaimOutcome::Claimed);
     store
-        .complete(&complete_req(
+        .complete(complete_req(
             &next,
             Outcome::Success("1".into()),
             later(T0, 2),
@@ -249,7 +249,7 @@ pub async fn renew_extends_only_the_owners_lease(store: Arc<dyn Store>) {
         }
     );
     store
-        .complete(&complete_req(
+        .complete(complete_req(
             &req,
             Outcome::Success("1".into()),
             later(T0, 1),
@@ -287,7 +287,7 @@ pub async fn renew_keeps_a_running_record_past_its_retention(store: Arc<dyn Stor
         ClaimOutcome::Existing(_)
     ));
     let done = complete_req(&req, Outcome::Success("1".into()), later(T0, 80));
-    assert_eq!(store.complete(&done).await.unwrap(), Fenced::Applied);
+    assert_eq!(store.complete(done).await.unwrap(), Fenced::Applied);
 }
 
 /// A take-over needs the dead owner's token and a lease that has run out; afterwards the old owner
@@ -337,10 +337,10 @@ pub async fn take_over_only_after_the_lease_ran_out(store: Arc<dyn Store>) {
         }
     );
     let stale = complete_req(&req, Outcome::Success("old".into()), after_expiry);
-    assert_eq!(store.complete(&stale).await.unwrap(), Fenced::NotOwner);
+    assert_eq!(store.complete(stale).await.unwrap(), Fenced::NotOwner);
     let mut fresh = complete_req(&req, Outcome::Success("new".into()), after_expiry);
     fresh.owner = new_owner;
-    assert_eq!(store.complete(&fresh).await.unwrap(), Fenced::Applied);
+    assert_eq!(store.complete(fresh).await.unwrap(), Fenced::Applied);
 }
 
 /// A record past its retention window is invisible and its key can be claimed anew.
@@ -350,7 +350,7 @@ pub async fn expired_records_count_as_absent(store: Arc<dyn Store>) {
     req.expires_at = later(T0, 10);
     claim(&*store, &req).await;
     store
-        .complete(&CompleteRequest {
+        .complete(CompleteRequest {
             expires_at: later(T0, 10),
             ..complete_req(&req, Outcome::Success("1".into()), later(T0, 1))
         })
@@ -395,7 +395,7 @@ pub async fn scopes_are_isolated(store: Arc<dyn Store>) {
         assert_eq!(claim(&*store, req).await, ClaimOutcome::Claimed);
     }
     store
-        .complete(&complete_req(
+        .complete(complete_req(
             &a,
             Outcome::Success("\"alice\"".into()),
             later(T0, 1),
@@ -556,7 +556,7 @@ pub async fn every_outcome_kind_round_trips(store: Arc<dyn Store>) {
         let req = claim_req(&id(&scope, &format!("k{i}")), T0);
         claim(&*store, &req).await;
         store
-            .complete(&complete_req(&req, outcome.clone(), later(T0, 1)))
+            .complete(complete_req(&req, outcome.clone(), later(T0, 1)))
             .await
             .unwrap();
         let record = store.get(&req.id, later(T0, 1)).await.unwrap().unwrap();
@@ -607,7 +607,7 @@ pub async fn stats_count_states(store: Arc<dyn Store>) {
         claim(&*store, req).await;
     }
     store
-        .complete(&complete_req(
+        .complete(complete_req(
             &done,
             Outcome::Success("1".into()),
             later(T0, 1),
