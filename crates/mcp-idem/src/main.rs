@@ -6,6 +6,7 @@ use clap::Parser;
 
 mod cli;
 mod commands;
+mod ledger;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

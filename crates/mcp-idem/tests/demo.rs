@@ -16,7 +16,10 @@ fn demo_passes_every_step() {
     assert!(!stdout.contains("FAILED"), "{stdout}");
     assert_eq!(stdout.matches("  ok: ").count(), 8, "{stdout}");
     assert!(stdout.contains("All steps behaved"), "{stdout}");
-    assert!(db.exists(), "the demo must use the SQLite file it was given");
+    assert!(
+        db.exists(),
+        "the demo must use the SQLite file it was given"
+    );
 }
 
 #[test]

@@ -88,11 +88,16 @@ pub enum Replay {
 impl Replay {
     /// The complete JSON-RPC response for a request with the given `id`.
     pub fn to_response(&self, id: &Value) -> String {
+        self.to_response_raw(&id.to_string())
+    }
+
+    /// [`Replay::to_response`] for an id given as JSON text.
+    pub fn to_response_raw(&self, id_json: &str) -> String {
         let (member, raw) = match self {
             Self::Result(raw) => ("result", raw),
             Self::Error(raw) => ("error", raw),
         };
-        format!(r#"{{"jsonrpc":"2.0","id":{id},"{member}":{raw}}}"#)
+        format!(r#"{{"jsonrpc":"2.0","id":{id_json},"{member}":{raw}}}"#)
     }
 }
 

@@ -52,9 +52,11 @@ pub mod config;
 mod deduplicator;
 mod engine;
 pub mod fingerprint;
+pub mod interceptor;
 pub mod key;
 mod record;
 mod rejection;
+pub mod stdio;
 pub mod store;
 mod time;
 

@@ -1,1 +1,4 @@
 pub(crate) mod demo;
+pub(crate) mod demo_server;
+pub(crate) mod engine_args;
+pub(crate) mod wrap;

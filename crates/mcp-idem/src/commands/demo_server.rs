@@ -1,0 +1,201 @@
+//! `mcp-idem demo-server`: a small payment MCP server on stdio, built on rmcp.
+//!
+//! The upstream behind the idempotency gateway in demos, tests and benchmarks. It knows nothing
+//! about idempotency: every `charge_payment` it runs appends one line to the [ledger](crate::ledger),
+//! so the ledger shows how many times a side effect really happened.
+//!
+//! rmcp speaks protocol 2026-07-28 (`server/discover`, `_meta` on every request) and still
+//! answers the legacy `initialize` handshake. Requests run concurrently, so responses may come
+//! back out of order. stdout carries the protocol, logs go to stderr, and stdin EOF ends the
+//! server with status 0.
+//!
+//! Tools:
+//! - `charge_payment {amount, currency, delay_ms?, fail_after_charge?}`: sleeps `delay_ms`,
+//!   appends a charge, and returns `{chargeId, amount, currency}` as text and
+//!   `structuredContent`. With `fail_after_charge` it appends the charge and then answers with a
+//!   JSON-RPC internal error naming the charge id: the side effect happened, the call failed.
+//!   A cancelled call (`notifications/cancelled`) still charges: only the response is dropped.
+//! - `get_balance`: the number of charges in the ledger and the sum per currency.
+//! - `noop` and `work_1ms`: no ledger write; answer at once, or after a 1 ms timer.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::service::ServerInitializeError;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler, ServiceExt};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Map, Number, Value};
+
+use crate::ledger::{self, Charge, Ledger};
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoServerArgs {
+    /// Ledger file: one JSON line per executed charge, appended, shareable by several servers.
+    /// Default: $MCP_IDEM_LEDGER if set, else mcp-idem-demo-ledger.jsonl in the system
+    /// temporary directory.
+    #[arg(long, value_name = "PATH")]
+    ledger: Option<PathBuf>,
+}
+
+impl DemoServerArgs {
+    pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
+        let path = self.ledger.unwrap_or_else(ledger::default_path);
+        let ledger = Ledger::open(&path)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(serve(ledger))?;
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+/// Serves MCP on stdin/stdout until stdin reaches EOF.
+async fn serve(ledger: Ledger) -> anyhow::Result<()> {
+    tracing::info!(ledger = %ledger.path().display(), "demo server listening on stdio");
+    let server = PaymentServer::new(ledger);
+    let running = match server.serve(rmcp::transport::stdio()).await {
+        Ok(running) => running,
+        // EOF before the first request: nobody came, which is not an error.
+        Err(ServerInitializeError::ConnectionClosed(_)) => return Ok(()),
+        Err(err) => return Err(err).context("the MCP session did not start"),
+    };
+    let reason = running
+        .waiting()
+        .await
+        .context("the MCP service task failed")?;
+    tracing::info!(?reason, "demo server stopped");
+    Ok(())
+}
+
+/// Arguments of `charge_payment`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ChargeArgs {
+    /// Amount to charge; stored as given.
+    amount: Number,
+    /// Currency code, e.g. "EUR".
+    currency: String,
+    /// Sleep this many milliseconds before charging, to simulate a slow call.
+    #[serde(default)]
+    delay_ms: u64,
+    /// Record the charge, then fail the call with a JSON-RPC internal error.
+    #[serde(default)]
+    fail_after_charge: bool,
+}
+
+#[derive(Debug, Clone)]
+struct PaymentServer {
+    ledger: Arc<Ledger>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl PaymentServer {
+    fn new(ledger: Ledger) -> Self {
+        Self {
+            ledger: Arc::new(ledger),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        description = "Charge a payment: appends one line to the ledger and returns its chargeId. \
+                       delay_ms sleeps before charging; fail_after_charge charges, then fails."
+    )]
+    async fn charge_payment(
+        &self,
+        params: Parameters<ChargeArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let args = params.0;
+        if args.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
+        }
+        let charge = Charge::new(args.amount, args.currency);
+        self.ledger.append(&charge).map_err(|err| {
+            tracing::error!(%err, ledger = %self.ledger.path().display(), "cannot append a charge");
+            ErrorData::internal_error(format!("cannot write the ledger: {err}"), None)
+        })?;
+        tracing::debug!(charge_id = %charge.charge_id, "charged");
+        if args.fail_after_charge {
+            return Err(ErrorData::internal_error(
+                format!(
+                    "charge {} was recorded, then the call failed (fail_after_charge)",
+                    charge.charge_id
+                ),
+                Some(json!({ "chargeId": charge.charge_id })),
+            ));
+        }
+        let text = format!(
+            "charged {} {}: {}",
+            charge.amount, charge.currency, charge.charge_id
+        );
+        Ok(with_structured(
+            text,
+            json!({
+                "chargeId": charge.charge_id,
+                "amount": charge.amount,
+                "currency": charge.currency,
+            }),
+        ))
+    }
+
+    #[tool(description = "Number of charges in the ledger and the sum per currency.")]
+    async fn get_balance(&self) -> Result<CallToolResult, ErrorData> {
+        let charges = ledger::read(self.ledger.path())
+            .map_err(|err| ErrorData::internal_error(format!("{err:#}"), None))?;
+        let balance = ledger::balance(&charges);
+        let sums: Map<String, Value> = balance
+            .sums
+            .iter()
+            .map(|(currency, sum)| (currency.clone(), Value::Number(sum.clone())))
+            .collect();
+        let mut text = format!("{} charges", balance.charges);
+        for (currency, sum) in &balance.sums {
+            text.push_str(&format!("; {sum} {currency}"));
+        }
+        Ok(with_structured(
+            text,
+            json!({ "charges": balance.charges, "sums": sums }),
+        ))
+    }
+
+    #[tool(description = "Do nothing and answer at once (no ledger write).")]
+    async fn noop(&self) -> String {
+        "ok".to_owned()
+    }
+
+    #[tool(description = "Wait on a 1 ms timer, then answer (no ledger write).")]
+    async fn work_1ms(&self) -> String {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        "ok".to_owned()
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for PaymentServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new(
+                "mcp-idem-demo-server",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
+                "A demo payment service without idempotency: every charge_payment call charges.",
+            )
+    }
+}
+
+/// A successful result carrying `text` as content and `structured` as `structuredContent`.
+fn with_structured(text: String, structured: Value) -> CallToolResult {
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = Some(structured);
+    result
+}

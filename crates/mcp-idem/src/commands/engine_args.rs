@@ -1,0 +1,92 @@
+//! Options shared by the commands that decide calls (`wrap`, and later `proxy`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use mcp_idempotency::store::{self, Store, StoreUrl};
+use mcp_idempotency::{config, AfterCrash, EngineConfig};
+
+/// Where records live and how long, and the limits that protect the store.
+#[derive(Debug, Args)]
+pub(crate) struct EngineArgs {
+    /// Record store: `sqlite:PATH` or `memory` [default: sqlite: in the user's data directory,
+    /// e.g. ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts].
+    #[arg(long, env = "MCP_IDEM_STORE", value_name = "URL")]
+    pub(crate) store: Option<String>,
+
+    /// How long a completed call's outcome is kept for replay.
+    #[arg(long, env = "MCP_IDEM_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub(crate) retention: Duration,
+
+    /// How long a running call's claim lives without renewal (renewed every third of it).
+    #[arg(long, env = "MCP_IDEM_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) lease: Duration,
+
+    /// What a retry gets when the original call's owner died before recording an outcome:
+    /// `reject` (idempotency_outcome_unknown, never a second execution) or `reexecute`.
+    #[arg(long, env = "MCP_IDEM_AFTER_CRASH", default_value = "reject", value_parser = parse_after_crash)]
+    pub(crate) after_crash: AfterCrash,
+
+    /// Longest accepted idempotencyKey, in bytes.
+    #[arg(long, env = "MCP_IDEM_MAX_KEY_BYTES", default_value_t = mcp_idempotency::key::DEFAULT_MAX_KEY_BYTES)]
+    pub(crate) max_key_bytes: usize,
+
+    /// Largest accepted `arguments` of a keyed call, in bytes.
+    #[arg(long, env = "MCP_IDEM_MAX_ARGUMENT_BYTES", default_value_t = config::DEFAULT_MAX_ARGUMENT_BYTES)]
+    pub(crate) max_argument_bytes: usize,
+
+    /// Largest outcome kept for replay, in bytes; larger ones are recorded as not retained.
+    #[arg(long, env = "MCP_IDEM_MAX_OUTCOME_BYTES", default_value_t = config::DEFAULT_MAX_OUTCOME_BYTES)]
+    pub(crate) max_outcome_bytes: usize,
+
+    /// Most live records per principal.
+    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_PER_SCOPE", default_value_t = config::DEFAULT_MAX_RECORDS_PER_SCOPE)]
+    pub(crate) max_records_per_scope: u64,
+
+    /// Most live records in the store.
+    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_TOTAL", default_value_t = config::DEFAULT_MAX_RECORDS_TOTAL)]
+    pub(crate) max_records_total: u64,
+}
+
+fn parse_after_crash(s: &str) -> Result<AfterCrash, String> {
+    s.parse()
+}
+
+impl EngineArgs {
+    pub(crate) fn engine_config(&self) -> EngineConfig {
+        EngineConfig::default()
+            .retention(self.retention)
+            .lease(self.lease)
+            .after_crash(self.after_crash)
+            .max_key_bytes(self.max_key_bytes)
+            .max_argument_bytes(self.max_argument_bytes)
+            .max_outcome_bytes(self.max_outcome_bytes)
+            .max_records_per_scope(self.max_records_per_scope)
+            .max_records_total(self.max_records_total)
+    }
+
+    /// The store URL, with the default SQLite file when none was given.
+    pub(crate) fn store_url(&self) -> anyhow::Result<StoreUrl> {
+        match &self.store {
+            Some(url) => url.parse().map_err(anyhow::Error::from),
+            None => Ok(StoreUrl::Sqlite(default_sqlite_path()?)),
+        }
+    }
+
+    /// Opens the store; a malformed URL or an unusable store is an error.
+    pub(crate) async fn open_store(&self) -> anyhow::Result<Arc<dyn Store>> {
+        let url = self.store_url()?;
+        store::open(&url)
+            .await
+            .with_context(|| format!("cannot open the record store {url}"))
+    }
+}
+
+fn default_sqlite_path() -> anyhow::Result<PathBuf> {
+    let data =
+        dirs::data_local_dir().context("cannot find the user's data directory; pass --store")?;
+    Ok(data.join("mcp-idem").join("records.sqlite3"))
+}

@@ -1,0 +1,167 @@
+//! `mcp-idem wrap -- <command>`: SEP-3182 in front of any stdio MCP server.
+
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
+use mcp_idempotency::stdio::{local_user, StdioProxy};
+use mcp_idempotency::{Deduplicator, Scope, Timestamp};
+use sha2::{Digest, Sha256};
+
+use super::engine_args::EngineArgs;
+
+/// How often expired records are purged.
+const PURGE_EVERY: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Args)]
+pub(crate) struct WrapArgs {
+    #[command(flatten)]
+    engine: EngineArgs,
+
+    /// Namespace of this server's records [default: derived from the command line, so two
+    /// different wrapped servers never share records].
+    #[arg(long, env = "MCP_IDEM_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Principal the records belong to [default: the local user].
+    #[arg(long, env = "MCP_IDEM_PRINCIPAL")]
+    principal: Option<String>,
+
+    /// Also forward `idempotencyKey` to the server (it is always in `_meta["mcp-idem/idempotencyKey"]`).
+    #[arg(long, env = "MCP_IDEM_FORWARD_KEY")]
+    forward_key: bool,
+
+    /// What to do with `notifications/cancelled` for a keyed call: `absorb` (let it finish and
+    /// record its outcome) or `forward` (and record it as outcome-unknown).
+    #[arg(long, env = "MCP_IDEM_CANCEL", default_value = "absorb", value_parser = parse_cancel)]
+    cancel: CancelPolicy,
+
+    /// The MCP server to run, and its arguments.
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn parse_cancel(s: &str) -> Result<CancelPolicy, String> {
+    match s {
+        "absorb" => Ok(CancelPolicy::Absorb),
+        "forward" => Ok(CancelPolicy::Forward),
+        other => Err(format!(
+            "unknown cancel policy {other:?}; expected `absorb` or `forward`"
+        )),
+    }
+}
+
+impl WrapArgs {
+    pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(self.run())
+    }
+
+    async fn run(self) -> anyhow::Result<ExitCode> {
+        let store = self.engine.open_store().await?;
+        let dedup = Deduplicator::new(self.engine.engine_config(), store);
+        let namespace = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| namespace_for(&self.command));
+        let scope = Scope::new(namespace, self.principal.clone().unwrap_or_else(local_user));
+        tracing::info!(
+            namespace = scope.namespace(),
+            principal = scope.principal(),
+            "wrapping {:?}",
+            self.command
+        );
+
+        let (program, args) = self.command.split_first().context("no command to run")?;
+        let mut child = tokio::process::Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {program:?}"))?;
+        let child_in = child.stdin.take().context("child stdin")?;
+        let child_out = child.stdout.take().context("child stdout")?;
+
+        let purge = purge_periodically(dedup.clone());
+        let proxy = StdioProxy::new(dedup, scope).interceptor_config(
+            InterceptorConfig::default()
+                .forward_key(self.forward_key)
+                .cancel_policy(self.cancel),
+        );
+        let run = proxy.run(tokio::io::stdin(), tokio::io::stdout(), child_in, child_out);
+        tokio::select! {
+            result = run => {
+                result.context("stdio proxy failed")?;
+            }
+            never = purge => match never {},
+        }
+        let status = child.wait().await.context("cannot wait for the server")?;
+        Ok(exit_code(status))
+    }
+}
+
+/// `wrap:<program name>:<hash of the whole command line>`.
+fn namespace_for(command: &[String]) -> String {
+    let mut hasher = Sha256::new();
+    for arg in command {
+        hasher.update((arg.len() as u64).to_le_bytes());
+        hasher.update(arg.as_bytes());
+    }
+    let digest = hasher.finalize();
+    let program = command
+        .first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("wrap:{program}:{hash}")
+}
+
+async fn purge_periodically(dedup: Deduplicator) -> std::convert::Infallible {
+    let mut ticks = tokio::time::interval(PURGE_EVERY);
+    loop {
+        ticks.tick().await;
+        match dedup.store().purge_expired(Timestamp::now()).await {
+            Ok(purged) => tracing::debug!(purged, "purged expired records"),
+            Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
+        }
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    if let Some(code) = status.code() {
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return ExitCode::from(u8::try_from(128 + signal).unwrap_or(1));
+        }
+    }
+    ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_differ_per_command_line() {
+        let a = namespace_for(&["python".into(), "server.py".into()]);
+        let b = namespace_for(&["python".into(), "other.py".into()]);
+        let c = namespace_for(&["python server.py".into()]);
+        assert!(a.starts_with("wrap:python:"));
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a, namespace_for(&["python".into(), "server.py".into()]));
+    }
+}

@@ -1,0 +1,462 @@
+//! The JSON-RPC interceptor every transport shares: which messages matter, calls in flight by id,
+//! capability injection. Sans-IO: one message in, one action out.
+//!
+//! A transport adapter (the stdio line proxy, the HTTP layer) feeds each message from the client to
+//! [`Interceptor::on_client_message`] and each message from the server to
+//! [`Interceptor::on_server_message`], and does what the returned action says. For a keyed
+//! `tools/call` the action is [`ClientAction::Decide`]: the adapter asks the
+//! [`Deduplicator`](crate::Deduplicator) and hands the decision to [`Interceptor::on_decision`].
+//!
+//! What it does:
+//! - A `tools/call` with `params.idempotencyKey` is decided by the engine. Executed calls are
+//!   forwarded without the key (unless [`InterceptorConfig::forward_key`]), with the key copied to
+//!   `params._meta["mcp-idem/idempotencyKey"]` ([`META_KEY`]) so tool code can pass it on. Replays and
+//!   rejections are answered here and never reach the server.
+//! - The server's response to a claimed call is recorded, then forwarded; responses are matched by
+//!   id, in any order.
+//! - Results of `initialize` and `server/discover` get `capabilities.tools.idempotency = {}` when
+//!   the server has a `tools` capability and the store is usable; every other member is kept as is.
+//! - `notifications/cancelled` for a claimed call is absorbed ([`CancelPolicy::Absorb`], default) so
+//!   the call finishes and its outcome is recorded; or forwarded and the call recorded as
+//!   outcome-unknown ([`CancelPolicy::Forward`]).
+//! - Everything else (other methods, calls without a key, server requests and notifications, lines
+//!   that are not JSON or not JSON-RPC) passes through untouched.
+
+mod raw_object;
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::engine::{BypassReason, Claim, Decision, ToolCall};
+use crate::record::Outcome;
+use crate::rejection::{Rejection, RejectionKind, INVALID_PARAMS};
+use raw_object::RawObject;
+
+/// The `params._meta` member that carries the key to the server on executed calls.
+pub const META_KEY: &str = "mcp-idem/idempotencyKey";
+
+/// JSON-RPC "Invalid Request".
+const INVALID_REQUEST: i64 = -32600;
+
+/// What to do with `notifications/cancelled` for a call whose key is claimed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CancelPolicy {
+    /// Drop the notification: the call runs to completion and its outcome is recorded for the retry
+    /// that usually follows (clients cancel on timeout, which is how a lost response looks).
+    #[default]
+    Absorb,
+    /// Forward the notification and record the call as outcome-unknown.
+    Forward,
+}
+
+/// Settings of an [`Interceptor`].
+#[derive(Clone, Debug, Default)]
+pub struct InterceptorConfig {
+    forward_key: bool,
+    cancel: CancelPolicy,
+}
+
+impl InterceptorConfig {
+    /// Keep `idempotencyKey` in the params forwarded to the server (default: removed, since a strict
+    /// server may reject an unknown parameter; the key is always in `_meta`).
+    pub fn forward_key(mut self, forward: bool) -> Self {
+        self.forward_key = forward;
+        self
+    }
+
+    /// What to do with cancellations of claimed calls.
+    pub fn cancel_policy(mut self, policy: CancelPolicy) -> Self {
+        self.cancel = policy;
+        self
+    }
+}
+
+/// A JSON-RPC request id, compared by value: `"7"` and `7` differ, escapes do not matter.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RequestId(String);
+
+impl RequestId {
+    fn from_raw(raw: &RawValue) -> Option<Self> {
+        let text = raw.get();
+        match text.as_bytes().first() {
+            Some(b'"') => serde_json::from_str::<String>(text)
+                .ok()
+                .map(|s| Self(Value::String(s).to_string())),
+            Some(b'-' | b'0'..=b'9') => Some(Self(text.to_owned())),
+            _ => None,
+        }
+    }
+
+    /// The id as JSON text.
+    pub fn as_json(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A keyed `tools/call` waiting for its decision.
+#[derive(Clone, Debug)]
+pub struct KeyedCall {
+    id: RequestId,
+    message: String,
+    tool_name: String,
+    arguments: Option<String>,
+    key: Value,
+    mrtr_continuation: bool,
+}
+
+impl KeyedCall {
+    /// The facts the engine decides on.
+    pub fn tool_call(&self) -> ToolCall<'_> {
+        ToolCall {
+            tool_name: &self.tool_name,
+            arguments: self.arguments.as_deref(),
+            idempotency_key: Some(&self.key),
+            mrtr_continuation: self.mrtr_continuation,
+        }
+    }
+
+    /// The request's id.
+    pub fn id(&self) -> &RequestId {
+        &self.id
+    }
+}
+
+/// What to do with a message from the client.
+#[must_use]
+#[derive(Debug)]
+pub enum ClientAction {
+    /// Send the message to the server unchanged.
+    Forward,
+    /// Ask the deduplicator about this call, then pass its decision to
+    /// [`Interceptor::on_decision`].
+    Decide(KeyedCall),
+    /// Drop the message.
+    Absorb,
+    /// Send this message (a response) back to the client; nothing goes to the server.
+    Respond(String),
+    /// Record `outcome` for `claim`, then send the original message to the server.
+    RecordThenForward(Claim, Outcome),
+}
+
+/// What to do with a keyed call once decided.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub enum Decided {
+    /// Send this message to the server.
+    Forward(String),
+    /// Send this message (a response) back to the client.
+    Respond(String),
+}
+
+/// What to do with a message from the server.
+#[must_use]
+#[derive(Debug)]
+pub enum ServerAction {
+    /// Send the message to the client unchanged.
+    Forward,
+    /// Send this message to the client instead.
+    ForwardRewritten(String),
+    /// Record `outcome` for `claim`; then, if `forward`, send the original message to the client
+    /// (not when the client cancelled the call and the cancellation was absorbed).
+    Record {
+        /// The claimed call.
+        claim: Claim,
+        /// What the server answered.
+        outcome: Outcome,
+        /// Whether the client still wants the response.
+        forward: bool,
+    },
+}
+
+/// A claimed call left unanswered when the server went away.
+#[derive(Debug)]
+pub struct Orphan {
+    /// The claim, to record as outcome-unknown.
+    pub claim: Claim,
+    /// The error response for the client, unless it had cancelled the call.
+    pub response: Option<String>,
+}
+
+#[derive(Debug)]
+struct InFlight {
+    claim: Claim,
+    cancelled: bool,
+}
+
+/// The interceptor's state: claimed calls in flight and discovery requests awaiting results.
+#[derive(Debug, Default)]
+pub struct Interceptor {
+    config: InterceptorConfig,
+    in_flight: HashMap<RequestId, InFlight>,
+    discovery: HashSet<RequestId>,
+    store_unusable: bool,
+}
+
+impl Interceptor {
+    /// An interceptor with the given settings.
+    pub fn new(config: InterceptorConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    /// Classifies a message from the client.
+    pub fn on_client_message(&mut self, message: &str) -> ClientAction {
+        let Some(envelope) = RawObject::parse(message) else {
+            return ClientAction::Forward;
+        };
+        let id = envelope.get("id").and_then(RequestId::from_raw);
+        let method = envelope.get_str("method");
+        match (method.as_deref(), id) {
+            (Some(_), Some(id)) if self.in_flight.contains_key(&id) => {
+                ClientAction::Respond(error_response(
+                    &id,
+                    INVALID_REQUEST,
+                    &format!(
+                        "request id {} is already used by a tools/call in flight",
+                        id.as_json()
+                    ),
+                ))
+            }
+            (Some("tools/call"), Some(id)) => self.on_tool_call(message, &envelope, id),
+            (Some("initialize" | "server/discover"), Some(id)) => {
+                self.discovery.insert(id);
+                ClientAction::Forward
+            }
+            (Some("notifications/cancelled"), None) => self.on_cancelled(&envelope),
+            _ => ClientAction::Forward,
+        }
+    }
+
+    fn on_tool_call(
+        &mut self,
+        message: &str,
+        envelope: &RawObject<'_>,
+        id: RequestId,
+    ) -> ClientAction {
+        let Some(params) = envelope
+            .get("params")
+            .and_then(|p| RawObject::parse(p.get()))
+        else {
+            return ClientAction::Forward;
+        };
+        let Some(raw_key) = params.get("idempotencyKey") else {
+            return ClientAction::Forward;
+        };
+        let mrtr_continuation =
+            params.contains("requestState") || params.contains("inputResponses");
+        let tool_name = match params.get_str("name") {
+            Some(name) => name,
+            None if mrtr_continuation => String::new(),
+            None => {
+                return ClientAction::Respond(error_response(
+                    &id,
+                    INVALID_PARAMS,
+                    "tools/call needs `params.name`, a string",
+                ))
+            }
+        };
+        ClientAction::Decide(KeyedCall {
+            message: message.to_owned(),
+            tool_name,
+            arguments: params.get("arguments").map(|raw| raw.get().to_owned()),
+            key: serde_json::from_str(raw_key.get()).unwrap_or(Value::Null),
+            mrtr_continuation,
+            id,
+        })
+    }
+
+    fn on_cancelled(&mut self, envelope: &RawObject<'_>) -> ClientAction {
+        let request_id = envelope
+            .get("params")
+            .and_then(|p| RawObject::parse(p.get()))
+            .and_then(|params| params.get("requestId").and_then(RequestId::from_raw));
+        let Some(request_id) = request_id else {
+            return ClientAction::Forward;
+        };
+        match self.config.cancel {
+            CancelPolicy::Absorb => match self.in_flight.get_mut(&request_id) {
+                Some(call) => {
+                    call.cancelled = true;
+                    ClientAction::Absorb
+                }
+                None => ClientAction::Forward,
+            },
+            CancelPolicy::Forward => match self.in_flight.remove(&request_id) {
+                Some(call) => ClientAction::RecordThenForward(
+                    call.claim,
+                    Outcome::Unknown {
+                        reason: "the client cancelled the call while it ran".into(),
+                    },
+                ),
+                None => ClientAction::Forward,
+            },
+        }
+    }
+
+    /// Applies the deduplicator's decision about a keyed call.
+    pub fn on_decision(&mut self, call: KeyedCall, decision: Decision) -> Decided {
+        match decision {
+            Decision::Execute(claim) => {
+                self.store_unusable = false;
+                let key = claim.id().key.as_str().to_owned();
+                self.in_flight.insert(
+                    call.id,
+                    InFlight {
+                        claim,
+                        cancelled: false,
+                    },
+                );
+                Decided::Forward(self.rewrite_for_server(&call.message, Some(&key)))
+            }
+            Decision::Bypass(BypassReason::MrtrContinuation | BypassReason::NoKey) => {
+                Decided::Forward(self.rewrite_for_server(&call.message, None))
+            }
+            Decision::Replay(replay) => {
+                self.store_unusable = false;
+                Decided::Respond(replay.to_response_raw(call.id.as_json()))
+            }
+            Decision::Reject(rejection) => {
+                if rejection.kind() == RejectionKind::StoreUnavailable {
+                    self.store_unusable = true;
+                }
+                Decided::Respond(rejection_response(&call.id, &rejection))
+            }
+        }
+    }
+
+    /// The request for the server: without `idempotencyKey` unless configured, and with the key in
+    /// `_meta` when the call was claimed.
+    fn rewrite_for_server(&self, message: &str, claimed_key: Option<&str>) -> String {
+        if self.config.forward_key && claimed_key.is_none() {
+            return message.to_owned();
+        }
+        let rewritten = (|| {
+            let envelope = RawObject::parse(message)?;
+            let mut params = RawObject::parse(envelope.get("params")?.get())?;
+            if !self.config.forward_key {
+                params.remove("idempotencyKey");
+            }
+            let params = match claimed_key {
+                Some(key) => {
+                    let meta = params
+                        .get("_meta")
+                        .and_then(|m| RawObject::parse(m.get()))
+                        .unwrap_or_default();
+                    let meta = meta.to_string_with(META_KEY, &Value::from(key).to_string());
+                    params.to_string_with("_meta", &meta)
+                }
+                None => params.to_json(),
+            };
+            Some(envelope.to_string_with("params", &params))
+        })();
+        rewritten.unwrap_or_else(|| message.to_owned())
+    }
+
+    /// Classifies a message from the server.
+    pub fn on_server_message(&mut self, message: &str) -> ServerAction {
+        let Some(envelope) = RawObject::parse(message) else {
+            return ServerAction::Forward;
+        };
+        if envelope.contains("method") {
+            return ServerAction::Forward;
+        }
+        let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
+            return ServerAction::Forward;
+        };
+        if let Some(call) = self.in_flight.remove(&id) {
+            let outcome = match (envelope.get("result"), envelope.get("error")) {
+                (Some(result), None) => Outcome::Success(result.get().to_owned()),
+                (None, Some(error)) => Outcome::Error(error.get().to_owned()),
+                _ => Outcome::Unknown {
+                    reason: "the server sent a response with neither or both of result and error"
+                        .into(),
+                },
+            };
+            return ServerAction::Record {
+                claim: call.claim,
+                outcome,
+                forward: !call.cancelled,
+            };
+        }
+        if self.discovery.remove(&id) && !self.store_unusable {
+            if let Some(rewritten) = inject_capability(&envelope) {
+                return ServerAction::ForwardRewritten(rewritten);
+            }
+        }
+        ServerAction::Forward
+    }
+
+    /// Claimed calls still waiting for the server, for lease renewal.
+    pub fn claims_in_flight(&self) -> Vec<Claim> {
+        self.in_flight
+            .values()
+            .map(|call| call.claim.clone())
+            .collect()
+    }
+
+    /// Whether calls are waiting for the server.
+    pub fn has_calls_in_flight(&self) -> bool {
+        !self.in_flight.is_empty()
+    }
+
+    /// The server went away: every claimed call in flight becomes an orphan to record as
+    /// outcome-unknown and to answer with `idempotency_outcome_unknown`.
+    pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan> {
+        self.discovery.clear();
+        self.in_flight
+            .drain()
+            .map(|(id, call)| {
+                let response = (!call.cancelled).then(|| {
+                    let rejection = Rejection::new(
+                        RejectionKind::OutcomeUnknown,
+                        format!(
+                            "{reason} before answering; the call may or may not have taken effect"
+                        ),
+                    )
+                    .with_key(call.claim.id().key.as_str());
+                    rejection_response(&id, &rejection)
+                });
+                Orphan {
+                    claim: call.claim,
+                    response,
+                }
+            })
+            .collect()
+    }
+
+    /// Marks the store usable or not: the capability is advertised only while it is.
+    pub fn set_store_usable(&mut self, usable: bool) {
+        self.store_unusable = !usable;
+    }
+}
+
+/// Adds `tools.idempotency = {}` to the capabilities of an `initialize` / `server/discover` result.
+fn inject_capability(envelope: &RawObject<'_>) -> Option<String> {
+    let result = RawObject::parse(envelope.get("result")?.get())?;
+    let capabilities = RawObject::parse(result.get("capabilities")?.get())?;
+    let tools = RawObject::parse(capabilities.get("tools")?.get())?;
+    let tools = tools.to_string_with("idempotency", "{}");
+    let capabilities = capabilities.to_string_with("tools", &tools);
+    let result = result.to_string_with("capabilities", &capabilities);
+    Some(envelope.to_string_with("result", &result))
+}
+
+fn rejection_response(id: &RequestId, rejection: &Rejection) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
+        id.as_json(),
+        rejection.to_error_object()
+    )
+}
+
+fn error_response(id: &RequestId, code: i64, message: &str) -> String {
+    let error = serde_json::json!({"code": code, "message": message});
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{},"error":{error}}}"#,
+        id.as_json()
+    )
+}

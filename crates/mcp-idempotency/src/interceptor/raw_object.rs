@@ -1,0 +1,150 @@
+//! JSON objects edited without re-encoding their values.
+//!
+//! Messages are rewritten (a member removed, one added) while every other member keeps its exact
+//! text: re-encoding through `serde_json::Value` would change how numbers are spelled and lose
+//! precision beyond `f64`.
+
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The members of a JSON object, in order, with their values as raw JSON text.
+#[derive(Debug, Default)]
+pub(crate) struct RawObject<'a> {
+    members: Vec<(String, &'a RawValue)>,
+}
+
+impl<'a> RawObject<'a> {
+    /// Parses `text` as an object; `None` if it is not one.
+    pub(crate) fn parse(text: &'a str) -> Option<Self> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// The value of the last member called `name`: with repeated names the last one wins, as in
+    /// serde_json and the fingerprint.
+    pub(crate) fn get(&self, name: &str) -> Option<&'a RawValue> {
+        self.members
+            .iter()
+            .rev()
+            .find(|(member, _)| member == name)
+            .map(|(_, value)| *value)
+    }
+
+    /// The value of `name` as a string, if it is one.
+    pub(crate) fn get_str(&self, name: &str) -> Option<String> {
+        self.get(name)
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+    }
+
+    /// Whether a member called `name` exists (with any value, `null` included).
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// Removes every member called `name`.
+    pub(crate) fn remove(&mut self, name: &str) {
+        self.members.retain(|(member, _)| member != name);
+    }
+
+    /// Writes the object with `name` set to `value` (raw JSON), replacing any member of that name.
+    pub(crate) fn to_string_with(&self, name: &str, value: &str) -> String {
+        let mut out = String::with_capacity(
+            self.members
+                .iter()
+                .map(|(k, v)| k.len() + v.get().len() + 4)
+                .sum::<usize>()
+                + name.len()
+                + value.len()
+                + 8,
+        );
+        out.push('{');
+        for (member, raw) in self.members.iter().filter(|(member, _)| member != name) {
+            push_member(&mut out, member, raw.get());
+        }
+        push_member(&mut out, name, value);
+        out.push('}');
+        out
+    }
+
+    /// Writes the object.
+    pub(crate) fn to_json(&self) -> String {
+        let mut out = String::from("{");
+        for (member, raw) in &self.members {
+            push_member(&mut out, member, raw.get());
+        }
+        out.push('}');
+        out
+    }
+}
+
+fn push_member(out: &mut String, name: &str, raw: &str) {
+    if out.len() > 1 {
+        out.push(',');
+    }
+    out.push_str(&serde_json::Value::from(name).to_string());
+    out.push(':');
+    out.push_str(raw);
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MembersVisitor<'a>(std::marker::PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for MembersVisitor<'a> {
+            type Value = RawObject<'a>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4));
+                while let Some((name, value)) = map.next_entry::<String, &'de RawValue>()? {
+                    members.push((name, value));
+                }
+                Ok(RawObject { members })
+            }
+        }
+
+        deserializer.deserialize_map(MembersVisitor(std::marker::PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_member_text_exactly() {
+        let text = r#"{"a": 1.000, "b": 12345678901234567890123, "c": "\u00e9", "a": 2}"#;
+        let object = RawObject::parse(text).unwrap();
+        assert_eq!(object.get("a").unwrap().get(), "2");
+        assert_eq!(
+            object.to_string_with("d", "{}"),
+            r#"{"a":1.000,"b":12345678901234567890123,"c":"\u00e9","a":2,"d":{}}"#
+        );
+    }
+
+    #[test]
+    fn replaces_and_removes_members() {
+        let mut object = RawObject::parse(r#"{"k":1,"x":2,"k":3}"#).unwrap();
+        assert_eq!(object.to_string_with("k", "9"), r#"{"x":2,"k":9}"#);
+        object.remove("x");
+        assert_eq!(object.to_json(), r#"{"k":1,"k":3}"#);
+    }
+
+    #[test]
+    fn rejects_non_objects() {
+        for text in ["[]", "1", "\"s\"", "null", "{", ""] {
+            assert!(RawObject::parse(text).is_none(), "{text}");
+        }
+    }
+
+    #[test]
+    fn escapes_member_names() {
+        let object = RawObject::parse(r#"{"a\"b":1}"#).unwrap();
+        assert_eq!(object.to_json(), r#"{"a\"b":1}"#);
+    }
+}

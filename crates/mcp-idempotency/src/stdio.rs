@@ -1,0 +1,323 @@
+//! The stdio adapter: runs the [`Interceptor`] between two newline-delimited JSON-RPC streams.
+//!
+//! [`StdioProxy::run`] sits between a client's streams and a server's: the gateway (`mcp-idem wrap`)
+//! uses it with a child process, and [`idempotent_stdio`] uses it in-process, so a Rust server built
+//! with rmcp gets SEP-3182 in one line:
+//!
+//! ```no_run
+//! # use rmcp_stand_in::{serve, MyServer};
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Instead of `MyServer.serve(rmcp::transport::stdio())`:
+//! let transport = mcp_idempotency::stdio::idempotent_stdio("sqlite:records.sqlite3").await?;
+//! # serve(MyServer, transport).await;
+//! # Ok(()) }
+//! # mod rmcp_stand_in {
+//! #     pub struct MyServer;
+//! #     pub async fn serve<R, W>(_: MyServer, _: (R, W)) {}
+//! # }
+//! ```
+//!
+//! Lines are forwarded byte for byte unless the interceptor rewrites or answers them. Messages in
+//! each direction keep their order. Logs go to `tracing`, never to stdout.
+
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf,
+    WriteHalf,
+};
+use tokio::sync::mpsc;
+
+use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
+use crate::record::{Outcome, Scope};
+use crate::store::{self, StoreError, StoreUrl};
+use crate::{Deduplicator, EngineConfig};
+
+/// Buffer between the in-process server and the proxy, per direction.
+const DUPLEX_BUFFER: usize = 256 * 1024;
+/// Responses queued for the client before the proxy waits for it to read.
+const CLIENT_QUEUE: usize = 1024;
+
+/// Drives an [`Interceptor`] over stdio-style streams.
+#[derive(Clone, Debug)]
+pub struct StdioProxy {
+    dedup: Deduplicator,
+    scope: Scope,
+    config: InterceptorConfig,
+}
+
+/// How a proxy run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProxyExit {
+    /// Claimed calls that were in flight when the server went away (recorded as outcome-unknown).
+    pub orphaned_calls: usize,
+}
+
+impl StdioProxy {
+    /// A proxy deciding with `dedup`, recording under `scope`.
+    pub fn new(dedup: Deduplicator, scope: Scope) -> Self {
+        Self {
+            dedup,
+            scope,
+            config: InterceptorConfig::default(),
+        }
+    }
+
+    /// Interceptor settings (key forwarding, cancellation policy).
+    pub fn interceptor_config(mut self, config: InterceptorConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Proxies until the server closes its output. When the client closes its input, the server's
+    /// input is closed too, so a well-behaved server exits and the run ends.
+    pub async fn run<CR, CW, SW, SR>(
+        self,
+        client_in: CR,
+        client_out: CW,
+        server_in: SW,
+        server_out: SR,
+    ) -> io::Result<ProxyExit>
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+        SR: AsyncRead + Unpin,
+    {
+        let state = Arc::new(Mutex::new(Interceptor::new(self.config.clone())));
+        let (to_client, from_proxy) = mpsc::channel::<Vec<u8>>(CLIENT_QUEUE);
+        let write_client = write_lines(from_proxy, client_out);
+        let client_pump = self.client_to_server(&state, client_in, server_in, to_client.clone());
+        let server_pump = self.server_to_client(&state, server_out, to_client);
+        let renew = self.renew_leases(&state);
+
+        let pumps = async {
+            // The server pump decides when the run is over; the client pump ending (EOF) only
+            // closes the server's input.
+            let (client_result, server_result) = tokio::join!(
+                async {
+                    let result = client_pump.await;
+                    if let Err(err) = &result {
+                        tracing::debug!(error = %err, "client stream ended with an error");
+                    }
+                    result
+                },
+                server_pump
+            );
+            drop(client_result);
+            server_result
+        };
+        let (result, write_result) = tokio::select! {
+            both = async { tokio::join!(pumps, write_client) } => both,
+            never = renew => match never {},
+        };
+        if let Err(err) = write_result {
+            tracing::debug!(error = %err, "client output closed");
+        }
+        result
+    }
+
+    async fn client_to_server<CR, SW>(
+        &self,
+        state: &Mutex<Interceptor>,
+        client_in: CR,
+        mut server_in: SW,
+        to_client: mpsc::Sender<Vec<u8>>,
+    ) -> io::Result<()>
+    where
+        CR: AsyncRead + Unpin,
+        SW: AsyncWrite + Unpin,
+    {
+        let mut lines = BufReader::new(client_in);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if lines.read_until(b'\n', &mut line).await? == 0 {
+                break;
+            }
+            let action = match message_text(&line) {
+                Some(text) => lock(state).on_client_message(text),
+                None => ClientAction::Forward,
+            };
+            match action {
+                ClientAction::Forward => write_line(&mut server_in, &line).await?,
+                ClientAction::Absorb => {}
+                ClientAction::Respond(response) => send(&to_client, response.into_bytes()).await,
+                ClientAction::Decide(call) => {
+                    let decision = self.dedup.decide(&self.scope, &call.tool_call()).await;
+                    let decided = lock(state).on_decision(call, decision);
+                    match decided {
+                        Decided::Forward(request) => {
+                            write_line(&mut server_in, request.as_bytes()).await?;
+                        }
+                        Decided::Respond(response) => {
+                            send(&to_client, response.into_bytes()).await;
+                        }
+                    }
+                }
+                ClientAction::RecordThenForward(claim, outcome) => {
+                    self.record(&claim, outcome).await;
+                    write_line(&mut server_in, &line).await?;
+                }
+            }
+        }
+        server_in.shutdown().await
+    }
+
+    async fn server_to_client<SR>(
+        &self,
+        state: &Mutex<Interceptor>,
+        server_out: SR,
+        to_client: mpsc::Sender<Vec<u8>>,
+    ) -> io::Result<ProxyExit>
+    where
+        SR: AsyncRead + Unpin,
+    {
+        let mut lines = BufReader::new(server_out);
+        let mut line = Vec::new();
+        let ended = loop {
+            line.clear();
+            match lines.read_until(b'\n', &mut line).await {
+                Ok(0) => break Ok(()),
+                Ok(_) => {}
+                Err(err) => break Err(err),
+            }
+            let action = match message_text(&line) {
+                Some(text) => lock(state).on_server_message(text),
+                None => ServerAction::Forward,
+            };
+            match action {
+                ServerAction::Forward => send(&to_client, line.clone()).await,
+                ServerAction::ForwardRewritten(message) => {
+                    send(&to_client, message.into_bytes()).await
+                }
+                ServerAction::Record {
+                    claim,
+                    outcome,
+                    forward,
+                } => {
+                    self.record(&claim, outcome).await;
+                    if forward {
+                        send(&to_client, line.clone()).await;
+                    }
+                }
+            }
+        };
+        let orphans = lock(state).on_server_gone("the MCP server exited");
+        let orphaned_calls = orphans.len();
+        for orphan in orphans {
+            let reason = "the MCP server exited while the call ran".to_owned();
+            self.record(&orphan.claim, Outcome::Unknown { reason })
+                .await;
+            if let Some(response) = orphan.response {
+                send(&to_client, response.into_bytes()).await;
+            }
+        }
+        if orphaned_calls > 0 {
+            tracing::warn!(orphaned_calls, "the MCP server exited with calls in flight");
+        }
+        ended.map(|()| ProxyExit { orphaned_calls })
+    }
+
+    async fn record(&self, claim: &crate::Claim, outcome: Outcome) {
+        if let Err(err) = self.dedup.complete(claim, outcome).await {
+            // The record stays in progress: once its lease runs out, retries get
+            // `idempotency_outcome_unknown` (or re-execute, by policy) rather than a wrong replay.
+            tracing::error!(key = %claim.id().key, error = %err, "cannot record the outcome of a call");
+        }
+    }
+
+    async fn renew_leases(&self, state: &Mutex<Interceptor>) -> std::convert::Infallible {
+        let period =
+            (self.dedup.engine().config().lease_duration() / 3).max(Duration::from_millis(10));
+        let mut ticks = tokio::time::interval(period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let claims = lock(state).claims_in_flight();
+            for mut claim in claims {
+                if let Err(err) = self.dedup.renew(&mut claim).await {
+                    tracing::warn!(key = %claim.id().key, error = %err, "cannot renew a lease");
+                }
+            }
+        }
+    }
+
+    /// Spawns the proxy between `client_in`/`client_out` and an in-process server, and returns the
+    /// server's ends: what it reads requests from and writes responses to.
+    pub fn spawn_in_process<R, W>(
+        self,
+        client_in: R,
+        client_out: W,
+    ) -> (ReadHalf<DuplexStream>, WriteHalf<DuplexStream>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (proxy_side, server_side) = tokio::io::duplex(DUPLEX_BUFFER);
+        let (server_out, server_in) = tokio::io::split(proxy_side);
+        tokio::spawn(async move {
+            if let Err(err) = self.run(client_in, client_out, server_in, server_out).await {
+                tracing::warn!(error = %err, "stdio proxy stopped");
+            }
+        });
+        tokio::io::split(server_side)
+    }
+}
+
+/// This process's stdin and stdout with SEP-3182 in front, for an rmcp server to serve on: records
+/// in the store at `store_url` (`sqlite:PATH`, `memory`), default settings, scoped to the local
+/// user. Use [`StdioProxy::spawn_in_process`] for other settings.
+pub async fn idempotent_stdio(
+    store_url: &str,
+) -> Result<(ReadHalf<DuplexStream>, WriteHalf<DuplexStream>), StoreError> {
+    let store = store::open(&store_url.parse::<StoreUrl>()?).await?;
+    let dedup = Deduplicator::new(EngineConfig::default(), store);
+    let proxy = StdioProxy::new(dedup, Scope::new("default", local_user()));
+    Ok(proxy.spawn_in_process(tokio::io::stdin(), tokio::io::stdout()))
+}
+
+/// The authorization boundary of a stdio server: the local user running it.
+pub fn local_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "local-user".into())
+}
+
+fn lock(state: &Mutex<Interceptor>) -> std::sync::MutexGuard<'_, Interceptor> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The message in a line, without its line ending; `None` for blank or non-UTF-8 lines.
+fn message_text(line: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(line)
+        .ok()?
+        .trim_end_matches(['\n', '\r']);
+    (!text.trim().is_empty()).then_some(text)
+}
+
+async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, line: &[u8]) -> io::Result<()> {
+    out.write_all(line).await?;
+    if !line.ends_with(b"\n") {
+        out.write_all(b"\n").await?;
+    }
+    out.flush().await
+}
+
+async fn send(to_client: &mpsc::Sender<Vec<u8>>, message: Vec<u8>) {
+    if to_client.send(message).await.is_err() {
+        tracing::debug!("client output is closed; dropping a message");
+    }
+}
+
+async fn write_lines<W: AsyncWrite + Unpin>(
+    mut messages: mpsc::Receiver<Vec<u8>>,
+    mut out: W,
+) -> io::Result<()> {
+    while let Some(message) = messages.recv().await {
+        write_line(&mut out, &message).await?;
+    }
+    Ok(())
+}
