@@ -7,6 +7,7 @@ use clap::Parser;
 mod cli;
 mod commands;
 mod ledger;
+mod line_client;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

@@ -5,16 +5,21 @@
 //! with rmcp gets SEP-3182 in one line:
 //!
 //! ```no_run
-//! # use rmcp_stand_in::{serve, MyServer};
-//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // Instead of `MyServer.serve(rmcp::transport::stdio())`:
-//! let transport = mcp_idempotency::stdio::idempotent_stdio("sqlite:records.sqlite3").await?;
-//! # serve(MyServer, transport).await;
-//! # Ok(()) }
-//! # mod rmcp_stand_in {
-//! #     pub struct MyServer;
-//! #     pub async fn serve<R, W>(_: MyServer, _: (R, W)) {}
-//! # }
+//! use rmcp::{ServerHandler, ServiceExt};
+//!
+//! #[derive(Clone)]
+//! struct MyServer;
+//! impl ServerHandler for MyServer {}
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // Instead of `MyServer.serve(rmcp::transport::stdio())`:
+//!     let server = MyServer
+//!         .serve(mcp_idempotency::stdio::idempotent_stdio("sqlite:records.sqlite3").await?)
+//!         .await?;
+//!     server.waiting().await?;
+//!     Ok(())
+//! }
 //! ```
 //!
 //! Lines are forwarded byte for byte unless the interceptor rewrites or answers them. Messages in
@@ -268,15 +273,26 @@ impl StdioProxy {
 }
 
 /// This process's stdin and stdout with SEP-3182 in front, for an rmcp server to serve on: records
-/// in the store at `store_url` (`sqlite:PATH`, `memory`), default settings, scoped to the local
-/// user. Use [`StdioProxy::spawn_in_process`] for other settings.
+/// in the store at `store_url` (`sqlite:PATH`, `memory`) under the namespace `embedded:<executable
+/// name>`, default settings, scoped to the local user. Use [`StdioProxy::spawn_in_process`] for
+/// other settings.
 pub async fn idempotent_stdio(
     store_url: &str,
 ) -> Result<(ReadHalf<DuplexStream>, WriteHalf<DuplexStream>), StoreError> {
     let store = store::open(&store_url.parse::<StoreUrl>()?).await?;
     let dedup = Deduplicator::new(EngineConfig::default(), store);
-    let proxy = StdioProxy::new(dedup, Scope::new("default", local_user()));
+    let proxy = StdioProxy::new(dedup, Scope::new(embedded_namespace(), local_user()));
     Ok(proxy.spawn_in_process(tokio::io::stdin(), tokio::io::stdout()))
+}
+
+fn embedded_namespace() -> String {
+    let exe = std::env::current_exe().ok();
+    let name = exe
+        .as_deref()
+        .and_then(|path| path.file_stem())
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "server".into());
+    format!("embedded:{name}")
 }
 
 /// The authorization boundary of a stdio server: the local user running it.

@@ -1,44 +1,51 @@
-//! `mcp-idem demo`: the SEP-3182 decisions, step by step, on a real SQLite store.
+//! `mcp-idem demo`: SEP-3182 over real stdio sessions, step by step.
 //!
-//! Plays a small payment service: each executed `charge_payment` appends a line to an in-memory
-//! ledger. Every step says what the client sent, what the engine decided, and whether that is what
-//! the SEP requires; the command fails if any step misbehaves.
+//! Spawns `mcp-idem wrap --store sqlite:… -- mcp-idem demo-server --ledger …`, talks MCP to it over
+//! stdio, and after each step prints the ledger of executed charges, checking that it shows exactly
+//! what the SEP requires. Fails (exit status 1) if any step misbehaves.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use mcp_idempotency::store::{SqliteStore, Store};
-use mcp_idempotency::{
-    Claim, Decision, Deduplicator, EngineConfig, Outcome, Replay, Scope, ToolCall,
-};
 use serde_json::{json, Value};
+
+use crate::ledger;
+use crate::line_client::LineClient;
+
+/// How long the "slow" charge of step 4 runs.
+const SLOW_CHARGE: Duration = Duration::from_millis(1500);
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
-    /// SQLite file to keep the records in (default: a fresh file in a temporary directory).
-    #[arg(long, value_name = "PATH")]
-    sqlite: Option<PathBuf>,
+    /// Directory for the demo's SQLite store and ledger (default: a fresh temporary directory).
+    #[arg(long, value_name = "DIR")]
+    dir: Option<PathBuf>,
 }
 
 impl DemoArgs {
     pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
+        let temp;
+        let dir = match self.dir {
+            Some(dir) => {
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                dir
+            }
+            None => {
+                temp = tempfile::tempdir().context("cannot create a temporary directory")?;
+                temp.path().to_owned()
+            }
+        };
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        let temp;
-        let path = match self.sqlite {
-            Some(path) => path,
-            None => {
-                temp = tempfile::tempdir().context("cannot create a temporary directory")?;
-                temp.path().join("records.sqlite3")
-            }
-        };
-        let passed = runtime.block_on(run(path))?;
-        Ok(if passed {
+        let failures = runtime.block_on(Demo::new(&dir)?.run())?;
+        Ok(if failures == 0 {
             ExitCode::SUCCESS
         } else {
             ExitCode::FAILURE
@@ -46,236 +53,278 @@ impl DemoArgs {
     }
 }
 
-/// The demo's payment service: a ledger of executed charges.
-struct PaymentService {
-    dedup: Deduplicator,
-    scope: Scope,
-    ledger: Vec<String>,
+struct Demo {
+    exe: PathBuf,
+    store: PathBuf,
+    ledger: PathBuf,
     failures: usize,
 }
 
-impl PaymentService {
-    async fn open(path: &std::path::Path, ledger: Vec<String>) -> anyhow::Result<Self> {
-        let store: Arc<dyn Store> = Arc::new(
-            SqliteStore::open(path)
-                .await
-                .with_context(|| format!("cannot open the SQLite store {}", path.display()))?,
-        );
+impl Demo {
+    fn new(dir: &Path) -> anyhow::Result<Self> {
         Ok(Self {
-            dedup: Deduplicator::new(EngineConfig::default(), store),
-            scope: Scope::new("demo-payments", "local-user"),
-            ledger,
+            exe: std::env::current_exe().context("cannot find the mcp-idem executable")?,
+            store: dir.join("records.sqlite3"),
+            ledger: dir.join("ledger.jsonl"),
             failures: 0,
         })
     }
 
-    /// Sends a `tools/call` for `charge_payment` and returns the decision.
-    async fn call(&self, key: &str, arguments: &str) -> Decision {
-        let key = json!(key);
-        println!("  -> tools/call charge_payment {arguments} idempotencyKey={key}");
-        self.dedup
-            .decide(
-                &self.scope,
-                &ToolCall {
-                    tool_name: "charge_payment",
-                    arguments: Some(arguments),
-                    idempotency_key: Some(&key),
-                    mrtr_continuation: false,
-                },
-            )
-            .await
+    /// Starts the gateway around the demo server, and initializes a session.
+    async fn connect(&self) -> anyhow::Result<LineClient> {
+        let args = [
+            "wrap".into(),
+            "--store".into(),
+            format!("sqlite:{}", self.store.display()),
+            "--namespace".into(),
+            "demo-payments".into(),
+            "--".into(),
+            self.exe.display().to_string(),
+            "demo-server".into(),
+            "--ledger".into(),
+            self.ledger.display().to_string(),
+        ];
+        // The demo's narrative is on stdout; keep the children's logs to errors.
+        let mut client = LineClient::spawn(&self.exe, &args, &[("MCP_IDEM_LOG", "error")])?;
+        let result = client.initialize().await?;
+        let advertised = result.pointer("/capabilities/tools/idempotency").is_some();
+        println!("   (gateway started; capabilities.tools.idempotency advertised: {advertised})");
+        Ok(client)
     }
 
-    /// Runs the tool for a claimed call: charges, or fails after charging.
-    async fn execute(&mut self, claim: &Claim, arguments: &str, fail: bool) -> anyhow::Result<()> {
-        let args: Value = serde_json::from_str(arguments)?;
-        let charge_id = format!("ch_{:04}", self.ledger.len() + 1);
-        self.ledger.push(format!(
-            "{charge_id} {} {}",
-            args["amount"], args["currency"]
-        ));
-        let outcome = if fail {
-            Outcome::Error(
-                json!({"code": -32603, "message": format!("bank timeout after charging {charge_id}")})
-                    .to_string(),
-            )
-        } else {
-            Outcome::Success(
-                json!({"content": [{"type": "text", "text": format!("charged: {charge_id}")}],
-                       "structuredContent": {"chargeId": charge_id}})
-                .to_string(),
-            )
-        };
-        self.dedup
-            .complete(claim, outcome)
-            .await
-            .context("cannot record the outcome")?;
-        println!("     executed: {charge_id}");
-        Ok(())
+    async fn charge(
+        &self,
+        client: &mut LineClient,
+        arguments: Value,
+        key: Option<&str>,
+    ) -> anyhow::Result<Value> {
+        let id = self.send_charge(client, arguments, key).await?;
+        client.response(id, Duration::from_secs(30)).await
     }
 
-    fn check(&mut self, ok: bool, what: &str) {
+    async fn send_charge(
+        &self,
+        client: &mut LineClient,
+        arguments: Value,
+        key: Option<&str>,
+    ) -> anyhow::Result<u64> {
+        let mut params = json!({"name": "charge_payment", "arguments": arguments});
+        if let Some(key) = key {
+            params["idempotencyKey"] = json!(key);
+        }
+        println!("  -> tools/call {params}");
+        client.send("tools/call", params).await
+    }
+
+    fn charges(&self) -> anyhow::Result<Vec<ledger::Charge>> {
+        if !self.ledger.exists() {
+            return Ok(Vec::new());
+        }
+        ledger::read(&self.ledger)
+    }
+
+    fn check(&mut self, ok: bool, what: &str) -> anyhow::Result<()> {
         if ok {
             println!("  ok: {what}");
         } else {
             println!("  FAILED: {what}");
             self.failures += 1;
         }
-        println!("     ledger: [{}]", self.ledger.join(", "));
-    }
-}
-
-fn describe(decision: &Decision) -> String {
-    match decision {
-        Decision::Bypass(reason) => format!("bypass ({reason:?})"),
-        Decision::Execute(_) => "execute (key claimed)".into(),
-        Decision::Replay(Replay::Result(raw)) => format!("replay result {raw}"),
-        Decision::Replay(Replay::Error(raw)) => format!("replay error {raw}"),
-        Decision::Reject(rejection) => format!(
-            "reject {} ({})",
-            rejection.kind().as_str(),
-            rejection.message()
-        ),
-    }
-}
-
-fn is_rejection(decision: &Decision, kind: &str) -> bool {
-    matches!(decision, Decision::Reject(r) if r.kind().as_str() == kind)
-}
-
-async fn run(path: PathBuf) -> anyhow::Result<bool> {
-    println!(
-        "mcp-idem demo: SEP-3182 decisions on the SQLite store {}\n",
-        path.display()
-    );
-    let mut svc = PaymentService::open(&path, Vec::new()).await?;
-    let charge = r#"{"amount": 4200, "currency": "usd"}"#;
-
-    println!("1. First call with a fresh key executes the charge.");
-    let decision = svc.call("order-1", charge).await;
-    println!("  <- {}", describe(&decision));
-    let Decision::Execute(claim) = &decision else {
-        svc.check(false, "a fresh key must execute");
-        return Ok(false);
-    };
-    svc.execute(claim, charge, false).await?;
-    let first_outcome = svc
-        .dedup
-        .store()
-        .get(claim.id(), mcp_idempotency::Timestamp::now())
-        .await?;
-    svc.check(svc.ledger.len() == 1, "charged once");
-
-    println!("\n2. The response was lost; the client retries with the same key.");
-    let decision = svc.call("order-1", charge).await;
-    println!("  <- {}", describe(&decision));
-    let replayed_original = matches!(
-        (&decision, first_outcome.as_ref().map(|r| &r.state)),
-        (Decision::Replay(Replay::Result(raw)), Some(mcp_idempotency::RecordState::Completed { outcome: Outcome::Success(stored), .. })) if raw == stored
-    );
-    svc.check(
-        replayed_original && svc.ledger.len() == 1,
-        "the original charge id is replayed, nothing charged again",
-    );
-
-    println!("\n3. The same key reused with another amount.");
-    let decision = svc
-        .call("order-1", r#"{"amount": 9900, "currency": "usd"}"#)
-        .await;
-    println!("  <- {}", describe(&decision));
-    svc.check(
-        is_rejection(&decision, "idempotency_key_conflict") && svc.ledger.len() == 1,
-        "rejected as a conflict, nothing charged",
-    );
-
-    println!("\n4. A duplicate arrives while the first call is still running.");
-    let slow = r#"{"amount": 700, "currency": "eur"}"#;
-    let running = svc.call("order-2", slow).await;
-    println!("  <- {} (the charge is now running)", describe(&running));
-    let duplicate = svc.call("order-2", slow).await;
-    println!("  <- {}", describe(&duplicate));
-    let answered_at_once = is_rejection(&duplicate, "idempotency_key_in_progress");
-    if let Decision::Execute(claim) = &running {
-        svc.execute(claim, slow, false).await?;
-    }
-    svc.check(
-        answered_at_once && svc.ledger.len() == 2,
-        "the duplicate is rejected at once with a retry hint; one charge",
-    );
-
-    println!("\n5. Re-spelled arguments: 1 vs 1.0, keys in another order, escaped strings.");
-    let decision = svc
-        .call("order-3", r#"{"amount": 1, "currency": "usd"}"#)
-        .await;
-    if let Decision::Execute(claim) = &decision {
-        svc.execute(claim, r#"{"amount": 1, "currency": "usd"}"#, false)
-            .await?;
-    }
-    let respelled = r#"{"currency": "\u0075sd", "amount": 1.0}"#;
-    let decision = svc.call("order-3", respelled).await;
-    println!("  <- {}", describe(&decision));
-    svc.check(
-        matches!(decision, Decision::Replay(_)) && svc.ledger.len() == 3,
-        "the same call: replayed, charged once",
-    );
-
-    println!(
-        "\n6. A charge that failed after charging: the retry gets the error, not a second charge."
-    );
-    let failing = r#"{"amount": 5000, "currency": "gbp"}"#;
-    let decision = svc.call("order-4", failing).await;
-    if let Decision::Execute(claim) = &decision {
-        svc.execute(claim, failing, true).await?;
-    }
-    let decision = svc.call("order-4", failing).await;
-    println!("  <- {}", describe(&decision));
-    svc.check(
-        matches!(decision, Decision::Replay(Replay::Error(_))) && svc.ledger.len() == 4,
-        "the recorded error is replayed",
-    );
-
-    println!("\n7. The process restarts: the store is reopened from the same file.");
-    let ledger = std::mem::take(&mut svc.ledger);
-    let failures = svc.failures;
-    drop(svc);
-    let mut svc = PaymentService::open(&path, ledger).await?;
-    svc.failures = failures;
-    let decision = svc.call("order-1", charge).await;
-    println!("  <- {}", describe(&decision));
-    svc.check(
-        matches!(decision, Decision::Replay(Replay::Result(_))) && svc.ledger.len() == 4,
-        "still deduplicated after the restart",
-    );
-
-    println!("\n8. Without a key nothing is deduplicated: a retry charges again.");
-    let key = None;
-    let decision = svc
-        .dedup
-        .decide(
-            &svc.scope,
-            &ToolCall {
-                tool_name: "charge_payment",
-                arguments: Some(charge),
-                idempotency_key: key,
-                mrtr_continuation: false,
-            },
-        )
-        .await;
-    println!("  <- {}", describe(&decision));
-    svc.check(
-        matches!(decision, Decision::Bypass(_)),
-        "bypassed: the caller executes it again, unprotected",
-    );
-
-    println!();
-    if svc.failures == 0 {
+        let charges = self.charges()?;
+        let lines: Vec<String> = charges
+            .iter()
+            .map(|c| format!("{} {} {}", c.charge_id, c.amount, c.currency))
+            .collect();
         println!(
-            "All steps behaved as SEP-3182 requires. Charges executed: {}.",
-            svc.ledger.len()
+            "     ledger ({} charges): [{}]\n",
+            charges.len(),
+            lines.join(", ")
         );
-        Ok(true)
-    } else {
-        println!("{} step(s) did not behave.", svc.failures);
-        Ok(false)
+        Ok(())
+    }
+
+    async fn run(mut self) -> anyhow::Result<usize> {
+        println!("mcp-idem demo: a payment server behind `mcp-idem wrap`, over stdio.");
+        println!(
+            "records: {}\nledger:  {}\n",
+            self.store.display(),
+            self.ledger.display()
+        );
+        let mut client = self.connect().await?;
+
+        println!("1. Without a key, a retry after a lost response charges twice.");
+        let lost = self
+            .send_charge(
+                &mut client,
+                json!({"amount": 1000, "currency": "usd"}),
+                None,
+            )
+            .await?;
+        client.response(lost, Duration::from_secs(30)).await?;
+        println!("  <- (response lost; the client cannot tell whether it ran, so it retries)");
+        let retry = self
+            .charge(
+                &mut client,
+                json!({"amount": 1000, "currency": "usd"}),
+                None,
+            )
+            .await?;
+        println!("  <- {}", summary(&retry));
+        let charged_twice = self.charges()?.len() == 2;
+        self.check(
+            charged_twice,
+            "two charges for one payment: the problem SEP-3182 solves",
+        )?;
+
+        println!("2. With a key, the retry gets the original charge and nothing is charged again.");
+        let first = self
+            .charge(
+                &mut client,
+                json!({"amount": 4200, "currency": "usd"}),
+                Some("order-1"),
+            )
+            .await?;
+        println!("  <- {}", summary(&first));
+        println!("  <- (response lost; retrying with the same key)");
+        let retry = self
+            .charge(
+                &mut client,
+                json!({"amount": 4200, "currency": "usd"}),
+                Some("order-1"),
+            )
+            .await?;
+        println!("  <- {}", summary(&retry));
+        let original = charge_id(&first);
+        let ok = original.is_some() && original == charge_id(&retry) && self.charges()?.len() == 3;
+        self.check(ok, "one charge; the retry replays the original charge id")?;
+
+        println!("3. The same key with another amount is a conflict.");
+        let conflict = self
+            .charge(
+                &mut client,
+                json!({"amount": 9900, "currency": "usd"}),
+                Some("order-1"),
+            )
+            .await?;
+        println!("  <- {}", summary(&conflict));
+        let ok =
+            error_type(&conflict) == Some("idempotency_key_conflict") && self.charges()?.len() == 3;
+        self.check(
+            ok,
+            "rejected with idempotency_key_conflict; nothing charged",
+        )?;
+
+        println!("4. A duplicate sent while the first call is still running is rejected at once.");
+        let slow_args =
+            json!({"amount": 700, "currency": "eur", "delay_ms": SLOW_CHARGE.as_millis() as u64});
+        let slow = self
+            .send_charge(&mut client, slow_args.clone(), Some("order-2"))
+            .await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = Instant::now();
+        let duplicate = self.charge(&mut client, slow_args, Some("order-2")).await?;
+        let waited = sent.elapsed();
+        println!(
+            "  <- {} (after {} ms)",
+            summary(&duplicate),
+            waited.as_millis()
+        );
+        let slow = client.response(slow, Duration::from_secs(30)).await?;
+        println!("  <- {}", summary(&slow));
+        let ok = error_type(&duplicate) == Some("idempotency_key_in_progress")
+            && waited < SLOW_CHARGE / 2
+            && charge_id(&slow).is_some()
+            && self.charges()?.len() == 4;
+        self.check(
+            ok,
+            "idempotency_key_in_progress without waiting for the first call; one charge",
+        )?;
+
+        println!("5. `1` vs `1.0`, reordered members and escaped strings are the same call.");
+        let first = self
+            .charge(
+                &mut client,
+                json!({"amount": 1, "currency": "usd"}),
+                Some("order-3"),
+            )
+            .await?;
+        println!("  <- {}", summary(&first));
+        let respelled = r#"{"name": "charge_payment", "idempotencyKey": "order-3", "arguments": {"currency": "\u0075sd", "amount": 1.0}}"#;
+        println!("  -> tools/call {respelled}");
+        let retry = client.send_raw("tools/call", respelled).await?;
+        let retry = client.response(retry, Duration::from_secs(30)).await?;
+        println!("  <- {}", summary(&retry));
+        let ok = charge_id(&first).is_some()
+            && charge_id(&first) == charge_id(&retry)
+            && self.charges()?.len() == 5;
+        self.check(ok, "replayed as the same call; one charge")?;
+
+        println!("6. A charge that failed after charging replays its error, not a second charge.");
+        let failing = json!({"amount": 5000, "currency": "gbp", "fail_after_charge": true});
+        let first = self
+            .charge(&mut client, failing.clone(), Some("order-4"))
+            .await?;
+        println!("  <- {}", summary(&first));
+        let retry = self.charge(&mut client, failing, Some("order-4")).await?;
+        println!("  <- {}", summary(&retry));
+        let ok = first.get("error").is_some()
+            && first.get("error") == retry.get("error")
+            && self.charges()?.len() == 6;
+        self.check(ok, "the recorded error is replayed; one charge")?;
+
+        println!(
+            "7. The gateway is killed (SIGKILL) and restarted; the retry is still deduplicated."
+        );
+        client.kill().await?;
+        println!("   (gateway killed)");
+        let mut client = self.connect().await?;
+        let retry = self
+            .charge(
+                &mut client,
+                json!({"amount": 4200, "currency": "usd"}),
+                Some("order-1"),
+            )
+            .await?;
+        println!("  <- {}", summary(&retry));
+        let ok = original.is_some() && charge_id(&retry) == original && self.charges()?.len() == 6;
+        self.check(
+            ok,
+            "the record survived in SQLite: the original charge id, nothing charged",
+        )?;
+
+        client.close().await?;
+        if self.failures == 0 {
+            println!("All 7 steps behaved as SEP-3182 requires.");
+        } else {
+            println!("{} step(s) did not behave.", self.failures);
+        }
+        Ok(self.failures)
+    }
+}
+
+fn charge_id(response: &Value) -> Option<&str> {
+    response
+        .pointer("/result/structuredContent/chargeId")?
+        .as_str()
+}
+
+fn error_type(response: &Value) -> Option<&str> {
+    response.pointer("/error/data/type")?.as_str()
+}
+
+fn summary(response: &Value) -> String {
+    if let Some(id) = charge_id(response) {
+        return format!("charged: {id}");
+    }
+    match response.get("error") {
+        Some(error) => format!(
+            "error {}: {}",
+            error
+                .pointer("/data/type")
+                .and_then(Value::as_str)
+                .unwrap_or("(no data.type)"),
+            error.get("message").and_then(Value::as_str).unwrap_or("")
+        ),
+        None => response.to_string(),
     }
 }
