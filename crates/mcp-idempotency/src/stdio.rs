@@ -33,7 +33,7 @@ use tokio::io::{
     AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf,
     WriteHalf,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::record::{Outcome, Scope};
@@ -77,7 +77,10 @@ impl StdioProxy {
     }
 
     /// Proxies until the server closes its output. When the client closes its input, the server's
-    /// input is closed too, so a well-behaved server exits and the run ends.
+    /// input is closed too, so a well-behaved server exits and the run ends. When the server's
+    /// output ends first, the client's input is no longer read (it may stay open), and claimed
+    /// calls still unanswered are recorded as outcome-unknown and answered with
+    /// `idempotency_outcome_unknown`.
     pub async fn run<CR, CW, SW, SR>(
         self,
         client_in: CR,
@@ -94,25 +97,41 @@ impl StdioProxy {
         let state = Arc::new(Mutex::new(Interceptor::new(self.config.clone())));
         let (to_client, from_proxy) = mpsc::channel::<Vec<u8>>(CLIENT_QUEUE);
         let write_client = write_lines(from_proxy, client_out);
-        let client_pump = self.client_to_server(&state, client_in, server_in, to_client.clone());
-        let server_pump = self.server_to_client(&state, server_out, to_client);
+        let server_gone = Notify::new();
         let renew = self.renew_leases(&state);
 
         let pumps = async {
+            let client_to_client = to_client.clone();
+            let client_pump = async {
+                let result = self
+                    .client_to_server(&state, client_in, server_in, client_to_client, &server_gone)
+                    .await;
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "client stream ended with an error");
+                }
+            };
+            let server_pump = self.server_to_client(&state, server_out, to_client.clone());
+            tokio::pin!(client_pump, server_pump);
             // The server pump decides when the run is over; the client pump ending (EOF) only
-            // closes the server's input.
-            let (client_result, server_result) = tokio::join!(
-                async {
-                    let result = client_pump.await;
-                    if let Err(err) = &result {
-                        tracing::debug!(error = %err, "client stream ended with an error");
-                    }
-                    result
-                },
-                server_pump
-            );
-            drop(client_result);
-            server_result
+            // closes the server's input. Once the server's output has ended, the client pump
+            // stops before its next read (never in the middle of a message), even if the client
+            // keeps its end open.
+            let mut client_done = false;
+            let ended = loop {
+                tokio::select! {
+                    () = &mut client_pump, if !client_done => client_done = true,
+                    ended = &mut server_pump => break ended,
+                }
+            };
+            server_gone.notify_one();
+            if !client_done {
+                client_pump.await;
+            }
+            // Only now is no call on its way to the server: whatever is still in flight (also a
+            // call the client pump claimed but could not deliver) will never be answered.
+            let orphaned_calls = self.orphan_calls_in_flight(&state, &to_client).await;
+            drop(to_client);
+            ended.map(|()| ProxyExit { orphaned_calls })
         };
         let (result, write_result) = tokio::select! {
             both = async { tokio::join!(pumps, write_client) } => both,
@@ -130,6 +149,7 @@ impl StdioProxy {
         client_in: CR,
         mut server_in: SW,
         to_client: mpsc::Sender<Vec<u8>>,
+        server_gone: &Notify,
     ) -> io::Result<()>
     where
         CR: AsyncRead + Unpin,
@@ -139,7 +159,13 @@ impl StdioProxy {
         let mut line = Vec::new();
         loop {
             line.clear();
-            if lines.read_until(b'\n', &mut line).await? == 0 {
+            let read = tokio::select! {
+                biased;
+                // Nobody is left to read what the client sends.
+                () = server_gone.notified() => return Ok(()),
+                read = lines.read_until(b'\n', &mut line) => read?,
+            };
+            if read == 0 {
                 break;
             }
             let action = match message_text(&line) {
@@ -176,18 +202,16 @@ impl StdioProxy {
         state: &Mutex<Interceptor>,
         server_out: SR,
         to_client: mpsc::Sender<Vec<u8>>,
-    ) -> io::Result<ProxyExit>
+    ) -> io::Result<()>
     where
         SR: AsyncRead + Unpin,
     {
         let mut lines = BufReader::new(server_out);
         let mut line = Vec::new();
-        let ended = loop {
+        loop {
             line.clear();
-            match lines.read_until(b'\n', &mut line).await {
-                Ok(0) => break Ok(()),
-                Ok(_) => {}
-                Err(err) => break Err(err),
+            if lines.read_until(b'\n', &mut line).await? == 0 {
+                return Ok(());
             }
             let action = match message_text(&line) {
                 Some(text) => lock(state).on_server_message(text),
@@ -209,7 +233,16 @@ impl StdioProxy {
                     }
                 }
             }
-        };
+        }
+    }
+
+    /// Records every call still in flight as outcome-unknown and answers the client; returns how
+    /// many there were.
+    async fn orphan_calls_in_flight(
+        &self,
+        state: &Mutex<Interceptor>,
+        to_client: &mpsc::Sender<Vec<u8>>,
+    ) -> usize {
         let orphans = lock(state).on_server_gone("the MCP server exited");
         let orphaned_calls = orphans.len();
         for orphan in orphans {
@@ -217,13 +250,13 @@ impl StdioProxy {
             self.record(&orphan.claim, Outcome::Unknown { reason })
                 .await;
             if let Some(response) = orphan.response {
-                send(&to_client, response.into_bytes()).await;
+                send(to_client, response.into_bytes()).await;
             }
         }
         if orphaned_calls > 0 {
             tracing::warn!(orphaned_calls, "the MCP server exited with calls in flight");
         }
-        ended.map(|()| ProxyExit { orphaned_calls })
+        orphaned_calls
     }
 
     async fn record(&self, claim: &crate::Claim, outcome: Outcome) {

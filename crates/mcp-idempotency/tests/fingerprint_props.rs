@@ -336,7 +336,7 @@ fn mutate_leaf(value: &mut Json, index: &mut usize, choice: u64) -> bool {
                         exponent,
                     },
                 },
-                Json::Str(s) if choice % 2 == 0 => Json::Str(format!("{s}x")),
+                Json::Str(s) if choice.is_multiple_of(2) => Json::Str(format!("{s}x")),
                 Json::Str(s) => Json::Str(format!("\u{e9}{s}")),
                 Json::Arr(_) => Json::Arr(vec![Json::Null]),
                 Json::Obj(_) => Json::Obj(vec![(String::new(), Json::Null)]),

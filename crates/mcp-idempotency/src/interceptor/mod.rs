@@ -11,7 +11,8 @@
 //! - A `tools/call` with `params.idempotencyKey` is decided by the engine. Executed calls are
 //!   forwarded without the key (unless [`InterceptorConfig::forward_key`]), with the key copied to
 //!   `params._meta["mcp-idem/idempotencyKey"]` ([`META_KEY`]) so tool code can pass it on. Replays and
-//!   rejections are answered here and never reach the server.
+//!   rejections are answered here and never reach the server. A request reusing the id of a claimed
+//!   call in flight, or a keyed call whose id is not a string or a number, is refused with `-32600`.
 //! - The server's response to a claimed call is recorded, then forwarded; responses are matched by
 //!   id, in any order.
 //! - Results of `initialize` and `server/discover` get `capabilities.tools.idempotency = {}` when
@@ -222,6 +223,18 @@ impl Interceptor {
                 ))
             }
             (Some("tools/call"), Some(id)) => self.on_tool_call(message, &envelope, id),
+            // A keyed call whose id is not a string or a number (null, boolean, object, a string
+            // with a lone surrogate) could not be matched to its response, so its outcome could not
+            // be recorded: refuse it rather than let it run undeduplicated.
+            (Some("tools/call"), None) if envelope.contains("id") && has_key(&envelope) => {
+                ClientAction::Respond(format!(
+                    r#"{{"jsonrpc":"2.0","id":null,"error":{}}}"#,
+                    serde_json::json!({
+                        "code": INVALID_REQUEST,
+                        "message": "a tools/call with an idempotencyKey needs a string or integer id",
+                    })
+                ))
+            }
             (Some("initialize" | "server/discover"), Some(id)) => {
                 self.discovery.insert(id);
                 ClientAction::Forward
@@ -368,9 +381,17 @@ impl Interceptor {
             return ServerAction::Forward;
         };
         if let Some(call) = self.in_flight.remove(&id) {
+            // Some JSON-RPC libraries send the unused member as `null` next to the used one.
+            let is_null = |raw: &RawValue| raw.get() == "null";
             let outcome = match (envelope.get("result"), envelope.get("error")) {
                 (Some(result), None) => Outcome::Success(result.get().to_owned()),
                 (None, Some(error)) => Outcome::Error(error.get().to_owned()),
+                (Some(result), Some(error)) if is_null(error) && !is_null(result) => {
+                    Outcome::Success(result.get().to_owned())
+                }
+                (Some(result), Some(error)) if is_null(result) && !is_null(error) => {
+                    Outcome::Error(error.get().to_owned())
+                }
                 _ => Outcome::Unknown {
                     reason: "the server sent a response with neither or both of result and error"
                         .into(),
@@ -432,6 +453,14 @@ impl Interceptor {
     pub fn set_store_usable(&mut self, usable: bool) {
         self.store_unusable = !usable;
     }
+}
+
+/// Whether the message's `params` is an object with an `idempotencyKey` member.
+fn has_key(envelope: &RawObject<'_>) -> bool {
+    envelope
+        .get("params")
+        .and_then(|p| RawObject::parse(p.get()))
+        .is_some_and(|params| params.contains("idempotencyKey"))
 }
 
 /// Adds `tools.idempotency = {}` to the capabilities of an `initialize` / `server/discover` result.
