@@ -173,7 +173,9 @@ impl StdioProxy {
                 None => ClientAction::Forward,
             };
             match action {
-                ClientAction::Forward => write_line(&mut server_in, &line).await?,
+                ClientAction::Forward => {
+                    write_line(&mut server_in, std::mem::take(&mut line)).await?
+                }
                 ClientAction::Absorb => {}
                 ClientAction::Respond(response) => send(&to_client, response.into_bytes()).await,
                 ClientAction::Decide(call) => {
@@ -181,7 +183,7 @@ impl StdioProxy {
                     let decided = lock(state).on_decision(call, decision);
                     match decided {
                         Decided::Forward(request) => {
-                            write_line(&mut server_in, request.as_bytes()).await?;
+                            write_line(&mut server_in, request.into_bytes()).await?;
                         }
                         Decided::Respond(response) => {
                             send(&to_client, response.into_bytes()).await;
@@ -190,7 +192,7 @@ impl StdioProxy {
                 }
                 ClientAction::RecordThenForward(claim, outcome) => {
                     self.record(&claim, outcome).await;
-                    write_line(&mut server_in, &line).await?;
+                    write_line(&mut server_in, std::mem::take(&mut line)).await?;
                 }
             }
         }
@@ -218,7 +220,7 @@ impl StdioProxy {
                 None => ServerAction::Forward,
             };
             match action {
-                ServerAction::Forward => send(&to_client, line.clone()).await,
+                ServerAction::Forward => send(&to_client, std::mem::take(&mut line)).await,
                 ServerAction::ForwardRewritten(message) => {
                     send(&to_client, message.into_bytes()).await
                 }
@@ -229,7 +231,7 @@ impl StdioProxy {
                 } => {
                     self.record(&claim, outcome).await;
                     if forward {
-                        send(&to_client, line.clone()).await;
+                        send(&to_client, std::mem::take(&mut line)).await;
                     }
                 }
             }
@@ -347,11 +349,12 @@ fn message_text(line: &[u8]) -> Option<&str> {
     (!text.trim().is_empty()).then_some(text)
 }
 
-async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, line: &[u8]) -> io::Result<()> {
-    out.write_all(line).await?;
+/// Writes one message as one line, in a single write so the reader gets it whole.
+async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, mut line: Vec<u8>) -> io::Result<()> {
     if !line.ends_with(b"\n") {
-        out.write_all(b"\n").await?;
+        line.push(b'\n');
     }
+    out.write_all(&line).await?;
     out.flush().await
 }
 
@@ -366,7 +369,7 @@ async fn write_lines<W: AsyncWrite + Unpin>(
     mut out: W,
 ) -> io::Result<()> {
     while let Some(message) = messages.recv().await {
-        write_line(&mut out, &message).await?;
+        write_line(&mut out, message).await?;
     }
     Ok(())
 }

@@ -62,7 +62,7 @@ impl DemoServerArgs {
 async fn serve(ledger: Ledger) -> anyhow::Result<()> {
     tracing::info!(ledger = %ledger.path().display(), "demo server listening on stdio");
     let server = PaymentServer::new(ledger);
-    let running = match server.serve(rmcp::transport::stdio()).await {
+    let running = match server.serve(rmcp::transport::stdio_pipes()).await {
         Ok(running) => running,
         // EOF before the first request: nobody came, which is not an error.
         Err(ServerInitializeError::ConnectionClosed(_)) => return Ok(()),

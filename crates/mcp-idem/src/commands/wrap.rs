@@ -60,7 +60,12 @@ impl WrapArgs {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        runtime.block_on(self.run())
+        let result = runtime.block_on(self.run());
+        // When stdin is not a pipe, tokio reads it on a blocking thread, which stays in read(2)
+        // while the client keeps its end open (the server exited first). Dropping the runtime
+        // would wait for that read forever; every response has been flushed by now.
+        runtime.shutdown_background();
+        result
     }
 
     async fn run(self) -> anyhow::Result<ExitCode> {
@@ -96,7 +101,10 @@ impl WrapArgs {
                 .forward_key(self.forward_key)
                 .cancel_policy(self.cancel),
         );
-        let run = proxy.run(tokio::io::stdin(), tokio::io::stdout(), child_in, child_out);
+        // Non-blocking pipes when the client launched us with pipes (the usual case): no thread
+        // hand-off per message.
+        let (client_in, client_out) = rmcp::transport::stdio_pipes();
+        let run = proxy.run(client_in, client_out, child_in, child_out);
         tokio::select! {
             result = run => {
                 result.context("stdio proxy failed")?;

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use rusqlite::{
     params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
@@ -91,22 +92,24 @@ impl SqliteStore {
             })?;
         }
         let mut conn = Connection::open(path).map_err(cannot_open)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(cannot_open)?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(cannot_open)?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(cannot_open)?;
+        enable_wal(&conn).map_err(cannot_open)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(cannot_open)?;
+        // Checkpoints (the only step that fsyncs in WAL mode) run on a background thread instead
+        // of inside whichever commit crosses the threshold.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(cannot_open)?;
         migrate(&mut conn).map_err(|err| StoreError::Unavailable {
             message: format!("cannot prepare SQLite store {}: {err}", path.display()),
             source: Some(Box::new(err)),
         })?;
-        Ok(Self {
-            inner: Arc::new(Inner {
-                path: path.to_owned(),
-                conn: Mutex::new(conn),
-            }),
-        })
+        let inner = Arc::new(Inner {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+        });
+        spawn_checkpointer(Arc::downgrade(&inner));
+        Ok(Self { inner })
     }
 
     /// The file this store lives in.
@@ -125,6 +128,58 @@ impl SqliteStore {
             let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
             op(&mut conn)
         }))
+    }
+}
+
+/// How often the WAL is checkpointed into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// Checkpoints the WAL every [`CHECKPOINT_EVERY`] on a connection of its own, until the store is
+/// dropped. PASSIVE checkpoints never block writers; a failed one is retried on the next tick.
+fn spawn_checkpointer(store: std::sync::Weak<Inner>) {
+    let spawned = std::thread::Builder::new()
+        .name("mcp-idem-sqlite-checkpoint".into())
+        .spawn(move || {
+            let Some(path) = store.upgrade().map(|inner| inner.path.clone()) else {
+                return;
+            };
+            let conn = match Connection::open(&path) {
+                Ok(conn) => conn,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot open a checkpoint connection; the WAL will grow");
+                    return;
+                }
+            };
+            while store.strong_count() > 0 {
+                std::thread::sleep(CHECKPOINT_EVERY);
+                if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::debug!(error = %err, "WAL checkpoint failed; retrying later");
+                }
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::warn!(error = %err, "cannot start the checkpoint thread; the WAL will grow");
+    }
+}
+
+/// How long a statement waits for another connection's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `PRAGMA journal_mode = WAL`. Switching a new file to WAL takes an exclusive lock, and when
+/// several processes create the store at once SQLite answers SQLITE_BUSY at once instead of calling
+/// the busy handler (waiting could deadlock), so retry for up to [`BUSY_TIMEOUT`].
+fn enable_wal(conn: &Connection) -> rusqlite::Result<()> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(err)
+                if err.sqlite_error_code() == Some(ErrorCode::DatabaseBusy)
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
     }
 }
 
