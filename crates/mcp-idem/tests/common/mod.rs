@@ -33,6 +33,8 @@ pub(crate) struct StdioPeer {
     lines: Receiver<String>,
     /// Received but not yet taken, in arrival order.
     pending: Vec<Value>,
+    /// Every line read so far, as received (for byte-level comparisons).
+    raw_lines: Vec<String>,
     stderr_path: PathBuf,
 }
 
@@ -61,6 +63,7 @@ impl StdioPeer {
             child,
             lines,
             pending: Vec::new(),
+            raw_lines: Vec::new(),
             stderr_path: stderr_path.to_path_buf(),
         }
     }
@@ -79,9 +82,14 @@ impl StdioPeer {
 
     /// Writes `line` and a newline, as is.
     pub(crate) fn send_raw(&mut self, line: &str) {
+        self.send_bytes(format!("{line}\n").as_bytes());
+    }
+
+    /// Writes `bytes` exactly (no newline added): for malformed input such as invalid UTF-8.
+    pub(crate) fn send_bytes(&mut self, bytes: &[u8]) {
         let stdin = self.stdin.as_mut().expect("stdin is still open");
         stdin
-            .write_all(format!("{line}\n").as_bytes())
+            .write_all(bytes)
             .and_then(|()| stdin.flush())
             .expect("write to the server");
     }
@@ -136,11 +144,21 @@ impl StdioPeer {
         &self.pending
     }
 
+    /// Every line the process wrote and the test read so far, byte for byte (without the line
+    /// ending), in arrival order; taken or not.
+    pub(crate) fn raw_lines(&self) -> &[String] {
+        &self.raw_lines
+    }
+
     fn read(&mut self, timeout: Duration) -> Option<Value> {
         match self.lines.recv_timeout(timeout) {
-            Ok(line) => Some(serde_json::from_str(&line).unwrap_or_else(|err| {
-                panic!("the server wrote a line that is not JSON ({err}): {line}")
-            })),
+            Ok(line) => {
+                let message = serde_json::from_str(&line).unwrap_or_else(|err| {
+                    panic!("the server wrote a line that is not JSON ({err}): {line}")
+                });
+                self.raw_lines.push(line);
+                Some(message)
+            }
             Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => None,
         }
     }
