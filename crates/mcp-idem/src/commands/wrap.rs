@@ -55,8 +55,9 @@ fn parse_cancel(s: &str) -> Result<CancelPolicy, String> {
 
 impl WrapArgs {
     pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        // One thread: the proxy is one task per direction, and waking a single thread on I/O is
+        // cheaper than handing each message between worker threads.
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
