@@ -1173,3 +1173,32 @@ proptest! {
         drive(&mut h, &client.to_string(), &server.to_string());
     }
 }
+
+#[test]
+fn a_keyed_call_may_not_reuse_the_id_of_an_unanswered_request() {
+    let mut interceptor = Interceptor::new(InterceptorConfig::default());
+    let unkeyed =
+        r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"slow","arguments":{}}}"#;
+    assert!(matches!(
+        interceptor.on_client_message(unkeyed),
+        ClientAction::Forward
+    ));
+    let keyed = r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"charge","arguments":{},"idempotencyKey":"k"}}"#;
+    let ClientAction::Respond(response) = interceptor.on_client_message(keyed) else {
+        panic!("a keyed call reusing a pending id must be refused");
+    };
+    let response: serde_json::Value = serde_json::from_str(&response).unwrap();
+    assert_eq!(response["id"], 9);
+    assert_eq!(response["error"]["code"], -32600);
+
+    // Once the server has answered, the id is free again.
+    let answer = r#"{"jsonrpc":"2.0","id":9,"result":{"content":[]}}"#;
+    assert!(matches!(
+        interceptor.on_server_message(answer),
+        ServerAction::Forward
+    ));
+    assert!(matches!(
+        interceptor.on_client_message(keyed),
+        ClientAction::Decide(_)
+    ));
+}

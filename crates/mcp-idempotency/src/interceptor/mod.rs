@@ -192,8 +192,15 @@ pub struct Interceptor {
     config: InterceptorConfig,
     in_flight: HashMap<RequestId, InFlight>,
     discovery: HashSet<RequestId>,
+    /// Ids of other client requests forwarded and not answered yet: a keyed call must not reuse
+    /// one, or that request's response would be recorded as the call's outcome.
+    pending: HashSet<RequestId>,
     store_unusable: bool,
 }
+
+/// Most unanswered requests tracked in [`Interceptor::pending`]; past that (a server that never
+/// answers), new ones are not tracked.
+const MAX_PENDING: usize = 65_536;
 
 impl Interceptor {
     /// An interceptor with the given settings.
@@ -211,7 +218,8 @@ impl Interceptor {
         };
         let id = envelope.get("id").and_then(RequestId::from_raw);
         let method = envelope.get_str("method");
-        match (method.as_deref(), id) {
+        let request_id = id.clone().filter(|_| method.is_some());
+        let action = match (method.as_deref(), id) {
             (Some(_), Some(id)) if self.in_flight.contains_key(&id) => {
                 ClientAction::Respond(error_response(
                     &id,
@@ -241,7 +249,13 @@ impl Interceptor {
             }
             (Some("notifications/cancelled"), None) => self.on_cancelled(&envelope),
             _ => ClientAction::Forward,
+        };
+        if let (ClientAction::Forward, Some(id)) = (&action, request_id) {
+            if self.pending.len() < MAX_PENDING {
+                self.pending.insert(id);
+            }
         }
+        action
     }
 
     fn on_tool_call(
@@ -259,6 +273,16 @@ impl Interceptor {
         let Some(raw_key) = params.get("idempotencyKey") else {
             return ClientAction::Forward;
         };
+        if self.pending.contains(&id) {
+            return ClientAction::Respond(error_response(
+                &id,
+                INVALID_REQUEST,
+                &format!(
+                    "request id {} is already used by a request in flight",
+                    id.as_json()
+                ),
+            ));
+        }
         let mrtr_continuation =
             params.contains("requestState") || params.contains("inputResponses");
         let tool_name = match params.get_str("name") {
@@ -290,6 +314,8 @@ impl Interceptor {
         let Some(request_id) = request_id else {
             return ClientAction::Forward;
         };
+        // The server may never answer a cancelled request.
+        self.pending.remove(&request_id);
         match self.config.cancel {
             CancelPolicy::Absorb => match self.in_flight.get_mut(&request_id) {
                 Some(call) => {
@@ -380,6 +406,7 @@ impl Interceptor {
         let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
             return ServerAction::Forward;
         };
+        self.pending.remove(&id);
         if let Some(call) = self.in_flight.remove(&id) {
             // Some JSON-RPC libraries send the unused member as `null` next to the used one.
             let is_null = |raw: &RawValue| raw.get() == "null";
@@ -428,6 +455,7 @@ impl Interceptor {
     /// outcome-unknown and to answer with `idempotency_outcome_unknown`.
     pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan> {
         self.discovery.clear();
+        self.pending.clear();
         self.in_flight
             .drain()
             .map(|(id, call)| {
