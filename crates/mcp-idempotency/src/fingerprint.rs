@@ -206,14 +206,7 @@ pub fn fingerprint(
     arguments: Option<&str>,
 ) -> Result<Fingerprint, ArgumentsError> {
     let run = |bufs: &mut encode::Buffers| {
-        let mut len = [0u8; 10];
-        let header = [
-            DOMAIN_TAG,
-            b"s",
-            encode::leb128(tool_name.len() as u64, &mut len),
-            tool_name.as_bytes(),
-        ];
-        let digest = encode::hash(bufs, &header, arguments);
+        let digest = encode::hash(bufs, tool_name, arguments);
         bufs.trim(RETAINED_BYTES);
         digest.map(Fingerprint)
     };

@@ -1,12 +1,16 @@
 //! Strict RFC 8259 parser that appends each value's canonical encoding, in input
 //! order, to an output buffer, and records the object layout for [`order`](super::order).
 
-use super::order::{key_prefix, Layout, Output, Sink};
-use super::{number, ArgumentsError, MAX_DEPTH};
+use sha2::{Digest, Sha256};
+
+use super::order::{key_prefix, Layout, Sink};
+use super::{number, ArgumentsError, DOMAIN_TAG, MAX_DEPTH};
 
 /// Buffers reused across calls on the same thread.
 pub(super) struct Buffers {
     out: Vec<u8>,
+    /// Length of the header at the start of `out`.
+    header_len: usize,
     layout: Layout,
     stage: Vec<u8>,
 }
@@ -15,6 +19,7 @@ impl Buffers {
     pub(super) const fn new() -> Self {
         Self {
             out: Vec::new(),
+            header_len: 0,
             layout: Layout::new(),
             stage: Vec::new(),
         }
@@ -37,40 +42,61 @@ impl Buffers {
     pub(super) fn canonical(&self) -> Vec<u8> {
         let mut canonical = Vec::new();
         self.layout.write_canonical(&self.out, &mut canonical);
-        canonical
+        canonical.split_off(self.header_len)
     }
 }
 
-/// Hashes `header` followed by the canonical encoding of `arguments` (`{}` when absent or `null`).
+/// Hashes the domain tag, `tool_name` encoded as a string and the canonical encoding
+/// of `arguments` (`{}` when absent or `null`).
 pub(super) fn hash(
     bufs: &mut Buffers,
-    header: &[&[u8]],
+    tool_name: &str,
     arguments: Option<&str>,
 ) -> Result<[u8; 32], ArgumentsError> {
-    if let Some(text) = arguments {
-        parse(text, bufs)?;
-    } else {
-        bufs.out.clear();
+    match arguments {
+        Some(text) => parse(tool_name, text, bufs)?,
+        None => start(tool_name, bufs),
     }
-    let mut sink = Sink::new(&mut bufs.stage, header);
-    if bufs.out.is_empty() || bufs.out == b"n" {
-        sink.write(b"{}");
-    } else {
-        bufs.layout.write_canonical(&bufs.out, &mut sink);
+    let header_len = bufs.header_len;
+    let out = &mut bufs.out;
+    if out.len() == header_len || out[header_len..] == *b"n" {
+        out.truncate(header_len);
+        out.extend_from_slice(b"{}");
     }
+    if !bufs.layout.any_reordered() {
+        return Ok(Sha256::digest(&bufs.out).into());
+    }
+    let mut sink = Sink::new(&mut bufs.stage);
+    bufs.layout.write_canonical(&bufs.out, &mut sink);
     Ok(sink.finish())
 }
 
-/// Parses `text` as exactly one JSON value, leaving its parse-order encoding in
-/// `bufs.out` and its object layout in `bufs.layout`.
-pub(super) fn parse(text: &str, bufs: &mut Buffers) -> Result<(), ArgumentsError> {
-    let mut out = std::mem::take(&mut bufs.out);
+/// Clears `bufs` and writes the digest's header to `bufs.out`: the domain tag and
+/// `tool_name` encoded as a string.
+fn start(tool_name: &str, bufs: &mut Buffers) {
+    let out = &mut bufs.out;
     out.clear();
+    out.extend_from_slice(DOMAIN_TAG);
+    out.push(b's');
+    let mut len = [0u8; 10];
+    match leb128(tool_name.len() as u64, &mut len) {
+        &[byte] => out.push(byte),
+        varint => out.extend_from_slice(varint),
+    }
+    out.extend_from_slice(tool_name.as_bytes());
+    bufs.header_len = out.len();
     bufs.layout.clear();
+}
+
+/// Parses `text` as exactly one JSON value, leaving the header (see [`start`]) followed
+/// by the value's parse-order encoding in `bufs.out` and its object layout in
+/// `bufs.layout`.
+pub(super) fn parse(tool_name: &str, text: &str, bufs: &mut Buffers) -> Result<(), ArgumentsError> {
+    start(tool_name, bufs);
     let mut parser = Parser {
         src: text.as_bytes(),
         pos: 0,
-        out,
+        out: std::mem::take(&mut bufs.out),
         layout: &mut bufs.layout,
         error: None,
     };
@@ -134,12 +160,34 @@ impl Parser<'_> {
         }
     }
 
+    /// Skips whitespace and returns the byte after it, if any.
+    #[inline(always)]
+    fn peek_token(&mut self) -> Option<u8> {
+        match self.src.get(self.pos) {
+            // Every whitespace byte is at most b' '.
+            Some(&c) if c > b' ' => Some(c),
+            _ => {
+                self.skip_ws();
+                self.peek()
+            }
+        }
+    }
+
+    /// Like [`Self::peek_token`], checking first for `expected` right at `self.pos`.
+    #[inline(always)]
+    fn peek_expecting(&mut self, expected: u8) -> Option<u8> {
+        if self.src.get(self.pos) == Some(&expected) {
+            Some(expected)
+        } else {
+            self.peek_token()
+        }
+    }
+
     /// `depth` counts the arrays and objects enclosing this value. Inlined into the
     /// container loops so that scalars cost no extra call.
     #[inline(always)]
     fn value(&mut self, depth: usize) -> Step {
-        self.skip_ws();
-        match self.peek() {
+        match self.peek_token() {
             Some(b'"') => {
                 self.pos += 1;
                 self.string().map(drop)
@@ -181,8 +229,11 @@ impl Parser<'_> {
 
     /// After a container element: consumes `,` (returning `true`) or `close` (`false`).
     fn separator(&mut self, close: u8, expected: &'static str) -> Result<bool, Stop> {
-        self.skip_ws();
-        match self.peek() {
+        if self.src.get(self.pos) == Some(&b',') {
+            self.pos += 1;
+            return Ok(true);
+        }
+        match self.peek_token() {
             Some(b',') => {
                 self.pos += 1;
                 Ok(true)
@@ -223,26 +274,15 @@ impl Parser<'_> {
             self.pos += 1;
         } else {
             loop {
-                self.skip_ws();
-                match self.peek() {
+                match self.peek_expecting(b'"') {
                     Some(b'"') => self.pos += 1,
                     Some(_) => return Err(self.fail(self.pos, "expected string key")),
                     None => return Err(self.fail_at_end()),
                 }
                 let start = self.out.len();
-                let src_start = self.pos;
-                let key_start = self.string()?;
+                let (key_start, prefix) = self.key()?;
                 let key = key_start..self.out.len();
-                let key_len = key.len();
-                // Read the prefix from the input when the name had no escapes: the
-                // output bytes were only just stored and would stall the load.
-                let prefix = if self.pos - 1 - src_start == key_len {
-                    key_prefix(self.src, src_start, key_len)
-                } else {
-                    key_prefix(&self.out, key_start, key_len)
-                };
-                self.skip_ws();
-                match self.peek() {
+                match self.peek_expecting(b':') {
                     Some(b':') => self.pos += 1,
                     Some(_) => return Err(self.fail(self.pos, "expected ':'")),
                     None => return Err(self.fail_at_end()),
@@ -257,18 +297,84 @@ impl Parser<'_> {
             }
         }
         self.out.push(b'}');
-        self.layout.close_object(&self.out, handle, depth);
+        self.layout.close_object(&mut self.out, handle, depth);
         Ok(())
     }
 
     /// Parses a string body (the opening quote already consumed), writes its encoding
     /// and returns the position in `out` where the string's bytes start.
+    #[inline(always)]
     fn string(&mut self) -> Result<usize, Stop> {
+        match self.scan_plain_string() {
+            Some((len, first)) => Ok(self.copy_plain_string(len, first)),
+            None => self.escaped_or_long_string().map(|(content, _)| content),
+        }
+    }
+
+    /// [`Self::string`] for a member name; also returns the name's [`key_prefix`].
+    #[inline(always)]
+    fn key(&mut self) -> Result<(usize, u64), Stop> {
+        match self.scan_plain_string() {
+            Some((len, first)) => {
+                // The prefix comes from the word already loaded rather than from `out`,
+                // whose bytes were only just stored and would stall the load.
+                let prefix = first.swap_bytes();
+                let prefix = if len >= 8 {
+                    prefix
+                } else {
+                    prefix & !(u64::MAX >> (8 * len))
+                };
+                Ok((self.copy_plain_string(len, first), prefix))
+            }
+            None => self.escaped_or_long_string(),
+        }
+    }
+
+    /// The length of the string body at `self.pos` and its first eight bytes (as a
+    /// little-endian word), when it is the common case: no escapes and shorter than
+    /// 128 bytes, so that its length is one LEB128 byte.
+    #[inline(always)]
+    fn scan_plain_string(&self) -> Option<(usize, u64)> {
+        let start = self.pos;
+        let first = load_word(self.src, start).unwrap_or_else(|| load_tail(self.src, start));
+        let hits = special_bytes(first);
+        let len = if hits != 0 {
+            (hits.trailing_zeros() / 8) as usize
+        } else {
+            plain_run_end(self.src, start + 8) - start
+        };
+        (self.src.get(start + len) == Some(&b'"') && len < 0x80).then_some((len, first))
+    }
+
+    /// Writes the encoding of the string [`Self::scan_plain_string`] found (of `len`
+    /// bytes, starting with the word `first`), consumes it and returns the position in
+    /// `out` where its bytes start.
+    #[inline(always)]
+    fn copy_plain_string(&mut self, len: usize, first: u64) -> usize {
+        let content = self.out.len() + 2;
+        if len <= 8 {
+            // One store for the whole encoding.
+            let encoding = u128::from(first) << 16 | u128::from(len as u8) << 8 | u128::from(b's');
+            self.out.extend_from_slice(&encoding.to_le_bytes());
+            self.out.truncate(content + len);
+        } else {
+            self.out.extend_from_slice(&[b's', len as u8]);
+            extend_short(&mut self.out, self.src, self.pos, len);
+        }
+        self.pos += len + 1;
+        content
+    }
+
+    /// [`Self::string`] for strings with escapes or of 128 bytes or more.
+    #[inline(never)]
+    fn escaped_or_long_string(&mut self) -> Result<(usize, u64), Stop> {
         let len_at = self.out.len() + 1;
         self.out.extend_from_slice(b"s\0");
         let content = len_at + 1;
         loop {
-            self.pos = copy_plain_run(self.src, self.pos, &mut self.out);
+            let end = plain_run_end(self.src, self.pos);
+            self.out.extend_from_slice(&self.src[self.pos..end]);
+            self.pos = end;
             match self.src.get(self.pos) {
                 Some(b'"') => {
                     self.pos += 1;
@@ -283,16 +389,18 @@ impl Parser<'_> {
             }
         }
         let len = self.out.len() - content;
-        if len < 0x80 {
+        let content = if len < 0x80 {
             self.out[len_at] = len as u8;
-            return Ok(content);
-        }
-        let mut varint = [0u8; 10];
-        let varint = leb128(len as u64, &mut varint);
-        self.out[len_at] = varint[0];
-        self.out
-            .splice(content..content, varint[1..].iter().copied());
-        Ok(content + varint.len() - 1)
+            content
+        } else {
+            let mut varint = [0u8; 10];
+            let varint = leb128(len as u64, &mut varint);
+            self.out[len_at] = varint[0];
+            self.out
+                .splice(content..content, varint[1..].iter().copied());
+            content + varint.len() - 1
+        };
+        Ok((content, key_prefix(&self.out, content, len)))
     }
 }
 
@@ -308,39 +416,65 @@ pub(super) fn leb128(mut value: u64, buf: &mut [u8; 10]) -> &[u8] {
     &buf[..=n]
 }
 
-/// Copies bytes from `src[i..]` to `out` up to the first `"`, `\` or control character
-/// and returns that byte's index (or `src.len()`), working eight bytes per step.
-fn copy_plain_run(src: &[u8], mut i: usize, out: &mut Vec<u8>) -> usize {
+/// The eight bytes at `src[i..]` as a little-endian word, if there are that many.
+#[inline]
+fn load_word(src: &[u8], i: usize) -> Option<u64> {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(src.get(i..i + 8)?);
+    Some(u64::from_le_bytes(word))
+}
+
+/// Like [`load_word`] for fewer than eight bytes at `src[i..]`, padded with `"`.
+#[cold]
+fn load_tail(src: &[u8], i: usize) -> u64 {
+    let mut tail = [b'"'; 8];
+    let rest = src.get(i..).unwrap_or_default();
+    tail[..rest.len()].copy_from_slice(rest);
+    u64::from_le_bytes(tail)
+}
+
+/// The index of the first `"`, `\\` or control character in `src[i..]` (or `src.len()`),
+/// found eight bytes per step.
+fn plain_run_end(src: &[u8], mut i: usize) -> usize {
+    while let Some(word) = load_word(src, i) {
+        let hits = special_bytes(word);
+        if hits != 0 {
+            return i + (hits.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    // The padding quotes stop the scan at `src.len()`.
+    i + (special_bytes(load_tail(src, i)).trailing_zeros() / 8) as usize
+}
+
+/// A word whose high bit is set in the lane of each `"`, `\\` or control character
+/// of the little-endian word `v`; lanes above the first such byte may hold false positives.
+#[inline]
+fn special_bytes(v: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGHS: u64 = 0x8080_8080_8080_8080;
     const QUOTES: u64 = ONES * b'"' as u64;
     const BACKSLASHES: u64 = ONES * b'\\' as u64;
     const SPACES: u64 = ONES * 0x20;
-    while let Some(chunk) = src.get(i..i + 8) {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        out.extend_from_slice(&word);
-        let v = u64::from_le_bytes(word);
-        let q = v ^ QUOTES;
-        let b = v ^ BACKSLASHES;
-        let hits =
-            (q.wrapping_sub(ONES) & !q | b.wrapping_sub(ONES) & !b | v.wrapping_sub(SPACES) & !v)
-                & HIGHS;
-        if hits != 0 {
-            let plain = (hits.trailing_zeros() / 8) as usize;
-            out.truncate(out.len() - 8 + plain);
-            return i + plain;
+    let q = v ^ QUOTES;
+    let b = v ^ BACKSLASHES;
+    (q.wrapping_sub(ONES) & !q | b.wrapping_sub(ONES) & !b | v.wrapping_sub(SPACES) & !v) & HIGHS
+}
+
+/// Appends `src[start..start + len]`; short runs are copied as one fixed-size block
+/// (reading past the run when `src` allows), which avoids a `memcpy` call.
+#[inline]
+fn extend_short(out: &mut Vec<u8>, src: &[u8], start: usize, len: usize) {
+    const BLOCK: usize = 32;
+    match src.get(start..start + BLOCK) {
+        Some(block) if len <= BLOCK => {
+            let mut copy = [0u8; BLOCK];
+            copy.copy_from_slice(block);
+            out.extend_from_slice(&copy);
+            out.truncate(out.len() - BLOCK + len);
         }
-        i += 8;
+        _ => out.extend_from_slice(&src[start..start + len]),
     }
-    while let Some(&c) = src.get(i) {
-        if c == b'"' || c == b'\\' || c < 0x20 {
-            break;
-        }
-        out.push(c);
-        i += 1;
-    }
-    i
 }
 
 /// Decodes the escape sequence at `src[at]` (a backslash) into `out`; returns the position after it.

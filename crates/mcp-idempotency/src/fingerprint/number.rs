@@ -31,9 +31,9 @@ pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usiz
         write_integer(out, negative, src, int_start..pos);
         return Ok(pos);
     }
-    let int = &src[int_start..pos];
+    let int = int_start..pos;
 
-    let mut frac: &[u8] = &[];
+    let mut frac = pos..pos;
     if src.get(pos) == Some(&b'.') {
         pos += 1;
         let frac_start = pos;
@@ -41,7 +41,7 @@ pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usiz
         if pos == frac_start {
             return Err(malformed(pos, "expected digit after decimal point"));
         }
-        frac = &src[frac_start..pos];
+        frac = frac_start..pos;
     }
 
     let mut exponent = 0i64;
@@ -67,7 +67,7 @@ pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usiz
         exponent = if exp_negative { -magnitude } else { magnitude };
     }
 
-    write_canonical(out, negative, int, frac, exponent);
+    write_canonical(out, negative, src, int, frac, exponent);
     Ok(pos)
 }
 
@@ -101,6 +101,7 @@ fn write_integer(out: &mut Vec<u8>, negative: bool, src: &[u8], int: Range<usize
 
 /// Appends `src[start..start + len]`; short runs are copied as one fixed-size block
 /// (reading past the run when `src` allows), which avoids a `memcpy` call.
+#[inline(always)]
 fn extend_short(out: &mut Vec<u8>, src: &[u8], start: usize, len: usize) {
     const BLOCK: usize = 16;
     match src.get(start..start + BLOCK) {
@@ -116,20 +117,35 @@ fn extend_short(out: &mut Vec<u8>, src: &[u8], start: usize, len: usize) {
 
 const ZERO: &[u8] = b"0;";
 
-/// Writes `±int.frac × 10^exponent` as sign, significant digits and adjusted exponent.
+/// Writes `±int.frac × 10^exponent` as sign, significant digits and adjusted exponent,
+/// where `int` and `frac` are ranges of `src`.
 ///
 /// `int` is `0` or has no leading zero, as the grammar guarantees.
-fn write_canonical(out: &mut Vec<u8>, negative: bool, int: &[u8], frac: &[u8], exponent: i64) {
-    let frac_last = frac.iter().rposition(|&d| d != b'0');
+fn write_canonical(
+    out: &mut Vec<u8>,
+    negative: bool,
+    src: &[u8],
+    int: Range<usize>,
+    frac: Range<usize>,
+    exponent: i64,
+) {
+    let frac_last = src[frac.clone()].iter().rposition(|&d| d != b'0');
     let exponent = i128::from(exponent);
-    let (head, tail, exponent): (&[u8], &[u8], i128) = if int != b"0" {
+    let (head, tail, exponent) = if src[int.clone()] != *b"0" {
         match frac_last {
-            Some(last) => (int, &frac[..=last], exponent - (last as i128 + 1)),
+            Some(last) => (
+                int,
+                frac.start..frac.start + last + 1,
+                exponent - (last as i128 + 1),
+            ),
             None => {
-                let last = int.iter().rposition(|&d| d != b'0').unwrap_or(0);
+                let last = src[int.clone()]
+                    .iter()
+                    .rposition(|&d| d != b'0')
+                    .unwrap_or(0);
                 (
-                    &int[..=last],
-                    &[],
+                    int.start..int.start + last + 1,
+                    0..0,
                     exponent + (int.len() - 1 - last) as i128,
                 )
             }
@@ -141,16 +157,23 @@ fn write_canonical(out: &mut Vec<u8>, negative: bool, int: &[u8], frac: &[u8], e
                 return;
             }
             Some(last) => {
-                let first = frac.iter().position(|&d| d != b'0').unwrap_or(last);
-                (&frac[first..=last], &[], exponent - (last as i128 + 1))
+                let first = src[frac.clone()]
+                    .iter()
+                    .position(|&d| d != b'0')
+                    .unwrap_or(last);
+                (
+                    frac.start + first..frac.start + last + 1,
+                    0..0,
+                    exponent - (last as i128 + 1),
+                )
             }
         }
     };
     if negative {
         out.push(b'-');
     }
-    out.extend_from_slice(head);
-    out.extend_from_slice(tail);
+    extend_short(out, src, head.start, head.len());
+    extend_short(out, src, tail.start, tail.len());
     write_exponent(out, exponent);
 }
 

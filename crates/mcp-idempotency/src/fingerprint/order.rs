@@ -1,11 +1,16 @@
-//! Canonical member order without rewriting.
+//! Canonical member order.
 //!
-//! The parser appends every value's encoding to one buffer in input order. For each
-//! object it records where the object and each member lie; members of an object that
-//! is not already in canonical order are sorted (and deduplicated, last one wins) by
-//! their index entries alone. The hashing pass then walks the buffer once, emitting
-//! such objects' members in sorted order, so every byte is copied at most once however
-//! deep the nesting.
+//! The parser appends every value's encoding to one buffer in input order and records
+//! where each member of the objects being parsed lies. When an object closes, its
+//! members are put in canonical order (sorted by name, duplicates dropped, last one
+//! wins), in one of two ways:
+//!
+//! * an object of at most [`IN_PLACE_MAX`] bytes is rewritten in place, as long as the
+//!   bytes so rewritten stay within twice the output size, which keeps the copying
+//!   linear however deep the nesting;
+//! * any other object keeps its input order in the buffer, and its sorted member list
+//!   is recorded; the hashing pass then walks the buffer once, emitting such objects'
+//!   members in sorted order.
 
 use std::cmp::Ordering;
 use std::ops::Range;
@@ -14,6 +19,16 @@ use sha2::{Digest, Sha256};
 
 /// Member lists up to this length are sorted by insertion sort.
 const INSERTION_SORT_MAX: usize = 16;
+
+/// Objects with at most this many members are sorted directly, which costs less than
+/// consulting [`RecentOrder`].
+const SMALL_OBJECT: usize = 8;
+
+/// Largest object (in encoded bytes) that is put in order by rewriting it in place.
+const IN_PLACE_MAX: usize = 4096;
+
+/// Bytes read past a member when it is copied as one fixed-size block.
+const BLOCK: usize = 32;
 
 /// Bytes gathered before they are handed to the hasher.
 const STAGE_BYTES: usize = 16 * 1024;
@@ -51,11 +66,123 @@ impl Member {
     }
 }
 
-/// One object, by absolute positions in the output buffer; objects are listed in the
-/// order their `{` appears.
+impl From<&Member> for Placed {
+    fn from(member: &Member) -> Self {
+        Self {
+            start: member.start,
+            end: member.end,
+            first_object: member.first_object,
+        }
+    }
+}
+
+/// Sorts a list of at most [`SMALL_OBJECT`] members, dropping overridden duplicates.
+/// Leaves the indices of the members kept, in canonical order, in the low 64 bits of
+/// the first entries of `order` and returns their number; returns `None` when `list` is
+/// already in canonical order.
+fn sort_small(list: &[Member], out: &[u8], order: &mut [u128; SMALL_OBJECT]) -> Option<usize> {
+    // Usually the names' first eight bytes all differ and alone decide the order, so
+    // sort (prefix, index) pairs first.
+    let mut moved = false;
+    for (i, member) in list.iter().enumerate() {
+        let item = (u128::from(member.prefix) << 64) | i as u128;
+        let mut at = i;
+        while at > 0 && order[at - 1] > item {
+            order[at] = order[at - 1];
+            at -= 1;
+        }
+        moved |= at != i;
+        order[at] = item;
+    }
+    if order[..list.len()]
+        .windows(2)
+        .any(|pair| pair[0] >> 64 == pair[1] >> 64)
+    {
+        return sort_small_by_name(list, out, order);
+    }
+    moved.then_some(list.len())
+}
+
+/// [`sort_small`] comparing whole names, for lists where some names share a prefix.
+#[inline(never)]
+fn sort_small_by_name(
+    list: &[Member],
+    out: &[u8],
+    order: &mut [u128; SMALL_OBJECT],
+) -> Option<usize> {
+    let mut len = 0;
+    let mut reordered = false;
+    for (i, member) in list.iter().enumerate() {
+        let mut at = len;
+        let mut ordering = Ordering::Less;
+        while at > 0 {
+            ordering = list[order[at - 1] as usize].cmp_key(member, out);
+            if ordering != Ordering::Greater {
+                break;
+            }
+            at -= 1;
+        }
+        if ordering == Ordering::Equal {
+            order[at - 1] = i as u128;
+            reordered = true;
+            continue;
+        }
+        if at < len {
+            reordered = true;
+            let mut j = len;
+            while j > at {
+                order[j] = order[j - 1];
+                j -= 1;
+            }
+        }
+        order[at] = i as u128;
+        len += 1;
+    }
+    reordered.then_some(len)
+}
+
+/// Rewrites the object whose `{` is at `out[open]` and which ends `out`, emitting the
+/// members `list[i]` for `i` in `order`. The members are gathered in `scratch`, whose
+/// contents do not matter and whose length only grows, then copied back.
+fn rewrite_in_place(
+    out: &mut Vec<u8>,
+    open: usize,
+    list: &[Member],
+    order: impl Iterator<Item = usize>,
+    scratch: &mut Vec<u8>,
+) {
+    let body = open + 1;
+    let size = out.len() - body;
+    // Slack at the end of both buffers lets each short member be read and written as
+    // one block; writing through a slice keeps `scratch` from growing in the loop.
+    out.extend_from_slice(&[0; BLOCK]);
+    if scratch.len() < size + BLOCK {
+        scratch.resize(size + BLOCK, 0);
+    }
+    let mut pos = 0;
+    for i in order {
+        let Member { start, end, .. } = list[i];
+        match (
+            out.get(start..start + BLOCK),
+            scratch.get_mut(pos..pos + BLOCK),
+        ) {
+            (Some(from), Some(to)) if end - start <= BLOCK => to.copy_from_slice(from),
+            _ => scratch[pos..pos + end - start].copy_from_slice(&out[start..end]),
+        }
+        pos += end - start;
+    }
+    out.truncate(body);
+    out.extend_from_slice(&scratch[..pos]);
+    out.push(b'}');
+}
+
+/// One object whose members are put in order while hashing (or that contains such an
+/// object), by absolute positions in the output buffer; objects are listed in the order
+/// their `{` appears.
 #[derive(Clone)]
 struct Object {
     open: usize,
+    /// Set, like `subtree_end`, only when `reordered` is.
     close: usize,
     /// Index in `Layout::objects` just past this object's descendants.
     subtree_end: usize,
@@ -64,23 +191,38 @@ struct Object {
     reordered: Option<Range<usize>>,
 }
 
-/// Positions of all objects and members of one encoding.
+/// What [`Layout::open_object`] records for [`Layout::close_object`].
+pub(super) struct OpenObject {
+    index: usize,
+    first_member: usize,
+}
+
+/// Positions of the objects and members of one encoding that still need ordering.
 pub(super) struct Layout {
     open_members: Vec<Member>,
     sorted: Vec<Placed>,
+    /// Every open object, and every closed one with members still out of order in
+    /// the buffer (or with such a descendant).
     objects: Vec<Object>,
     any_reordered: bool,
     /// One entry per nesting depth: sibling objects at one depth tend to share keys.
     recent: Vec<RecentOrder>,
+    /// Where the members of an object rewritten in place are gathered.
+    scratch: Vec<u8>,
+    /// Bytes rewritten in place so far.
+    rewritten: usize,
 }
 
 /// The key sequence of the last object (at some depth) that needed sorting and the
 /// canonical order found for it. Arrays of records repeat the same keys in the same
 /// order, so most such objects reuse this order after a linear comparison instead of
-/// being sorted again.
+/// being sorted again. The names are copied, as their bytes in the output buffer may
+/// be rewritten.
 struct RecentOrder {
-    /// `(prefix, key_start, key_len)` of each member, in input order.
-    keys: Vec<(u64, usize, usize)>,
+    /// `(prefix, length)` of each name, in input order.
+    keys: Vec<(u64, usize)>,
+    /// The names longer than eight bytes, concatenated in input order.
+    long_names: Vec<u8>,
     /// Indices of the members to keep, in canonical order.
     order: Vec<usize>,
 }
@@ -89,33 +231,45 @@ impl RecentOrder {
     const fn new() -> Self {
         Self {
             keys: Vec::new(),
+            long_names: Vec::new(),
             order: Vec::new(),
         }
     }
 
     fn clear(&mut self) {
         self.keys.clear();
+        self.long_names.clear();
         self.order.clear();
     }
 
     fn matches(&self, list: &[Member], out: &[u8]) -> bool {
-        list.len() == self.keys.len()
-            && list
-                .iter()
-                .zip(&self.keys)
-                .all(|(member, &(prefix, start, len))| {
-                    member.prefix == prefix
-                        && member.key_end - member.key_start == len
-                        && (len <= 8 || member.key(out) == &out[start..start + len])
-                })
+        if list.len() != self.keys.len() {
+            return false;
+        }
+        let mut long_names = self.long_names.as_slice();
+        list.iter().zip(&self.keys).all(|(member, &(prefix, len))| {
+            if member.prefix != prefix || member.key_end - member.key_start != len {
+                return false;
+            }
+            if len <= 8 {
+                return true;
+            }
+            let (name, rest) = long_names.split_at(len);
+            long_names = rest;
+            member.key(out) == name
+        })
     }
 
     fn learn(&mut self, list: &[Member], out: &[u8]) {
         self.keys.clear();
-        self.keys.extend(
-            list.iter()
-                .map(|m| (m.prefix, m.key_start, m.key_end - m.key_start)),
-        );
+        self.long_names.clear();
+        for member in list {
+            let len = member.key_end - member.key_start;
+            self.keys.push((member.prefix, len));
+            if len > 8 {
+                self.long_names.extend_from_slice(member.key(out));
+            }
+        }
         let order = &mut self.order;
         order.clear();
         // When the names' first eight bytes all differ, they alone decide the order
@@ -169,6 +323,8 @@ impl Layout {
             objects: Vec::new(),
             any_reordered: false,
             recent: Vec::new(),
+            scratch: Vec::new(),
+            rewritten: 0,
         }
     }
 
@@ -180,6 +336,7 @@ impl Layout {
         for recent in &mut self.recent {
             recent.clear();
         }
+        self.rewritten = 0;
     }
 
     /// Heap bytes held by the layout's buffers.
@@ -191,22 +348,26 @@ impl Layout {
             + bytes(&self.sorted)
             + bytes(&self.objects)
             + bytes(&self.recent)
+            + bytes(&self.scratch)
             + self
                 .recent
                 .iter()
-                .map(|r| bytes(&r.keys) + bytes(&r.order))
+                .map(|r| bytes(&r.keys) + bytes(&r.long_names) + bytes(&r.order))
                 .sum::<usize>()
     }
 
     /// Records an object whose `{` is at `open`; returns its handle for [`Self::close_object`].
-    pub(super) fn open_object(&mut self, open: usize) -> (usize, usize) {
+    pub(super) fn open_object(&mut self, open: usize) -> OpenObject {
         self.objects.push(Object {
             open,
             close: open,
             subtree_end: 0,
             reordered: None,
         });
-        (self.objects.len() - 1, self.open_members.len())
+        OpenObject {
+            index: self.objects.len() - 1,
+            first_member: self.open_members.len(),
+        }
     }
 
     /// The value of a member that is about to be parsed will start its objects here.
@@ -235,37 +396,87 @@ impl Layout {
         });
     }
 
-    /// Closes the object opened as `handle` at nesting `depth`; its `}` is the last byte of `out`.
-    pub(super) fn close_object(&mut self, out: &[u8], handle: (usize, usize), depth: usize) {
-        let (index, first_member) = handle;
-        let subtree_end = self.objects.len();
-        let object = &mut self.objects[index];
-        object.close = out.len();
-        object.subtree_end = subtree_end;
-        let list = &self.open_members[first_member..];
-        if list
+    /// Closes the object opened as `handle` at nesting `depth`; its `}` is the last byte
+    /// of `out`, which may be rewritten to put the object's members in order.
+    pub(super) fn close_object(&mut self, out: &mut Vec<u8>, handle: OpenObject, depth: usize) {
+        let list = &self.open_members[handle.first_member..];
+        if list.len() <= SMALL_OBJECT {
+            let mut order = [0; SMALL_OBJECT];
+            match sort_small(list, out, &mut order) {
+                Some(len) => {
+                    let order = order[..len].iter().map(|&item| item as u64 as usize);
+                    self.place(out, handle, order);
+                }
+                None => self.settle(handle),
+            }
+        } else if list
             .windows(2)
             .all(|pair| pair[0].cmp_key(&pair[1], out) == Ordering::Less)
         {
-            self.open_members.truncate(first_member);
-            return;
+            self.settle(handle);
+        } else {
+            if self.recent.len() <= depth {
+                self.recent.resize_with(depth + 1, RecentOrder::new);
+            }
+            let recent = &mut self.recent[depth];
+            if !recent.matches(list, out) {
+                recent.learn(list, out);
+            }
+            let order = std::mem::take(&mut recent.order);
+            self.place(out, handle, order.iter().copied());
+            self.recent[depth].order = order;
         }
-        if self.recent.len() <= depth {
-            self.recent.resize_with(depth + 1, RecentOrder::new);
+    }
+
+    /// Finishes closing an object whose members are in canonical order in `out`.
+    fn settle(&mut self, handle: OpenObject) {
+        // Descendants still listed in `objects` have members out of order in `out`;
+        // without any, the entry is not needed.
+        if self.objects.len() == handle.index + 1 {
+            self.objects.truncate(handle.index);
         }
-        let recent = &mut self.recent[depth];
-        if !recent.matches(list, out) {
-            recent.learn(list, out);
+        self.open_members.truncate(handle.first_member);
+    }
+
+    /// Finishes closing an object whose members belong in the order `order` (indices
+    /// into its member list): rewrites it in place when it is small enough and the
+    /// budget allows, and otherwise records the order for the hashing pass.
+    fn place(
+        &mut self,
+        out: &mut Vec<u8>,
+        handle: OpenObject,
+        order: impl Iterator<Item = usize> + Clone,
+    ) {
+        let OpenObject {
+            index,
+            first_member,
+        } = handle;
+        let list = &self.open_members[first_member..];
+        let open = self.objects[index].open;
+        let size = out.len() - open;
+        if self.objects.len() == index + 1
+            && size <= IN_PLACE_MAX
+            && self.rewritten + size <= 2 * out.len()
+        {
+            rewrite_in_place(out, open, list, order, &mut self.scratch);
+            self.rewritten += size;
+            self.objects.truncate(index);
+        } else {
+            let first_sorted = self.sorted.len();
+            self.sorted.extend(order.map(|i| Placed::from(&list[i])));
+            self.any_reordered = true;
+            let subtree_end = self.objects.len();
+            let object = &mut self.objects[index];
+            object.close = out.len();
+            object.subtree_end = subtree_end;
+            object.reordered = Some(first_sorted..self.sorted.len());
         }
-        let first_sorted = self.sorted.len();
-        self.sorted.extend(recent.order.iter().map(|&i| Placed {
-            start: list[i].start,
-            end: list[i].end,
-            first_object: list[i].first_object,
-        }));
-        object.reordered = Some(first_sorted..self.sorted.len());
-        self.any_reordered = true;
         self.open_members.truncate(first_member);
+    }
+
+    /// Whether some object's members are out of order in the buffer.
+    pub(super) fn any_reordered(&self) -> bool {
+        self.any_reordered
     }
 
     /// Feeds the canonical encoding (the parse-order encoding `out` with every object's
@@ -384,24 +595,14 @@ pub(super) struct Sink<'a> {
 }
 
 impl<'a> Sink<'a> {
-    /// Starts a digest whose input begins with the concatenation of `header`.
-    pub(super) fn new(stage: &'a mut Vec<u8>, header: &[&[u8]]) -> Self {
+    /// Starts a digest.
+    pub(super) fn new(stage: &'a mut Vec<u8>) -> Self {
         stage.clear();
         stage.reserve(STAGE_BYTES);
-        let mut sink = Self {
+        Self {
             hasher: Sha256::new(),
             stage,
-        };
-        if header.iter().map(|part| part.len()).sum::<usize>() <= STAGE_BYTES {
-            for part in header {
-                sink.stage.extend_from_slice(part);
-            }
-        } else {
-            for part in header {
-                sink.hasher.update(part);
-            }
         }
-        sink
     }
 
     pub(super) fn finish(self) -> [u8; 32] {

@@ -21,7 +21,7 @@ fn malformed_at(args: &str) -> usize {
 
 fn canonical(args: &str) -> Vec<u8> {
     let mut bufs = encode::Buffers::new();
-    encode::parse(args, &mut bufs).unwrap();
+    encode::parse("", args, &mut bufs).unwrap();
     bufs.canonical()
 }
 
@@ -474,4 +474,126 @@ fn error_messages() {
         ArgumentsError::NumberOutOfRange { offset: 7 }.to_string(),
         "number at byte 7 has an exponent outside the supported range"
     );
+}
+
+/// Digests recorded before the parser and hasher were tuned for speed (and checked
+/// against an independent implementation of the documented encoding): any change to the
+/// canonical encoding, or to how it is fed to SHA-256, breaks this test.
+#[test]
+fn pinned_digests() {
+    let mut records = String::from("[");
+    for i in 0..400u32 {
+        let pad = "p".repeat((i % 37) as usize * 7);
+        records.push_str(&format!(
+            r#"{{"name":"n{i}\t\u00e9{pad}","id":{i},"score":-{i}.{}e-{},"tags":["x","\ud83d\ude00"],"geo":{{"lng":1.{i},"lat":0.0{i}}},"id":{}}},"#,
+            i % 10,
+            i % 4,
+            i * 3
+        ));
+    }
+    records.push_str(r#"{"z":null,"y":true,"x":false}]"#);
+    let long_key = "k".repeat(300);
+    let mut wide = String::from("[");
+    for i in 0..60usize {
+        let pad = "w".repeat((i * 131) % 6000);
+        wide.push_str(&format!(
+            r#"{{"zeta_long_name_{}":{i},"alpha_long_name":{{"y":[{i},{{"q":1,"p":2}}],"x":"{}"}},"alpha_long_namf":-{i}.50,"m":true,"m":false,"beta":"{pad}","gamma_gamma":null,"delta_delta_delta":[1,2,3],"epsilon":"\u00e9","eta":0.0,"alpha_long_name":"dup{i}"}},"#,
+            i % 3,
+            &pad[..pad.len().min(20)],
+        ));
+    }
+    wide.push_str("{}]");
+    let cases: [(&str, Option<&str>, &str); 8] = [
+        (
+            "tool",
+            None,
+            "a6aa95f9365fda501d1583010f0fbff2919abdcd5e87097657a102760ba1f746",
+        ),
+        (
+            "tool",
+            Some(
+                r#"{"customer_id":"cus_9f8e7d6c","amount":1999,"currency":"usd","description":"Order #1042 – rush","items":[{"sku":"A-17","qty":2,"price":9.995}],"metadata":{"source":"web","retry":false},"dry_run":false}"#,
+            ),
+            "1df7ad78cd4c100e7d7fc2254a8e6c6f2401428389af58be47d654000cb1eb72",
+        ),
+        (
+            "transfer",
+            Some(
+                r#" {"b":[true,false,null],"a":1.50,"a":-0.0120e+3,"c":{"z":"\u00e9\n","y":{"k":"v","j":[]}}} "#,
+            ),
+            "4a5cc9e7fe2bd867a695b47e3160be90a29fe1c85d9d94066e912a79d10f02a7",
+        ),
+        (
+            "é",
+            Some(
+                r#"[{"b":1,"a":2},{"b":3,"a":4,"b":5},{"a":6,"b":7},{"abcdefgh2":0,"abcdefgh":1,"abcdefgh1":2}]"#,
+            ),
+            "279888018a1788bd35faeab91e868992e707b875f1275e902219a5f571c217ed",
+        ),
+        (
+            "t",
+            Some(&format!(
+                r#"{{"{long_key}":"{long_key}","a":[1e999999999,0,-0.5,100]}}"#
+            )),
+            "0d153bd29883d9b7b9de40cd356858d4bdc166b1238aea3de15680188a934d5b",
+        ),
+        (
+            "big",
+            Some(&records),
+            "d57c956d07212f91d50526ccbe55ca8d785888c4e8a446449390058573426ebb",
+        ),
+        (
+            "",
+            Some(r#""just a string \"with\" escapes \/ \b\f\r""#),
+            "5213a6f418a757ba5a8231de21763209571a10d4bc6b4330dc5b35a79d00d1d7",
+        ),
+        (
+            "wide",
+            Some(&wide),
+            "3582f9026917f986381d49fbf8254a5087442ac3ca254fd3c634484d1f072373",
+        ),
+    ];
+    for (tool, args, hex) in cases {
+        let digest = fingerprint(tool, args).unwrap().to_hex();
+        assert_eq!(digest, hex, "{tool:?} {args:?}");
+    }
+}
+
+/// Objects with more members than are sorted directly reuse the order found for their
+/// previous sibling; that order must not be reused for names that only share their
+/// first eight bytes and length, even after the sibling was rewritten in place.
+#[test]
+fn recent_order_compares_whole_names() {
+    let padding: String = (0..9).rev().map(|i| format!(r#""pad{i}":{i},"#)).collect();
+    let sorted_padding: String = (0..9).map(|i| format!(r#","pad{i}":{i}"#)).collect();
+    let row = |first: &str, second: &str| format!(r#"{{{padding}"{first}":1,"{second}":2}}"#);
+    let sorted_row = |(a, x): (&str, u8), (b, y): (&str, u8)| {
+        format!(r#"{{"{a}":{x},"{b}":{y}{sorted_padding}}}"#)
+    };
+    all_same(&[
+        &format!(
+            "[{},{},{}]",
+            row("prefix00_b", "prefix00_a"),
+            row("prefix00_a", "prefix00_b"),
+            row("prefix00_d", "prefix00_c"),
+        ),
+        &format!(
+            "[{},{},{}]",
+            sorted_row(("prefix00_a", 2), ("prefix00_b", 1)),
+            sorted_row(("prefix00_a", 1), ("prefix00_b", 2)),
+            sorted_row(("prefix00_c", 2), ("prefix00_d", 1)),
+        ),
+    ]);
+    // Duplicates and a row too large to rewrite in place.
+    let big = "x".repeat(5000);
+    all_same(&[
+        &format!(
+            r#"[{},{{"pad9":"{big}",{padding}"prefix00_a":1,"prefix00_a":3}}]"#,
+            row("prefix00_b", "prefix00_a"),
+        ),
+        &format!(
+            r#"[{},{{"prefix00_a":3{sorted_padding},"pad9":"{big}"}}]"#,
+            sorted_row(("prefix00_a", 2), ("prefix00_b", 1)),
+        ),
+    ]);
 }
