@@ -359,7 +359,7 @@ impl Parser<'_> {
             self.out.truncate(content + len);
         } else {
             self.out.extend_from_slice(&[b's', len as u8]);
-            extend_short(&mut self.out, self.src, self.pos, len);
+            extend_short::<32>(&mut self.out, self.src, self.pos, len);
         }
         self.pos += len + 1;
         content
@@ -461,11 +461,15 @@ fn special_bytes(v: u64) -> u64 {
     (q.wrapping_sub(ONES) & !q | b.wrapping_sub(ONES) & !b | v.wrapping_sub(SPACES) & !v) & HIGHS
 }
 
-/// Appends `src[start..start + len]`; short runs are copied as one fixed-size block
-/// (reading past the run when `src` allows), which avoids a `memcpy` call.
-#[inline]
-fn extend_short(out: &mut Vec<u8>, src: &[u8], start: usize, len: usize) {
-    const BLOCK: usize = 32;
+/// Appends `src[start..start + len]`; runs of at most `BLOCK` bytes are copied as one fixed-size
+/// block (reading past the run when `src` allows), which avoids a `memcpy` call.
+#[inline(always)]
+pub(super) fn extend_short<const BLOCK: usize>(
+    out: &mut Vec<u8>,
+    src: &[u8],
+    start: usize,
+    len: usize,
+) {
     match src.get(start..start + BLOCK) {
         Some(block) if len <= BLOCK => {
             let mut copy = [0u8; BLOCK];

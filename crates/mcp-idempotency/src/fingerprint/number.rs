@@ -2,7 +2,7 @@
 
 use std::ops::Range;
 
-use super::encode::malformed;
+use super::encode::{extend_short, malformed};
 use super::ArgumentsError;
 
 /// Exponent parts with more significant digits than this are refused.
@@ -90,28 +90,12 @@ fn write_integer(out: &mut Vec<u8>, negative: bool, src: &[u8], int: Range<usize
     if negative {
         out.push(b'-');
     }
-    extend_short(out, src, int.start, last + 1);
+    extend_short::<16>(out, src, int.start, last + 1);
     let trailing_zeros = int.len() - 1 - last;
     if trailing_zeros == 0 {
         out.push(b';');
     } else {
         write_exponent(out, trailing_zeros as i128);
-    }
-}
-
-/// Appends `src[start..start + len]`; short runs are copied as one fixed-size block
-/// (reading past the run when `src` allows), which avoids a `memcpy` call.
-#[inline(always)]
-fn extend_short(out: &mut Vec<u8>, src: &[u8], start: usize, len: usize) {
-    const BLOCK: usize = 16;
-    match src.get(start..start + BLOCK) {
-        Some(block) if len <= BLOCK => {
-            let mut copy = [0u8; BLOCK];
-            copy.copy_from_slice(block);
-            out.extend_from_slice(&copy);
-            out.truncate(out.len() - BLOCK + len);
-        }
-        _ => out.extend_from_slice(&src[start..start + len]),
     }
 }
 
@@ -172,8 +156,8 @@ fn write_canonical(
     if negative {
         out.push(b'-');
     }
-    extend_short(out, src, head.start, head.len());
-    extend_short(out, src, tail.start, tail.len());
+    extend_short::<16>(out, src, head.start, head.len());
+    extend_short::<16>(out, src, tail.start, tail.len());
     write_exponent(out, exponent);
 }
 
