@@ -46,9 +46,11 @@
 //!
 //! # Cost
 //!
-//! Time is linear in the input: the canonical form is produced in one pass, and
-//! object members are put in order without rewriting, so every byte is copied at
-//! most once whatever the nesting. Objects that repeat the key sequence of their
+//! Time is linear in the input: the canonical form is produced in one pass. An object
+//! whose members are out of order is rewritten in place when it takes at most 4 KiB,
+//! as long as the bytes so rewritten stay within twice the size of the output, so
+//! copying stays linear however deep the nesting; other objects are put in order
+//! without rewriting, while hashing. Objects that repeat the key sequence of their
 //! previous sibling at the same depth (rows of an array) reuse its sorted order.
 //! Buffers are reused per thread; up to 8 MiB of them is kept between calls.
 //!

@@ -1,5 +1,6 @@
 //! Strict RFC 8259 parser that appends each value's canonical encoding, in input
-//! order, to an output buffer, and records the object layout for [`order`](super::order).
+//! order, to an output buffer after the digest's header, and has
+//! [`order`](super::order) put the members of each object in order as it closes.
 
 use sha2::{Digest, Sha256};
 
@@ -64,6 +65,7 @@ pub(super) fn hash(
         out.extend_from_slice(b"{}");
     }
     if !bufs.layout.any_reordered() {
+        // Every object is in order already: the buffer is the whole input to the digest.
         return Ok(Sha256::digest(&bufs.out).into());
     }
     let mut sink = Sink::new(&mut bufs.stage);
@@ -95,24 +97,22 @@ pub(super) fn parse(tool_name: &str, text: &str, bufs: &mut Buffers) -> Result<(
     start(tool_name, bufs);
     let mut parser = Parser {
         src: text.as_bytes(),
-        pos: 0,
         out: std::mem::take(&mut bufs.out),
         layout: &mut bufs.layout,
         error: None,
     };
-    let parsed = parser.value(0).and_then(|()| {
-        parser.skip_ws();
-        if parser.pos == parser.src.len() {
+    let parsed = parser.value(0, 0).and_then(|end| {
+        let end = parser.skip_ws(end);
+        if end == parser.src.len() {
             Ok(())
         } else {
-            Err(parser.fail(parser.pos, "trailing characters"))
+            Err(parser.fail(end, "trailing characters"))
         }
     });
-    let Parser {
-        out, error, pos, ..
-    } = parser;
+    let Parser { out, error, .. } = parser;
     bufs.out = out;
-    parsed.map_err(|Stop| error.unwrap_or_else(|| malformed(pos, "invalid JSON")))
+    // Every `Stop` comes with an error; the fallback is never used.
+    parsed.map_err(|Stop| error.unwrap_or_else(|| malformed(0, "invalid JSON")))
 }
 
 pub(super) fn malformed(offset: usize, reason: &'static str) -> ArgumentsError {
@@ -120,14 +120,16 @@ pub(super) fn malformed(offset: usize, reason: &'static str) -> ArgumentsError {
 }
 
 /// Parsing stopped; the reason is in [`Parser::error`]. Keeping the error out of the
-/// return value keeps the hot path's `Result` in a register.
+/// return value keeps the hot path's `Result` in registers.
 struct Stop;
 
-type Step = Result<(), Stop>;
+/// The position in the input just past what was parsed.
+type Parsed = Result<usize, Stop>;
 
+/// The parser's state, apart from the input position: that is passed along in local
+/// variables and return values, which keeps it in a register rather than in memory.
 struct Parser<'a> {
     src: &'a [u8],
-    pos: usize,
     out: Vec<u8>,
     layout: &'a mut Layout,
     error: Option<ArgumentsError>,
@@ -150,171 +152,164 @@ impl Parser<'_> {
         self.fail(self.src.len(), "unexpected end of input")
     }
 
-    fn peek(&self) -> Option<u8> {
-        self.src.get(self.pos).copied()
-    }
-
-    fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.src.get(self.pos) {
-            self.pos += 1;
+    /// The position of the first byte at or after `at` that is not whitespace.
+    fn skip_ws(&self, mut at: usize) -> usize {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.src.get(at) {
+            at += 1;
         }
+        at
     }
 
-    /// Skips whitespace and returns the byte after it, if any.
+    /// Skips whitespace from `at`; returns the byte after it (if any) and its position.
     #[inline(always)]
-    fn peek_token(&mut self) -> Option<u8> {
-        match self.src.get(self.pos) {
+    fn token(&self, at: usize) -> (Option<u8>, usize) {
+        match self.src.get(at) {
             // Every whitespace byte is at most b' '.
-            Some(&c) if c > b' ' => Some(c),
+            Some(&c) if c > b' ' => (Some(c), at),
             _ => {
-                self.skip_ws();
-                self.peek()
+                let at = self.skip_ws(at);
+                (self.src.get(at).copied(), at)
             }
         }
     }
 
-    /// Like [`Self::peek_token`], checking first for `expected` right at `self.pos`.
+    /// Like [`Self::token`], checking first for `expected` right at `at`.
     #[inline(always)]
-    fn peek_expecting(&mut self, expected: u8) -> Option<u8> {
-        if self.src.get(self.pos) == Some(&expected) {
-            Some(expected)
+    fn token_expecting(&self, at: usize, expected: u8) -> (Option<u8>, usize) {
+        if self.src.get(at) == Some(&expected) {
+            (Some(expected), at)
         } else {
-            self.peek_token()
+            self.token(at)
         }
     }
 
-    /// `depth` counts the arrays and objects enclosing this value. Inlined into the
-    /// container loops so that scalars cost no extra call.
+    /// Parses the value at `at`. `depth` counts the arrays and objects enclosing it.
+    /// Inlined into the container loops so that scalars cost no extra call.
     #[inline(always)]
-    fn value(&mut self, depth: usize) -> Step {
-        match self.peek_token() {
-            Some(b'"') => {
-                self.pos += 1;
-                self.string().map(drop)
-            }
-            Some(b'-' | b'0'..=b'9') => match number::encode(self.src, self.pos, &mut self.out) {
-                Ok(end) => {
-                    self.pos = end;
-                    Ok(())
-                }
-                Err(error) => Err(self.fail_with(error)),
+    fn value(&mut self, at: usize, depth: usize) -> Parsed {
+        match self.token(at) {
+            (Some(b'"'), at) => self.string(at + 1).map(|(_, end)| end),
+            (Some(b'-' | b'0'..=b'9'), at) => match number::encode(self.src, at, &mut self.out) {
+                Some(end) => Ok(end),
+                None => Err(self.fail_with(number::error(self.src, at))),
             },
-            Some(b'{') => self.object(depth + 1),
-            Some(b'[') => self.array(depth + 1),
-            Some(b't') => self.literal(b"true", b't'),
-            Some(b'f') => self.literal(b"false", b'f'),
-            Some(b'n') => self.literal(b"null", b'n'),
-            Some(_) => Err(self.fail(self.pos, "expected value")),
-            None => Err(self.fail_at_end()),
+            (Some(b'{'), at) => self.object(at, depth + 1),
+            (Some(b'['), at) => self.array(at, depth + 1),
+            (Some(b't'), at) => self.literal(at, b"true", b't'),
+            (Some(b'f'), at) => self.literal(at, b"false", b'f'),
+            (Some(b'n'), at) => self.literal(at, b"null", b'n'),
+            (Some(_), at) => Err(self.fail(at, "expected value")),
+            (None, _) => Err(self.fail_at_end()),
         }
     }
 
-    fn literal(&mut self, word: &[u8], tag: u8) -> Step {
-        if !self.src[self.pos..].starts_with(word) {
-            return Err(self.fail(self.pos, "invalid literal"));
+    fn literal(&mut self, at: usize, word: &[u8], tag: u8) -> Parsed {
+        if !self.src[at..].starts_with(word) {
+            return Err(self.fail(at, "invalid literal"));
         }
-        self.pos += word.len();
         self.out.push(tag);
-        Ok(())
+        Ok(at + word.len())
     }
 
-    fn enter(&mut self, depth: usize) -> Step {
+    /// Checks the nesting depth and consumes the bracket at `at` and any whitespace.
+    fn enter(&mut self, at: usize, depth: usize) -> Parsed {
         if depth > MAX_DEPTH {
             return Err(self.fail_with(ArgumentsError::TooDeep { max: MAX_DEPTH }));
         }
-        self.pos += 1;
-        self.skip_ws();
-        Ok(())
+        Ok(self.skip_ws(at + 1))
     }
 
     /// After a container element: consumes `,` (returning `true`) or `close` (`false`).
-    fn separator(&mut self, close: u8, expected: &'static str) -> Result<bool, Stop> {
-        if self.src.get(self.pos) == Some(&b',') {
-            self.pos += 1;
-            return Ok(true);
+    fn separator(
+        &mut self,
+        at: usize,
+        close: u8,
+        expected: &'static str,
+    ) -> Result<(bool, usize), Stop> {
+        if self.src.get(at) == Some(&b',') {
+            return Ok((true, at + 1));
         }
-        match self.peek_token() {
-            Some(b',') => {
-                self.pos += 1;
-                Ok(true)
-            }
-            Some(c) if c == close => {
-                self.pos += 1;
-                Ok(false)
-            }
-            Some(_) => Err(self.fail(self.pos, expected)),
-            None => Err(self.fail_at_end()),
+        match self.token(at) {
+            (Some(b','), at) => Ok((true, at + 1)),
+            (Some(c), at) if c == close => Ok((false, at + 1)),
+            (Some(_), at) => Err(self.fail(at, expected)),
+            (None, _) => Err(self.fail_at_end()),
         }
     }
 
     #[inline(never)]
-    fn array(&mut self, depth: usize) -> Step {
-        self.enter(depth)?;
+    fn array(&mut self, at: usize, depth: usize) -> Parsed {
+        let mut at = self.enter(at, depth)?;
         self.out.push(b'[');
-        if self.peek() == Some(b']') {
-            self.pos += 1;
+        if self.src.get(at) == Some(&b']') {
+            at += 1;
         } else {
             loop {
-                self.value(depth)?;
-                if !self.separator(b']', "expected ',' or ']'")? {
+                at = self.value(at, depth)?;
+                let (more, next) = self.separator(at, b']', "expected ',' or ']'")?;
+                at = next;
+                if !more {
                     break;
                 }
             }
         }
         self.out.push(b']');
-        Ok(())
+        Ok(at)
     }
 
     #[inline(never)]
-    fn object(&mut self, depth: usize) -> Step {
-        self.enter(depth)?;
+    fn object(&mut self, at: usize, depth: usize) -> Parsed {
+        let mut at = self.enter(at, depth)?;
         let handle = self.layout.open_object(self.out.len());
         self.out.push(b'{');
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
+        if self.src.get(at) == Some(&b'}') {
+            at += 1;
         } else {
             loop {
-                match self.peek_expecting(b'"') {
-                    Some(b'"') => self.pos += 1,
-                    Some(_) => return Err(self.fail(self.pos, "expected string key")),
-                    None => return Err(self.fail_at_end()),
-                }
+                at = match self.token_expecting(at, b'"') {
+                    (Some(b'"'), at) => at + 1,
+                    (Some(_), at) => return Err(self.fail(at, "expected string key")),
+                    (None, _) => return Err(self.fail_at_end()),
+                };
                 let start = self.out.len();
-                let (key_start, prefix) = self.key()?;
+                let (key_start, prefix, next) = self.key(at)?;
                 let key = key_start..self.out.len();
-                match self.peek_expecting(b':') {
-                    Some(b':') => self.pos += 1,
-                    Some(_) => return Err(self.fail(self.pos, "expected ':'")),
-                    None => return Err(self.fail_at_end()),
-                }
-                let first_object = self.layout.next_object();
-                self.value(depth)?;
-                self.layout
-                    .add_member(&self.out, start, key, prefix, first_object);
-                if !self.separator(b'}', "expected ',' or '}'")? {
+                at = match self.token_expecting(next, b':') {
+                    (Some(b':'), at) => at + 1,
+                    (Some(_), at) => return Err(self.fail(at, "expected ':'")),
+                    (None, _) => return Err(self.fail_at_end()),
+                };
+                at = self.value(at, depth)?;
+                self.layout.add_member(&self.out, start, key, prefix);
+                let (more, next) = self.separator(at, b'}', "expected ',' or '}'")?;
+                at = next;
+                if !more {
                     break;
                 }
             }
         }
         self.out.push(b'}');
         self.layout.close_object(&mut self.out, handle, depth);
-        Ok(())
+        Ok(at)
     }
 
-    /// Parses a string body (the opening quote already consumed), writes its encoding
-    /// and returns the position in `out` where the string's bytes start.
+    /// Parses the string body at `at` (after the opening quote) and writes its
+    /// encoding. Returns the position in `out` where the string's bytes start and the
+    /// position in the input after the closing quote.
     #[inline(always)]
-    fn string(&mut self) -> Result<usize, Stop> {
-        match self.scan_plain_string() {
-            Some((len, first)) => Ok(self.copy_plain_string(len, first)),
-            None => self.escaped_or_long_string().map(|(content, _)| content),
+    fn string(&mut self, at: usize) -> Result<(usize, usize), Stop> {
+        match self.scan_plain_string(at) {
+            Some((len, first)) => Ok((self.copy_plain_string(at, len, first), at + len + 1)),
+            None => self
+                .escaped_or_long_string(at)
+                .map(|(content, _, end)| (content, end)),
         }
     }
 
     /// [`Self::string`] for a member name; also returns the name's [`key_prefix`].
     #[inline(always)]
-    fn key(&mut self) -> Result<(usize, u64), Stop> {
-        match self.scan_plain_string() {
+    fn key(&mut self, at: usize) -> Result<(usize, u64, usize), Stop> {
+        match self.scan_plain_string(at) {
             Some((len, first)) => {
                 // The prefix comes from the word already loaded rather than from `out`,
                 // whose bytes were only just stored and would stall the load.
@@ -324,33 +319,32 @@ impl Parser<'_> {
                 } else {
                     prefix & !(u64::MAX >> (8 * len))
                 };
-                Ok((self.copy_plain_string(len, first), prefix))
+                Ok((self.copy_plain_string(at, len, first), prefix, at + len + 1))
             }
-            None => self.escaped_or_long_string(),
+            None => self.escaped_or_long_string(at),
         }
     }
 
-    /// The length of the string body at `self.pos` and its first eight bytes (as a
+    /// The length of the string body at `at` and its first eight bytes (as a
     /// little-endian word), when it is the common case: no escapes and shorter than
     /// 128 bytes, so that its length is one LEB128 byte.
     #[inline(always)]
-    fn scan_plain_string(&self) -> Option<(usize, u64)> {
-        let start = self.pos;
-        let first = load_word(self.src, start).unwrap_or_else(|| load_tail(self.src, start));
+    fn scan_plain_string(&self, at: usize) -> Option<(usize, u64)> {
+        let first = load_word(self.src, at).unwrap_or_else(|| load_tail(self.src, at));
         let hits = special_bytes(first);
         let len = if hits != 0 {
             (hits.trailing_zeros() / 8) as usize
         } else {
-            plain_run_end(self.src, start + 8) - start
+            plain_run_end(self.src, at + 8) - at
         };
-        (self.src.get(start + len) == Some(&b'"') && len < 0x80).then_some((len, first))
+        (self.src.get(at + len) == Some(&b'"') && len < 0x80).then_some((len, first))
     }
 
-    /// Writes the encoding of the string [`Self::scan_plain_string`] found (of `len`
-    /// bytes, starting with the word `first`), consumes it and returns the position in
-    /// `out` where its bytes start.
+    /// Writes the encoding of the string [`Self::scan_plain_string`] found at `at` (of
+    /// `len` bytes, starting with the word `first`); returns the position in `out`
+    /// where its bytes start.
     #[inline(always)]
-    fn copy_plain_string(&mut self, len: usize, first: u64) -> usize {
+    fn copy_plain_string(&mut self, at: usize, len: usize, first: u64) -> usize {
         let content = self.out.len() + 2;
         if len <= 8 {
             // One store for the whole encoding.
@@ -359,32 +353,31 @@ impl Parser<'_> {
             self.out.truncate(content + len);
         } else {
             self.out.extend_from_slice(&[b's', len as u8]);
-            extend_short::<32>(&mut self.out, self.src, self.pos, len);
+            extend_short::<32>(&mut self.out, self.src, at, len);
         }
-        self.pos += len + 1;
         content
     }
 
-    /// [`Self::string`] for strings with escapes or of 128 bytes or more.
+    /// [`Self::key`] for strings with escapes or of 128 bytes or more.
     #[inline(never)]
-    fn escaped_or_long_string(&mut self) -> Result<(usize, u64), Stop> {
+    fn escaped_or_long_string(&mut self, mut at: usize) -> Result<(usize, u64, usize), Stop> {
         let len_at = self.out.len() + 1;
         self.out.extend_from_slice(b"s\0");
         let content = len_at + 1;
         loop {
-            let end = plain_run_end(self.src, self.pos);
-            self.out.extend_from_slice(&self.src[self.pos..end]);
-            self.pos = end;
-            match self.src.get(self.pos) {
+            let end = plain_run_end(self.src, at);
+            extend_short::<32>(&mut self.out, self.src, at, end - at);
+            at = end;
+            match self.src.get(at) {
                 Some(b'"') => {
-                    self.pos += 1;
+                    at += 1;
                     break;
                 }
-                Some(b'\\') => match unescape(self.src, self.pos, &mut self.out) {
-                    Ok(next) => self.pos = next,
+                Some(b'\\') => match unescape(self.src, at, &mut self.out) {
+                    Ok(next) => at = next,
                     Err(error) => return Err(self.fail_with(error)),
                 },
-                Some(_) => return Err(self.fail(self.pos, "control character in string")),
+                Some(_) => return Err(self.fail(at, "control character in string")),
                 None => return Err(self.fail(self.src.len(), "unterminated string")),
             }
         }
@@ -400,12 +393,12 @@ impl Parser<'_> {
                 .splice(content..content, varint[1..].iter().copied());
             content + varint.len() - 1
         };
-        Ok((content, key_prefix(&self.out, content, len)))
+        Ok((content, key_prefix(&self.out, content, len), at))
     }
 }
 
 /// Writes `value` as minimal unsigned LEB128 into `buf`; returns the bytes used.
-pub(super) fn leb128(mut value: u64, buf: &mut [u8; 10]) -> &[u8] {
+fn leb128(mut value: u64, buf: &mut [u8; 10]) -> &[u8] {
     let mut n = 0;
     while value >= 0x80 {
         buf[n] = (value as u8) | 0x80;

@@ -8,9 +8,52 @@ use super::ArgumentsError;
 /// Exponent parts with more significant digits than this are refused.
 const MAX_EXPONENT_DIGITS: usize = 18;
 
+/// A number split by [`scan`] into its parts, as positions in the input.
+struct Parts {
+    negative: bool,
+    /// The integer digits: `0` or digits without a leading zero.
+    int: Range<usize>,
+    /// The fraction digits; empty without a fraction.
+    frac: Range<usize>,
+    /// The value of the written exponent; 0 without an exponent.
+    exponent: i64,
+    /// The position just past the number.
+    end: usize,
+}
+
 /// Parses the number starting at `src[start]` (a `-` or a digit), appends its canonical
-/// encoding to `out` and returns the position just past it.
-pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usize, ArgumentsError> {
+/// encoding to `out` and returns the position just past it; `None`, when the number is
+/// malformed or out of range, which [`error`] then explains. Returning no error keeps
+/// the result in registers.
+pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Option<usize> {
+    let parts = scan(src, start).ok()?;
+    if parts.frac.is_empty() && parts.exponent == 0 {
+        write_integer(out, parts.negative, src, parts.int);
+    } else {
+        write_canonical(
+            out,
+            parts.negative,
+            src,
+            parts.int,
+            parts.frac,
+            parts.exponent,
+        );
+    }
+    Some(parts.end)
+}
+
+/// Why [`encode`] refused the number starting at `src[start]`.
+#[cold]
+pub(super) fn error(src: &[u8], start: usize) -> ArgumentsError {
+    match scan(src, start) {
+        Err(error) => error,
+        Ok(_) => malformed(start, "invalid number"),
+    }
+}
+
+/// Splits the number starting at `src[start]` into its parts by the strict grammar.
+#[inline(always)]
+fn scan(src: &[u8], start: usize) -> Result<Parts, ArgumentsError> {
     let mut pos = start;
     let negative = src[pos] == b'-';
     if negative {
@@ -26,10 +69,6 @@ pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usiz
         }
         Some(b'1'..=b'9') => pos = digits_end(src, pos + 1),
         _ => return Err(malformed(pos, "expected digit")),
-    }
-    if !matches!(src.get(pos), Some(b'.' | b'e' | b'E')) {
-        write_integer(out, negative, src, int_start..pos);
-        return Ok(pos);
     }
     let int = int_start..pos;
 
@@ -66,9 +105,13 @@ pub(super) fn encode(src: &[u8], start: usize, out: &mut Vec<u8>) -> Result<usiz
             .fold(0i64, |acc, &d| acc * 10 + i64::from(d - b'0'));
         exponent = if exp_negative { -magnitude } else { magnitude };
     }
-
-    write_canonical(out, negative, src, int, frac, exponent);
-    Ok(pos)
+    Ok(Parts {
+        negative,
+        int,
+        frac,
+        exponent,
+        end: pos,
+    })
 }
 
 fn digits_end(src: &[u8], mut pos: usize) -> usize {
@@ -163,19 +206,20 @@ fn write_canonical(
 
 /// Writes `e<exponent>;`, or just `;` for a zero exponent.
 fn write_exponent(out: &mut Vec<u8>, exponent: i128) {
-    if exponent != 0 {
-        out.push(b'e');
-        if exponent < 0 {
-            out.push(b'-');
-        }
-        let magnitude = exponent.unsigned_abs();
-        if magnitude < 10 {
-            out.push(b'0' + magnitude as u8);
-        } else {
-            write_decimal(out, magnitude);
+    // One-digit exponents, the common case, are written with one store.
+    match exponent {
+        0 => out.push(b';'),
+        1..=9 => out.extend_from_slice(&[b'e', b'0' + exponent as u8, b';']),
+        -9..=-1 => out.extend_from_slice(&[b'e', b'-', b'0' + exponent.unsigned_abs() as u8, b';']),
+        _ => {
+            out.push(b'e');
+            if exponent < 0 {
+                out.push(b'-');
+            }
+            write_decimal(out, exponent.unsigned_abs());
+            out.push(b';');
         }
     }
-    out.push(b';');
 }
 
 fn write_decimal(out: &mut Vec<u8>, mut n: u128) {

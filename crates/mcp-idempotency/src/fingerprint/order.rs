@@ -27,7 +27,8 @@ const SMALL_OBJECT: usize = 8;
 /// Largest object (in encoded bytes) that is put in order by rewriting it in place.
 const IN_PLACE_MAX: usize = 4096;
 
-/// Bytes read past a member when it is copied as one fixed-size block.
+/// Size of the fixed blocks in which short pieces are copied (reading past them), which
+/// avoids a `memcpy` call per piece.
 const BLOCK: usize = 32;
 
 /// Bytes gathered before they are handed to the hasher.
@@ -42,8 +43,6 @@ struct Member {
     end: usize,
     /// The name's first eight bytes, big-endian, zero-padded.
     prefix: u64,
-    /// Index in `Layout::objects` of the first object inside the value, if any.
-    first_object: Option<usize>,
 }
 
 /// A member kept in canonical order: what [`Layout::write_range`] needs of it.
@@ -51,7 +50,8 @@ struct Member {
 struct Placed {
     start: usize,
     end: usize,
-    first_object: Option<usize>,
+    /// Index in `Layout::objects` of the first object that opens after `start`.
+    first_object: usize,
 }
 
 impl Member {
@@ -63,16 +63,6 @@ impl Member {
         self.prefix
             .cmp(&other.prefix)
             .then_with(|| self.key(out).cmp(other.key(out)))
-    }
-}
-
-impl From<&Member> for Placed {
-    fn from(member: &Member) -> Self {
-        Self {
-            start: member.start,
-            end: member.end,
-            first_object: member.first_object,
-        }
     }
 }
 
@@ -159,21 +149,23 @@ fn rewrite_in_place(
     if scratch.len() < size + BLOCK {
         scratch.resize(size + BLOCK, 0);
     }
+    // Plain slices, unlike the vectors, cannot alias each other, so their pointers and
+    // lengths stay in registers.
+    let (from, to) = (out.as_slice(), scratch.as_mut_slice());
     let mut pos = 0;
     for i in order {
         let Member { start, end, .. } = list[i];
-        match (
-            out.get(start..start + BLOCK),
-            scratch.get_mut(pos..pos + BLOCK),
-        ) {
-            (Some(from), Some(to)) if end - start <= BLOCK => to.copy_from_slice(from),
-            _ => scratch[pos..pos + end - start].copy_from_slice(&out[start..end]),
+        let len = end - start;
+        if len <= BLOCK {
+            to[pos..pos + BLOCK].copy_from_slice(&from[start..start + BLOCK]);
+        } else {
+            to[pos..pos + len].copy_from_slice(&from[start..end]);
         }
-        pos += end - start;
+        pos += len;
     }
+    to[pos] = b'}';
     out.truncate(body);
-    out.extend_from_slice(&scratch[..pos]);
-    out.push(b'}');
+    out.extend_from_slice(&scratch[..=pos]);
 }
 
 /// One object whose members are put in order while hashing (or that contains such an
@@ -195,6 +187,8 @@ struct Object {
 pub(super) struct OpenObject {
     index: usize,
     first_member: usize,
+    /// Position of the object's `{` in the output buffer.
+    open: usize,
 }
 
 /// Positions of the objects and members of one encoding that still need ordering.
@@ -367,32 +361,19 @@ impl Layout {
         OpenObject {
             index: self.objects.len() - 1,
             first_member: self.open_members.len(),
+            open,
         }
     }
 
-    /// The value of a member that is about to be parsed will start its objects here.
-    pub(super) fn next_object(&self) -> usize {
-        self.objects.len()
-    }
-
     /// Records a member of the innermost open object; its encoding ends at `out.len()`.
-    /// `prefix` is the name's first eight bytes, as computed by [`key_prefix`], and
-    /// `first_object` is what [`Self::next_object`] returned before the value was parsed.
-    pub(super) fn add_member(
-        &mut self,
-        out: &[u8],
-        start: usize,
-        key: Range<usize>,
-        prefix: u64,
-        first_object: usize,
-    ) {
+    /// `prefix` is the name's first eight bytes, as computed by [`key_prefix`].
+    pub(super) fn add_member(&mut self, out: &[u8], start: usize, key: Range<usize>, prefix: u64) {
         self.open_members.push(Member {
             start,
             key_start: key.start,
             key_end: key.end,
             end: out.len(),
             prefix,
-            first_object: (first_object < self.objects.len()).then_some(first_object),
         });
     }
 
@@ -422,6 +403,7 @@ impl Layout {
             if !recent.matches(list, out) {
                 recent.learn(list, out);
             }
+            // Taken out for the duration, as `place` borrows all of `self`.
             let order = std::mem::take(&mut recent.order);
             self.place(out, handle, order.iter().copied());
             self.recent[depth].order = order;
@@ -441,18 +423,13 @@ impl Layout {
     /// Finishes closing an object whose members belong in the order `order` (indices
     /// into its member list): rewrites it in place when it is small enough and the
     /// budget allows, and otherwise records the order for the hashing pass.
-    fn place(
-        &mut self,
-        out: &mut Vec<u8>,
-        handle: OpenObject,
-        order: impl Iterator<Item = usize> + Clone,
-    ) {
+    fn place(&mut self, out: &mut Vec<u8>, handle: OpenObject, order: impl Iterator<Item = usize>) {
         let OpenObject {
             index,
             first_member,
+            open,
         } = handle;
         let list = &self.open_members[first_member..];
-        let open = self.objects[index].open;
         let size = out.len() - open;
         if self.objects.len() == index + 1
             && size <= IN_PLACE_MAX
@@ -463,7 +440,12 @@ impl Layout {
             self.objects.truncate(index);
         } else {
             let first_sorted = self.sorted.len();
-            self.sorted.extend(order.map(|i| Placed::from(&list[i])));
+            let inside = &self.objects[index + 1..];
+            self.sorted.extend(order.map(|i| Placed {
+                start: list[i].start,
+                end: list[i].end,
+                first_object: index + 1 + inside.partition_point(|o| o.open < list[i].start),
+            }));
             self.any_reordered = true;
             let subtree_end = self.objects.len();
             let object = &mut self.objects[index];
@@ -513,10 +495,7 @@ impl Layout {
             };
             pieces.take(pos..object.open + 1);
             for member in &self.sorted[members.clone()] {
-                match member.first_object {
-                    Some(first) => self.write_range(member.start..member.end, first, pieces),
-                    None => pieces.take(member.start..member.end),
-                }
+                self.write_range(member.start..member.end, member.first_object, pieces);
             }
             pieces.take(object.close - 1..object.close);
             pos = object.close;
@@ -629,7 +608,6 @@ impl Output for Sink<'_> {
     /// Copies short pieces as one fixed-size block, which avoids a `memcpy` call per piece.
     #[inline]
     fn write_part(&mut self, buf: &[u8], range: Range<usize>) {
-        const BLOCK: usize = 32;
         let len = range.len();
         match buf.get(range.start..range.start + BLOCK) {
             Some(block) if len <= BLOCK && self.stage.len() + BLOCK <= STAGE_BYTES => {

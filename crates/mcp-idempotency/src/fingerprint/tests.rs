@@ -597,3 +597,19 @@ fn recent_order_compares_whole_names() {
         ),
     ]);
 }
+
+/// Deeply nested objects out of order: past the budget for rewriting in place, the
+/// outer levels are put in order while hashing, around inner levels already rewritten.
+#[test]
+fn deeply_nested_objects_out_of_order() {
+    let mut unsorted = String::from("0");
+    let mut sorted = String::from("0");
+    // The innermost array makes one level more.
+    for level in 0..MAX_DEPTH - 1 {
+        unsorted =
+            format!(r#"{{"z{level}":{level},"m":{unsorted},"a":[{level}],"z{level}":-{level}}}"#);
+        sorted = format!(r#"{{"a":[{level}],"m":{sorted},"z{level}":-{level}}}"#);
+    }
+    all_same(&[&unsorted, &sorted]);
+    assert_ne!(fp(&unsorted), fp(&unsorted.replacen("-0", "-1", 1)));
+}
