@@ -1,10 +1,17 @@
 //! `fingerprint` on raw argument text versus `serde_json::to_string` of the same
-//! arguments already parsed into a `Value`.
+//! arguments already parsed into a `Value`, as a ratio measured in one process.
+//!
+//! The machine is shared, so a single long timing mostly measures the neighbours.
+//! Instead the two functions run in short alternating batches, many rounds each, and
+//! the ratio is taken between their fastest batches (the rounds least disturbed) and,
+//! as a check, between their median batches.
+//!
+//! `cargo bench -p mcp-idempotency --bench fingerprint [-- --rounds N]`
 
 use std::fmt::Write as _;
 use std::hint::black_box;
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use mcp_idempotency::fingerprint::fingerprint;
 
 /// About 200 bytes, members in the order a client struct would emit them.
@@ -95,21 +102,116 @@ fn large() -> String {
     s
 }
 
-fn compare(c: &mut Criterion) {
-    for (name, text) in [("small_200B", SMALL.to_owned()), ("large_1MB", large())] {
-        let value: serde_json::Value =
-            serde_json::from_str(&text).expect("bench input is valid JSON");
-        let mut group = c.benchmark_group(name);
-        group.throughput(Throughput::Bytes(text.len() as u64));
-        group.bench_function("serde_json_to_string", |b| {
-            b.iter(|| serde_json::to_string(black_box(&value)).unwrap())
-        });
-        group.bench_function("fingerprint", |b| {
-            b.iter(|| fingerprint(black_box("tool"), Some(black_box(text.as_str()))).unwrap())
-        });
-        group.finish();
+/// Per-call time of `f`, run `iterations` times in a row.
+fn batch(iterations: u32, mut f: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    for _ in 0..iterations {
+        f();
+    }
+    start.elapsed() / iterations
+}
+
+/// How many calls of `f` fill about `target`.
+fn calibrate(target: Duration, mut f: impl FnMut()) -> u32 {
+    let mut iterations = 1u32;
+    loop {
+        let start = Instant::now();
+        for _ in 0..iterations {
+            f();
+        }
+        if start.elapsed() >= target || iterations >= 1 << 24 {
+            return iterations;
+        }
+        iterations *= 2;
     }
 }
 
-criterion_group!(benches, compare);
-criterion_main!(benches);
+struct Timings {
+    serde: Vec<Duration>,
+    fingerprint: Vec<Duration>,
+}
+
+fn fastest(samples: &[Duration]) -> Duration {
+    samples.iter().copied().min().unwrap_or_default()
+}
+
+fn median(samples: &[Duration]) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
+}
+
+fn measure(text: &str, rounds: usize) -> Timings {
+    let value: serde_json::Value = serde_json::from_str(text).expect("bench input is valid JSON");
+    let serde = || {
+        black_box(serde_json::to_string(black_box(&value)).unwrap());
+    };
+    let fp = || {
+        black_box(fingerprint(black_box("tool"), Some(black_box(text))).unwrap());
+    };
+    let target = Duration::from_micros(500);
+    let iterations = calibrate(target, serde).max(calibrate(target, fp)).max(1);
+    let mut timings = Timings {
+        serde: Vec::with_capacity(rounds),
+        fingerprint: Vec::with_capacity(rounds),
+    };
+    for round in 0..rounds {
+        // Alternate which goes first, so neither always runs on a cache the other warmed.
+        if round % 2 == 0 {
+            timings.serde.push(batch(iterations, serde));
+            timings.fingerprint.push(batch(iterations, fp));
+        } else {
+            timings.fingerprint.push(batch(iterations, fp));
+            timings.serde.push(batch(iterations, serde));
+        }
+    }
+    timings
+}
+
+fn format(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns >= 10_000 {
+        format!("{:.3} ms", ns as f64 / 1e6)
+    } else {
+        format!("{ns} ns")
+    }
+}
+
+fn ratio(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64()
+}
+
+fn rounds_from_args() -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(400)
+}
+
+fn main() {
+    let rounds = rounds_from_args();
+    println!(
+        "fingerprint vs serde_json::to_string, {rounds} alternating rounds of ~0.5 ms batches"
+    );
+    println!(
+        "{:<12} {:>12} {:>12} {:>8} {:>12} {:>12} {:>8}",
+        "input", "serde best", "fp best", "ratio", "serde median", "fp median", "ratio"
+    );
+    for (name, text) in [("small_200B", SMALL.to_owned()), ("large_1MB", large())] {
+        let t = measure(&text, rounds);
+        let (sb, fb) = (fastest(&t.serde), fastest(&t.fingerprint));
+        let (sm, fm) = (median(&t.serde), median(&t.fingerprint));
+        println!(
+            "{:<12} {:>12} {:>12} {:>7.2}x {:>12} {:>12} {:>7.2}x",
+            name,
+            format(sb),
+            format(fb),
+            ratio(fb, sb),
+            format(sm),
+            format(fm),
+            ratio(fm, sm),
+        );
+    }
+}
