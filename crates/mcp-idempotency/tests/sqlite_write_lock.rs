@@ -1,0 +1,56 @@
+//! A SQLite store whose file is write-locked by another connection waits for the lock on the
+//! blocking pool instead of failing, and never blocks the async runtime meanwhile.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_idempotency::fingerprint::fingerprint;
+use mcp_idempotency::store::{ClaimOutcome, ClaimRequest, RecordLimits, SqliteStore, Store};
+use mcp_idempotency::{FencingToken, IdempotencyKey, RecordId, Scope, Timestamp};
+
+fn claim_request(key: &str) -> ClaimRequest {
+    let now = Timestamp::now();
+    ClaimRequest {
+        id: RecordId {
+            scope: Scope::new("ns", "alice"),
+            key: IdempotencyKey::new(key, 255).unwrap(),
+        },
+        fingerprint: fingerprint("charge", Some("{}")).unwrap(),
+        tool_name: Arc::from("charge"),
+        owner: FencingToken::random(),
+        now,
+        lease_expires_at: now.saturating_add(Duration::from_secs(30)),
+        expires_at: now.saturating_add(Duration::from_secs(3600)),
+        limits: RecordLimits::UNLIMITED,
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn claim_waits_for_another_connections_write_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("records.sqlite3");
+    let store = SqliteStore::open(&path).await.unwrap();
+
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+
+    let claiming = tokio::spawn({
+        let store = store.clone();
+        async move { store.claim(&claim_request("k1")).await }
+    });
+    // The runtime keeps running (this sleep completes) while the claim waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!claiming.is_finished(), "the claim must wait for the lock");
+
+    other.execute_batch("COMMIT").unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), claiming)
+        .await
+        .expect("the claim finishes once the lock is free")
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, ClaimOutcome::Claimed);
+
+    // With the lock free, a second claim of the same key finds the record.
+    let again = store.claim(&claim_request("k1")).await.unwrap();
+    assert!(matches!(again, ClaimOutcome::Existing(_)), "{again:?}");
+}
