@@ -4,6 +4,7 @@ use clap::{Parser, Subcommand};
 
 use crate::commands::demo::DemoArgs;
 use crate::commands::demo_server::DemoServerArgs;
+use crate::commands::proxy::ProxyArgs;
 use crate::commands::wrap::WrapArgs;
 
 /// SEP-3182 request idempotency for MCP servers: replay lost `tools/call` outcomes instead of
@@ -28,6 +29,10 @@ pub(crate) enum Command {
     DemoServer(DemoServerArgs),
     /// Run a stdio MCP server behind SEP-3182: `mcp-idem wrap [OPTIONS] -- <command> [args...]`.
     Wrap(WrapArgs),
+    /// Put SEP-3182 in front of a Streamable HTTP MCP server: a reverse proxy, `mcp-idem proxy
+    /// --listen ADDR --upstream URL`. Instances sharing a Redis or PostgreSQL store may serve the
+    /// same server side by side.
+    Proxy(ProxyArgs),
 }
 
 impl Command {
@@ -36,6 +41,7 @@ impl Command {
             Self::Demo(args) => args.exec(),
             Self::Wrap(args) => args.exec(),
             Self::DemoServer(args) => args.exec(),
+            Self::Proxy(args) => args.exec(),
         }
     }
 }

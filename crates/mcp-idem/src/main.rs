@@ -8,6 +8,7 @@ mod cli;
 mod commands;
 mod ledger;
 mod line_client;
+mod upstream;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();

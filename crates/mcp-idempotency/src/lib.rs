@@ -52,6 +52,8 @@ pub mod config;
 mod deduplicator;
 mod engine;
 pub mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 pub mod interceptor;
 pub mod key;
 mod record;

@@ -7,7 +7,10 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::store::{self, Store, StoreUrl};
-use mcp_idempotency::{config, AfterCrash, EngineConfig};
+use mcp_idempotency::{config, AfterCrash, Deduplicator, EngineConfig, Timestamp};
+
+/// How often expired records are purged.
+const PURGE_EVERY: Duration = Duration::from_secs(600);
 
 /// Where records live and how long, and the limits that protect the store.
 #[derive(Debug, Args)]
@@ -89,4 +92,16 @@ fn default_sqlite_path() -> anyhow::Result<PathBuf> {
     let data =
         dirs::data_local_dir().context("cannot find the user's data directory; pass --store")?;
     Ok(data.join("mcp-idem").join("records.sqlite3"))
+}
+
+/// Purges expired records every [`PURGE_EVERY`], forever.
+pub(crate) async fn purge_periodically(dedup: Deduplicator) -> std::convert::Infallible {
+    let mut ticks = tokio::time::interval(PURGE_EVERY);
+    loop {
+        ticks.tick().await;
+        match dedup.store().purge_expired(Timestamp::now()).await {
+            Ok(purged) => tracing::debug!(purged, "purged expired records"),
+            Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
+        }
+    }
 }

@@ -1,4 +1,6 @@
 pub(crate) mod demo;
 pub(crate) mod demo_server;
 pub(crate) mod engine_args;
+pub(crate) mod proxy;
+pub(crate) mod scope_args;
 pub(crate) mod wrap;

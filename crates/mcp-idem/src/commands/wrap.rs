@@ -1,19 +1,15 @@
 //! `mcp-idem wrap -- <command>`: SEP-3182 in front of any stdio MCP server.
 
 use std::process::{ExitCode, Stdio};
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
 use mcp_idempotency::stdio::{local_user, StdioProxy};
-use mcp_idempotency::{Deduplicator, Scope, Timestamp};
+use mcp_idempotency::{Deduplicator, Scope};
 use sha2::{Digest, Sha256};
 
-use super::engine_args::EngineArgs;
-
-/// How often expired records are purged.
-const PURGE_EVERY: Duration = Duration::from_secs(600);
+use super::engine_args::{purge_periodically, EngineArgs};
 
 #[derive(Debug, Args)]
 pub(crate) struct WrapArgs {
@@ -132,17 +128,6 @@ fn namespace_for(command: &[String]) -> String {
         .unwrap_or_default();
     let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("wrap:{program}:{hash}")
-}
-
-async fn purge_periodically(dedup: Deduplicator) -> std::convert::Infallible {
-    let mut ticks = tokio::time::interval(PURGE_EVERY);
-    loop {
-        ticks.tick().await;
-        match dedup.store().purge_expired(Timestamp::now()).await {
-            Ok(purged) => tracing::debug!(purged, "purged expired records"),
-            Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
-        }
-    }
 }
 
 fn exit_code(status: std::process::ExitStatus) -> ExitCode {

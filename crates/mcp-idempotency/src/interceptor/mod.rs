@@ -446,6 +446,12 @@ impl Interceptor {
             .collect()
     }
 
+    /// Whether an `initialize` or `server/discover` request was forwarded and its result, which
+    /// gets the capability added, has not been seen yet.
+    pub fn awaits_discovery_result(&self) -> bool {
+        !self.discovery.is_empty()
+    }
+
     /// Whether calls are waiting for the server.
     pub fn has_calls_in_flight(&self) -> bool {
         !self.in_flight.is_empty()

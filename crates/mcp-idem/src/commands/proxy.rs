@@ -1,0 +1,151 @@
+//! `mcp-idem proxy`: SEP-3182 in front of any Streamable HTTP MCP server.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Args;
+use mcp_idempotency::http::IdempotencyLayer;
+use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
+use mcp_idempotency::Deduplicator;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use http::{Request, Response};
+use mcp_idempotency::http::ResponseBody;
+use tower::{Layer, Service};
+
+use super::engine_args::{purge_periodically, EngineArgs};
+use super::scope_args::ScopeArgs;
+use crate::upstream::{bad_gateway, Upstream, UpstreamUrl};
+
+/// Options of `mcp-idem proxy`.
+#[derive(Debug, Args)]
+pub(crate) struct ProxyArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0 picks a free port; the address is
+    /// printed on stderr).
+    #[arg(long, env = "MCP_IDEM_LISTEN", value_name = "ADDR")]
+    listen: SocketAddr,
+
+    /// The MCP server to forward to: http://HOST:PORT[/prefix]; request paths are appended.
+    #[arg(long, env = "MCP_IDEM_UPSTREAM", value_name = "URL")]
+    upstream: String,
+
+    /// Namespace of this server's records [default: derived from the upstream URL, so every
+    /// instance in front of the same server shares it].
+    #[arg(long, env = "MCP_IDEM_NAMESPACE")]
+    namespace: Option<String>,
+
+    /// Also forward `idempotencyKey` in the params (it is always copied to
+    /// `params._meta["mcp-idem/idempotencyKey"]`).
+    #[arg(long, env = "MCP_IDEM_FORWARD_KEY")]
+    forward_key: bool,
+
+    #[command(flatten)]
+    scope: ScopeArgs,
+
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+impl ProxyArgs {
+    pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(self.run())?;
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn run(self) -> anyhow::Result<()> {
+        let upstream_url = UpstreamUrl::parse(&self.upstream)?;
+        let scope_by = self.scope.scope_by()?;
+        let store = self.engine.open_store().await?;
+        let dedup = Deduplicator::new(self.engine.engine_config(), store);
+        let namespace = self
+            .namespace
+            .clone()
+            .unwrap_or_else(|| format!("http:{upstream_url}"));
+        tracing::info!(%namespace, upstream = %upstream_url, "proxying");
+
+        let layer = IdempotencyLayer::new(dedup.clone())
+            .namespace(namespace)
+            .scope_by(scope_by)
+            .interceptor_config(
+                InterceptorConfig::default()
+                    .forward_key(self.forward_key)
+                    .cancel_policy(CancelPolicy::Absorb),
+            );
+        let service = AnswerErrors(layer.layer(Upstream::new(upstream_url)));
+        let router = axum::Router::new().fallback_service(service);
+
+        let listener = tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", self.listen))?;
+        let local = listener
+            .local_addr()
+            .context("cannot read the bound address")?;
+        eprintln!("mcp-idem proxy: listening on http://{local}");
+        let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown_signal());
+        tokio::select! {
+            result = serve => result.context("the HTTP server failed")?,
+            never = purge_periodically(dedup) => match never {},
+        }
+        Ok(())
+    }
+}
+
+/// Answers a failed request `502 Bad Gateway` instead of failing the connection: the server needs
+/// a service that never fails.
+#[derive(Clone, Debug)]
+struct AnswerErrors<S>(S);
+
+impl<S, B> Service<Request<B>> for AnswerErrors<S>
+where
+    S: Service<Request<B>, Response = Response<ResponseBody>>,
+    S::Error: std::fmt::Display,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        // A service that cannot get ready fails its call, which is answered below.
+        self.0.poll_ready(cx).map(|_| Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let call = self.0.call(request);
+        Box::pin(async move {
+            Ok(call.await.unwrap_or_else(|err| {
+                tracing::warn!(error = %err, "upstream unreachable");
+                bad_gateway(&err.to_string())
+            }))
+        })
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,16 @@
+//! Streamable HTTP: SEP-3182 as a tower layer, for rmcp's `StreamableHttpService` and for the
+//! `mcp-idem proxy` gateway in front of any MCP server.
+//!
+//! [`IdempotencyLayer`] reads each POSTed JSON-RPC message and hands it to the same
+//! [`Interceptor`](crate::interceptor::Interceptor) the stdio proxy uses; only reading bodies and
+//! relaying JSON or SSE answers is HTTP-specific. [`ScopeBy`] says whose records a request may see.
+
+mod body;
+mod layer;
+pub mod principal;
+mod relay;
+mod sse;
+
+pub use body::{BoxError, ResponseBody};
+pub use layer::{IdempotencyLayer, IdempotencyService, DEFAULT_MAX_BODY_BYTES};
+pub use principal::ScopeBy;

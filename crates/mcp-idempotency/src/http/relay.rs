@@ -1,0 +1,319 @@
+//! Relaying the upstream's answer to a forwarded request: plain JSON or an SSE stream, recording
+//! the outcome of a claimed call before the client sees it.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{response, Response, StatusCode};
+use http_body::Body;
+use http_body_util::BodyExt;
+use tokio::sync::{mpsc, oneshot};
+
+use super::body::{full, BoxError, ChannelBody, ResponseBody};
+use super::layer::{json_response, Shared};
+use super::sse::{Event, EventSplitter};
+use crate::engine::Claim;
+use crate::interceptor::{Interceptor, ServerAction};
+use crate::record::Outcome;
+
+/// Largest SSE event parsed; a longer one is passed through unparsed (and a claimed call whose
+/// response it carried is recorded as outcome-unknown).
+const MAX_EVENT_BYTES: usize = 64 << 20;
+
+/// One forwarded request whose answer the layer needs to see.
+pub(super) struct Exchange {
+    shared: Arc<Shared>,
+    interceptor: Interceptor,
+    /// The claim of the call being executed, if this is one.
+    claim: Option<Claim>,
+    /// The request's id as JSON, for error responses.
+    request_id: String,
+}
+
+impl Exchange {
+    /// An `initialize` / `server/discover` request: its result gets the capability.
+    pub(super) fn discovery(shared: Arc<Shared>, interceptor: Interceptor) -> Self {
+        Self {
+            shared,
+            interceptor,
+            claim: None,
+            request_id: "null".into(),
+        }
+    }
+
+    /// A claimed `tools/call`: its outcome is recorded.
+    pub(super) fn claimed(
+        shared: Arc<Shared>,
+        interceptor: Interceptor,
+        request_id: String,
+    ) -> Self {
+        let claim = interceptor.claims_in_flight().into_iter().next();
+        Self {
+            shared,
+            interceptor,
+            claim,
+            request_id,
+        }
+    }
+}
+
+/// Sends the request (the `upstream` future) and relays its answer from a task of its own, which
+/// runs to the end even if the client goes away; returns the response for the client as soon as its
+/// head is known.
+pub(super) async fn start<F, ResBody, E>(exchange: Exchange, upstream: F) -> Response<ResponseBody>
+where
+    F: Future<Output = Result<Response<ResBody>, E>> + Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Data: Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let (head_tx, head_rx) = oneshot::channel();
+    let upstream = async move { upstream.await.map(|response| response.map(box_body)) };
+    tokio::spawn(exchange.run(upstream, head_tx));
+    head_rx.await.unwrap_or_else(|_| {
+        json_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error_body("null", "the gateway failed while relaying the response"),
+        )
+    })
+}
+
+type Head = oneshot::Sender<Response<ResponseBody>>;
+
+impl Exchange {
+    async fn run<F, E>(mut self, upstream: F, head: Head)
+    where
+        F: Future<Output = Result<Response<ResponseBody>, E>>,
+        E: std::fmt::Display,
+    {
+        let renewal = renew_while_running(Arc::clone(&self.shared), self.claim.clone());
+        tokio::select! {
+            () = self.relay(upstream, head) => {}
+            never = renewal => match never {},
+        }
+    }
+
+    async fn relay<F, E>(&mut self, upstream: F, head: Head)
+    where
+        F: Future<Output = Result<Response<ResponseBody>, E>>,
+        E: std::fmt::Display,
+    {
+        let response = match upstream.await {
+            Ok(response) => response,
+            Err(err) => {
+                // No HTTP answer at all: the upstream did not take the request, so the call did
+                // not run and a retry may run it.
+                tracing::warn!(error = %err, "upstream MCP server unreachable");
+                self.release("the upstream could not be reached").await;
+                let _ = head.send(json_response(
+                    StatusCode::BAD_GATEWAY,
+                    error_body(
+                        &self.request_id,
+                        &format!("the upstream MCP server could not be reached ({err}); nothing was executed, so retrying is safe"),
+                    ),
+                ));
+                return;
+            }
+        };
+        let (parts, body) = response.into_parts();
+        if parts.status.is_client_error() {
+            // The upstream refused the request itself (bad headers, authentication, routing): it
+            // did not run the tool.
+            self.release("the upstream refused the request").await;
+            let _ = head.send(Response::from_parts(parts, body));
+            return;
+        }
+        if !parts.status.is_success() {
+            self.record_unknown(&format!("the upstream answered HTTP {}", parts.status))
+                .await;
+            let _ = head.send(Response::from_parts(parts, body));
+            return;
+        }
+        let is_sse = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if is_sse {
+            self.relay_stream(parts, body, head).await;
+        } else {
+            self.relay_whole(parts, body, head).await;
+        }
+    }
+
+    /// A plain body: read it all, record, then answer.
+    async fn relay_whole(&mut self, mut parts: response::Parts, body: ResponseBody, head: Head) {
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(err) => {
+                tracing::warn!(error = %err, "the upstream's response broke off");
+                let reason = "the upstream's response broke off";
+                let response = self.record_unknown(reason).await;
+                let body = response.unwrap_or_else(|| error_body(&self.request_id, reason));
+                let _ = head.send(json_response(StatusCode::BAD_GATEWAY, body));
+                return;
+            }
+        };
+        let body = match std::str::from_utf8(&bytes) {
+            Ok(text) => match self.interceptor.on_server_message(text) {
+                ServerAction::Forward => bytes,
+                ServerAction::ForwardRewritten(rewritten) => Bytes::from(rewritten),
+                ServerAction::Record { claim, outcome, .. } => {
+                    self.complete(&claim, outcome).await;
+                    bytes
+                }
+            },
+            Err(_) => bytes,
+        };
+        self.record_unknown("the upstream's response did not answer the call")
+            .await;
+        parts
+            .headers
+            .insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
+        let _ = head.send(Response::from_parts(parts, full(body)));
+    }
+
+    /// An SSE stream: forward each event as it comes, recording the call's response before
+    /// forwarding the event that carries it.
+    async fn relay_stream(&mut self, mut parts: response::Parts, body: ResponseBody, head: Head) {
+        let (tx, client_body) = ChannelBody::new();
+        parts.headers.remove(CONTENT_LENGTH);
+        let mut client = Client {
+            tx: head
+                .send(Response::from_parts(parts, client_body.boxed_unsync()))
+                .is_ok()
+                .then_some(tx),
+        };
+        let mut splitter = EventSplitter::new(MAX_EVENT_BYTES);
+        let mut body = std::pin::pin!(body);
+        while let Some(frame) = body.frame().await {
+            let frame = match frame {
+                Ok(frame) => frame,
+                Err(err) => {
+                    tracing::warn!(error = %err, "the upstream's event stream broke off");
+                    break;
+                }
+            };
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            let fed = splitter.feed(&data);
+            for event in fed.events {
+                let bytes = self.on_event(event).await;
+                client.send(bytes).await;
+            }
+            if !fed.passthrough.is_empty() {
+                client.send(Bytes::from(fed.passthrough)).await;
+            }
+        }
+        if splitter.overflowed() {
+            tracing::warn!("an event of the upstream's stream was too large to read");
+        }
+        let rest = splitter.finish();
+        if !rest.is_empty() {
+            client.send(Bytes::from(rest)).await;
+        }
+        self.record_unknown("the upstream's event stream ended without the call's response")
+            .await;
+    }
+
+    async fn on_event(&mut self, event: Event) -> Bytes {
+        let Some(data) = &event.data else {
+            return Bytes::from(event.raw);
+        };
+        match self.interceptor.on_server_message(data) {
+            ServerAction::Forward => Bytes::from(event.raw),
+            ServerAction::ForwardRewritten(rewritten) => Bytes::from(event.with_data(&rewritten)),
+            ServerAction::Record { claim, outcome, .. } => {
+                self.complete(&claim, outcome).await;
+                Bytes::from(event.raw)
+            }
+        }
+    }
+
+    async fn complete(&mut self, claim: &Claim, outcome: Outcome) {
+        if let Err(err) = self.shared.dedup.complete(claim, outcome).await {
+            // The record stays in progress; once its lease runs out, retries are answered by the
+            // after-crash policy.
+            tracing::error!(key = %claim.id().key, error = %err, "cannot record the outcome of a call");
+        }
+        self.claim = None;
+    }
+
+    /// Records a claimed call still in flight as outcome-unknown; returns the error response for
+    /// its client.
+    async fn record_unknown(&mut self, reason: &str) -> Option<String> {
+        let mut response = None;
+        for orphan in self.interceptor.on_server_gone(reason) {
+            let outcome = Outcome::Unknown {
+                reason: reason.to_owned(),
+            };
+            self.complete(&orphan.claim, outcome).await;
+            response = orphan.response;
+        }
+        response
+    }
+
+    /// Gives up the claim of a call that certainly did not run.
+    async fn release(&mut self, reason: &str) {
+        let _ = self.interceptor.on_server_gone(reason);
+        if let Some(claim) = self.claim.take() {
+            if let Err(err) = self.shared.dedup.release(&claim).await {
+                tracing::warn!(key = %claim.id().key, error = %err, "cannot release a claim");
+            }
+        }
+    }
+}
+
+/// The client's end of a streamed response; once the client is gone, chunks are dropped.
+struct Client {
+    tx: Option<mpsc::Sender<Bytes>>,
+}
+
+impl Client {
+    async fn send(&mut self, bytes: Bytes) {
+        if let Some(tx) = &self.tx {
+            if tx.send(bytes).await.is_err() {
+                tracing::debug!("the client went away; relaying on to record the outcome");
+                self.tx = None;
+            }
+        }
+    }
+}
+
+/// Keeps the lease of a running call alive, forever (the caller drops it when the call ends).
+async fn renew_while_running(
+    shared: Arc<Shared>,
+    claim: Option<Claim>,
+) -> std::convert::Infallible {
+    let Some(mut claim) = claim else {
+        return std::future::pending().await;
+    };
+    let every =
+        (shared.dedup.engine().config().lease_duration() / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(err) = shared.dedup.renew(&mut claim).await {
+            tracing::warn!(key = %claim.id().key, error = %err, "cannot renew a lease");
+        }
+    }
+}
+
+fn box_body<B>(body: B) -> ResponseBody
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+fn error_body(id: &str, message: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"error":{}}}"#,
+        serde_json::json!({"code": -32603, "message": message})
+    )
+}
