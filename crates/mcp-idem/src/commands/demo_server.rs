@@ -1,4 +1,5 @@
-//! `mcp-idem demo-server`: a small payment MCP server on stdio, built on rmcp.
+//! `mcp-idem demo-server`: a small payment MCP server on stdio (or Streamable HTTP with
+//! `--http`, see [`demo_server_http`](http)), built on rmcp.
 //!
 //! The upstream behind the idempotency gateway in demos, tests and benchmarks. It knows nothing
 //! about idempotency: every `charge_payment` it runs appends one line to the [ledger](crate::ledger),
@@ -18,6 +19,7 @@
 //! - `get_balance`: the number of charges in the ledger and the sum per currency.
 //! - `noop` and `work_1ms`: no ledger write; answer at once, or after a 1 ms timer.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -43,6 +45,13 @@ pub(crate) struct DemoServerArgs {
     /// temporary directory.
     #[arg(long, value_name = "PATH")]
     ledger: Option<PathBuf>,
+    /// Serve Streamable HTTP (stateless, POST http://ADDR/mcp) instead of stdio. Port 0 picks a
+    /// free port; the first stderr line is `listening on http://IP:PORT/mcp`.
+    #[arg(long, value_name = "IP:PORT")]
+    http: Option<SocketAddr>,
+    /// With --http: answer with text/event-stream instead of plain application/json.
+    #[arg(long, requires = "http")]
+    http_sse: bool,
 }
 
 impl DemoServerArgs {
@@ -53,15 +62,20 @@ impl DemoServerArgs {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        runtime.block_on(serve(ledger))?;
+        let server = PaymentServer::new(ledger);
+        match self.http {
+            Some(addr) => {
+                runtime.block_on(super::demo_server_http::serve(server, addr, self.http_sse))?
+            }
+            None => runtime.block_on(serve(server))?,
+        }
         Ok(ExitCode::SUCCESS)
     }
 }
 
 /// Serves MCP on stdin/stdout until stdin reaches EOF.
-async fn serve(ledger: Ledger) -> anyhow::Result<()> {
-    tracing::info!(ledger = %ledger.path().display(), "demo server listening on stdio");
-    let server = PaymentServer::new(ledger);
+async fn serve(server: PaymentServer) -> anyhow::Result<()> {
+    tracing::info!(ledger = %server.ledger.path().display(), "demo server listening on stdio");
     let running = match server.serve(rmcp::transport::stdio_pipes()).await {
         Ok(running) => running,
         // EOF before the first request: nobody came, which is not an error.

@@ -214,8 +214,12 @@ impl Exchange {
             tracing::warn!("an event of the upstream's stream was too large to read");
         }
         let rest = splitter.finish();
-        if !rest.is_empty() {
-            client.send(Bytes::from(rest)).await;
+        for event in rest.events {
+            let bytes = self.on_event(event).await;
+            client.send(bytes).await;
+        }
+        if !rest.passthrough.is_empty() {
+            client.send(Bytes::from(rest.passthrough)).await;
         }
         self.record_unknown("the upstream's event stream ended without the call's response")
             .await;

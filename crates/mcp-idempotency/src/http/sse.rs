@@ -99,10 +99,23 @@ impl EventSplitter {
         fed
     }
 
-    /// The stream ended: whatever is left (an event without its blank line), as raw bytes.
-    pub(crate) fn finish(&mut self) -> Vec<u8> {
+    /// The stream ended. An event whose blank line ends in a `\r` (which could have been the
+    /// start of `\r\n`) is complete after all; anything else left is an unfinished event, which
+    /// SSE discards: its bytes are passed through unparsed.
+    pub(crate) fn finish(&mut self) -> Fed {
         self.scanned = 0;
-        std::mem::take(&mut self.pending)
+        let pending = std::mem::take(&mut self.pending);
+        let mut fed = Fed::default();
+        if pending.last() == Some(&b'\r') {
+            let mut closed = pending.clone();
+            closed.push(b'\n');
+            if event_end(&closed, 0) == Some(closed.len()) {
+                fed.events.push(parse_event(pending));
+                return fed;
+            }
+        }
+        fed.passthrough = pending;
+        fed
     }
 }
 
@@ -175,6 +188,7 @@ mod tests {
         for chunk in chunks {
             events.extend(splitter.feed(chunk).events);
         }
+        events.extend(splitter.finish().events);
         events
     }
 
@@ -216,7 +230,9 @@ mod tests {
     fn unfinished_event_is_returned_by_finish() {
         let mut splitter = EventSplitter::new(1024);
         assert!(splitter.feed(b"data: 1\n\ndata: 2").events.len() == 1);
-        assert_eq!(splitter.finish(), b"data: 2");
+        let fed = splitter.finish();
+        assert!(fed.events.is_empty());
+        assert_eq!(fed.passthrough, b"data: 2");
     }
 
     #[test]
