@@ -34,6 +34,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
+mod support;
+use support::{load_average, mcp_idem_bin};
+
 const DEFAULT_CALLS: usize = 2000;
 const QUICK_CALLS: usize = 200;
 const DEFAULT_WARMUP: usize = 200;
@@ -541,30 +544,6 @@ fn parse_args() -> Result<Option<Options>, String> {
     Ok(Some(options))
 }
 
-fn mcp_idem_bin() -> Result<PathBuf, String> {
-    let (bin, from_env) = match std::env::var_os("MCP_IDEM_BIN") {
-        Some(path) => (PathBuf::from(path), true),
-        None => (
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../../target/release")
-                .join(format!("mcp-idem{}", std::env::consts::EXE_SUFFIX)),
-            false,
-        ),
-    };
-    if !bin.is_file() {
-        let source = if from_env {
-            "$MCP_IDEM_BIN"
-        } else {
-            "the default (set MCP_IDEM_BIN to measure another build)"
-        };
-        return Err(format!(
-            "no mcp-idem binary at {} ({source}); run `cargo build --release -p mcp-idem` first",
-            bin.display()
-        ));
-    }
-    Ok(bin.canonicalize().unwrap_or(bin))
-}
-
 fn print_header(bin: &Path, options: &Options, dir: &Path) {
     let built = std::fs::metadata(bin)
         .and_then(|meta| meta.modified())
@@ -586,18 +565,6 @@ fn print_header(bin: &Path, options: &Options, dir: &Path) {
         dir.join("bench.sqlite3").display()
     );
     println!("  machine: {cores} cores, load average {}", load_average());
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|text| {
-            text.split_whitespace()
-                .take(3)
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_else(|| "unknown".into())
 }
 
 /// Nearest-rank percentile of sorted samples, in microseconds.

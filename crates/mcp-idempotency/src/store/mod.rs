@@ -9,11 +9,17 @@
 //! | --- | --- |
 //! | `memory` | [`MemoryStore`]: in-process, sharded, bounded; lost on exit |
 //! | `sqlite:PATH` | [`SqliteStore`] (feature `sqlite`, default): a file; survives restarts |
+//! | `redis://…` | `RedisStore` (feature `redis`): shared between instances; one script per operation |
+//! | `postgres://…` | `PostgresStore` (feature `postgres`): shared by every instance; one SQL statement per operation |
 //!
 //! Expired records count as absent everywhere: a claim overwrites them and `get` does not return them.
 
 mod error;
 mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub mod testsuite;
@@ -23,8 +29,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+#[cfg(feature = "redis")]
+pub use self::redis::RedisStore;
 pub use error::StoreError;
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 pub use url::{open, StoreUrl};

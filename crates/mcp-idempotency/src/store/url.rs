@@ -59,12 +59,29 @@ impl FromStr for StoreUrl {
 }
 
 impl fmt::Display for StoreUrl {
+    /// The URL with any password replaced by `***`, so that it can be logged.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Memory => f.write_str("memory"),
             Self::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
-            Self::Redis(url) | Self::Postgres(url) => f.write_str(url),
+            Self::Redis(url) | Self::Postgres(url) => f.write_str(&redact_password(url)),
         }
+    }
+}
+
+/// `scheme://user:secret@host/...` becomes `scheme://user:***@host/...`.
+pub(crate) fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_owned(),
     }
 }
 
@@ -82,9 +99,21 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>, StoreError> {
             url: url.to_string(),
             reason: "this build has no SQLite support (enable the `sqlite` feature)".into(),
         }),
-        StoreUrl::Redis(_) | StoreUrl::Postgres(_) => Err(StoreError::InvalidUrl {
-            url: url.to_string(),
-            reason: "Redis and PostgreSQL stores are not available in this version yet".into(),
+        #[cfg(feature = "redis")]
+        StoreUrl::Redis(redis_url) => Ok(Arc::new(super::RedisStore::open(redis_url).await?)),
+        #[cfg(not(feature = "redis"))]
+        StoreUrl::Redis(_) => Err(StoreError::InvalidUrl {
+            // Not the URL itself, which may hold a password.
+            url: "redis://…".into(),
+            reason: "this build has no Redis support (enable the `redis` feature)".into(),
+        }),
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres(pg_url) => Ok(Arc::new(super::PostgresStore::open(pg_url).await?)),
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres(_) => Err(StoreError::InvalidUrl {
+            // Not the URL itself, which may hold a password.
+            url: "postgres://…".into(),
+            reason: "this build has no PostgreSQL support (enable the `postgres` feature)".into(),
         }),
     }
 }
@@ -130,6 +159,23 @@ mod tests {
             let err = url.parse::<StoreUrl>().unwrap_err();
             assert!(matches!(err, StoreError::InvalidUrl { .. }));
             assert!(err.to_string().contains(needle), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_never_displayed() {
+        for (url, shown) in [
+            ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+            (
+                "postgres://app:s3cret@db/idem?sslmode=disable",
+                "postgres://app:***@db/idem?sslmode=disable",
+            ),
+            ("postgresql://app@db/idem", "postgresql://app@db/idem"),
+            ("redis://host", "redis://host"),
+            ("postgres://a:p@ss:w@rd@db/x", "postgres://a:***@db/x"),
+        ] {
+            let parsed: StoreUrl = url.parse().unwrap();
+            assert_eq!(parsed.to_string(), shown);
         }
     }
 

@@ -1,0 +1,424 @@
+//! Requests per second of keyed `tools/call` over Streamable HTTP: the demo server on its own, and
+//! behind `mcp-idem proxy` with each store (memory, SQLite, Redis, PostgreSQL).
+//!
+//! ```text
+//! cargo build --release -p mcp-idem
+//! cargo bench -p mcp-idem --bench http_throughput -- [--concurrency N] [--seconds S] [--rounds R] [--tool work_1ms|noop]
+//! ```
+//!
+//! One `mcp-idem demo-server --http` (plain JSON answers) serves every configuration; each proxy is a
+//! process of its own in front of it. The load generator keeps `--concurrency` requests in flight on
+//! keep-alive connections, each a `tools/call` with a fresh `idempotencyKey` (so every call executes
+//! and is recorded; direct calls carry the key too, which the server ignores). Configurations run in
+//! `--rounds` rounds of `--seconds` each, in a different order every round, so machine noise hits them
+//! alike; the ratio of a proxy to direct is the median over rounds of (proxy rps / direct rps) of the
+//! same round. Redis and PostgreSQL come from `REDIS_URL` / `DATABASE_URL` (defaults: the local
+//! servers) and are skipped with a note when unreachable. Store round trips per call are counted on
+//! the servers: Redis `total_commands_processed` and PostgreSQL `xact_commit` before and after.
+//!
+//! Target (reported, not enforced): >= 0.8x direct throughput with Redis for the 1 ms tool.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+
+mod support;
+use support::{load_average, mcp_idem_bin};
+
+struct Options {
+    concurrency: usize,
+    seconds: f64,
+    rounds: usize,
+    tool: String,
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut options = Options {
+        concurrency: 16,
+        seconds: 3.0,
+        rounds: 5,
+        tool: "work_1ms".into(),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        match arg.as_str() {
+            "--concurrency" => {
+                options.concurrency = value("--concurrency")?
+                    .parse()
+                    .map_err(|_| "--concurrency needs a number")?
+            }
+            "--seconds" => {
+                options.seconds = value("--seconds")?
+                    .parse()
+                    .map_err(|_| "--seconds needs a number")?
+            }
+            "--rounds" => {
+                options.rounds = value("--rounds")?
+                    .parse()
+                    .map_err(|_| "--rounds needs a number")?
+            }
+            "--tool" => options.tool = value("--tool")?,
+            "--bench" => {}
+            other if other.starts_with('-') => eprintln!("http_throughput: ignoring {other:?}"),
+            _ => {}
+        }
+    }
+    options.concurrency = options.concurrency.max(1);
+    options.rounds = options.rounds.max(1);
+    Ok(options)
+}
+
+/// A child process killed on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Spawns `bin args...` and returns it with the `http://...` address it prints after `marker`.
+fn spawn(bin: &Path, args: &[String], marker: &str) -> Result<(Process, String), String> {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("MCP_IDEM_LOG", "error")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot start {}: {err}", bin.display()))?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let process = Process(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let marker = marker.to_owned();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            match line.split_once(&marker) {
+                Some((_, url)) => {
+                    let _ = tx.send(url.trim().to_owned());
+                }
+                None => eprintln!("  [{}] {line}", marker.trim()),
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| format!("{args:?} did not print its address"))?;
+    Ok((process, url))
+}
+
+struct Config {
+    label: String,
+    url: String,
+    store: StoreCounter,
+    _process: Option<Process>,
+    rps: Vec<f64>,
+    round_trips: Vec<f64>,
+}
+
+#[derive(Clone)]
+enum StoreCounter {
+    None,
+    Redis(String),
+    Postgres(String),
+}
+
+impl StoreCounter {
+    /// Operations the store server has handled so far.
+    fn read(&self) -> Option<u64> {
+        let output = match self {
+            Self::None => return None,
+            Self::Redis(url) => Command::new("redis-cli")
+                .args(["-u", url, "info", "stats"])
+                .output(),
+            Self::Postgres(url) => Command::new("psql")
+                .args([
+                    url.as_str(),
+                    "-tAc",
+                    "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+                ])
+                .output(),
+        }
+        .ok()?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        match self {
+            Self::Redis(_) => text
+                .lines()
+                .find_map(|l| l.strip_prefix("total_commands_processed:"))
+                .and_then(|n| n.trim().parse().ok()),
+            _ => text.trim().parse().ok(),
+        }
+    }
+}
+
+fn redis_reachable(url: &str) -> bool {
+    Command::new("redis-cli")
+        .args(["-u", url, "ping"])
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+}
+
+fn postgres_reachable(url: &str) -> bool {
+    Command::new("psql")
+        .args([url, "-tAc", "SELECT 1"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("http_throughput: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let options = parse_args()?;
+    let bin = mcp_idem_bin()?;
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ledger = dir.path().join("ledger.jsonl");
+    let (_server, server_url) = spawn(
+        &bin,
+        &[
+            "demo-server".into(),
+            "--http".into(),
+            "127.0.0.1:0".into(),
+            "--ledger".into(),
+            ledger.display().to_string(),
+        ],
+        "listening on ",
+    )?;
+    let upstream = server_url.trim_end_matches("/mcp").to_owned();
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let pg_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let namespace = format!("bench-{}", std::process::id());
+
+    let mut stores = vec![
+        ("memory".to_owned(), "memory".to_owned(), StoreCounter::None),
+        (
+            "SQLite".to_owned(),
+            format!("sqlite:{}", dir.path().join("bench.sqlite3").display()),
+            StoreCounter::None,
+        ),
+    ];
+    if redis_reachable(&redis_url) {
+        stores.push((
+            "Redis".into(),
+            redis_url.clone(),
+            StoreCounter::Redis(redis_url),
+        ));
+    } else {
+        println!("note: Redis at {redis_url} unreachable, skipped");
+    }
+    if postgres_reachable(&pg_url) {
+        stores.push((
+            "PostgreSQL".into(),
+            pg_url.clone(),
+            StoreCounter::Postgres(pg_url),
+        ));
+    } else {
+        println!("note: PostgreSQL at {pg_url} unreachable, skipped");
+    }
+
+    let mut configs = vec![Config {
+        label: "direct".into(),
+        url: server_url.clone(),
+        store: StoreCounter::None,
+        _process: None,
+        rps: Vec::new(),
+        round_trips: Vec::new(),
+    }];
+    for (label, store, counter) in stores {
+        let (process, url) = spawn(
+            &bin,
+            &[
+                "proxy".into(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+                "--upstream".into(),
+                upstream.clone(),
+                "--store".into(),
+                store,
+                "--namespace".into(),
+                namespace.clone(),
+            ],
+            "listening on ",
+        )?;
+        configs.push(Config {
+            label: format!("proxy, {label}"),
+            url: format!("{url}/mcp"),
+            store: counter,
+            _process: Some(process),
+            rps: Vec::new(),
+            round_trips: Vec::new(),
+        });
+    }
+
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "http_throughput: keyed tools/call {} over Streamable HTTP, {} in flight, {} rounds of {}s",
+        options.tool, options.concurrency, options.rounds, options.seconds
+    );
+    println!("  binary:  {}", bin.display());
+    println!("  machine: {cores} cores, load average {}", load_average());
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let started = Instant::now();
+    for round in 0..options.rounds {
+        let n = configs.len();
+        for i in 0..n {
+            let config = &mut configs[(i + round) % n];
+            // A short warm-up fills the connection pool and the proxy's caches.
+            runtime.block_on(load(&client, &config.url, &options, 0.3, round))?;
+            let before = config.store.read();
+            let calls =
+                runtime.block_on(load(&client, &config.url, &options, options.seconds, round))?;
+            config.rps.push(calls as f64 / options.seconds);
+            if let Some(before) = before {
+                // PostgreSQL publishes its counters lazily.
+                std::thread::sleep(Duration::from_millis(1200));
+                if let Some(after) = config.store.read() {
+                    // The reads themselves count once each.
+                    let ops = after.saturating_sub(before).saturating_sub(1);
+                    config.round_trips.push(ops as f64 / calls.max(1) as f64);
+                }
+            }
+        }
+    }
+    print_table(&configs, started.elapsed());
+    Ok(())
+}
+
+/// Keeps `concurrency` keyed calls in flight for `seconds`; returns how many completed.
+async fn load(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    url: &str,
+    options: &Options,
+    seconds: f64,
+    round: usize,
+) -> Result<u64, String> {
+    static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let mut workers = Vec::new();
+    for _ in 0..options.concurrency {
+        let (client, url, tool) = (client.clone(), url.to_owned(), options.tool.clone());
+        let (done, stop, failed) = (Arc::clone(&done), Arc::clone(&stop), Arc::clone(&failed));
+        workers.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("r{round}-{}-{}", std::process::id(), NEXT_KEY.fetch_add(1, Ordering::Relaxed));
+                let message = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+                    "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
+                    "name": tool, "arguments": {}, "idempotencyKey": key}});
+                let request = http::Request::post(&url)
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", &tool)
+                    .body(Full::new(Bytes::from(message.to_string())))
+                    .expect("valid request");
+                let outcome = match client.request(request).await {
+                    Ok(response) if response.status().is_success() => {
+                        match response.into_body().collect().await {
+                            Ok(body) => {
+                                let body = body.to_bytes();
+                                if body.windows(8).any(|w| w == b"\"result\"") {
+                                    Ok(())
+                                } else {
+                                    Err(format!("not a result: {}", String::from_utf8_lossy(&body)))
+                                }
+                            }
+                            Err(err) => Err(err.to_string()),
+                        }
+                    }
+                    Ok(response) => Err(format!("HTTP {}", response.status())),
+                    Err(err) => Err(err.to_string()),
+                };
+                match outcome {
+                    Ok(()) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(err) => {
+                        failed.lock().expect("lock").get_or_insert(err);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    let counted = done.load(Ordering::Relaxed);
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        let _ = worker.await;
+    }
+    if let Some(err) = failed.lock().expect("lock").take() {
+        return Err(format!("a call through {url} failed: {err}"));
+    }
+    Ok(counted)
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn print_table(configs: &[Config], elapsed: Duration) {
+    let direct = &configs[0].rps;
+    println!();
+    println!(
+        "{:<22} {:>10} {:>10} {:>10} {:>12} {:>16}",
+        "configuration", "median rps", "min rps", "max rps", "ratio", "store ops/call"
+    );
+    for config in configs {
+        let ratios: Vec<f64> = config.rps.iter().zip(direct).map(|(p, d)| p / d).collect();
+        let ratio = if config.label == "direct" {
+            "baseline".to_owned()
+        } else {
+            format!("{:.3}x", median(&ratios))
+        };
+        let trips = if config.round_trips.is_empty() {
+            String::new()
+        } else {
+            format!("{:.2}", median(&config.round_trips))
+        };
+        let min = config.rps.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = config.rps.iter().copied().fold(0.0, f64::max);
+        println!(
+            "{:<22} {:>10.0} {:>10.0} {:>10.0} {:>12} {:>16}",
+            config.label,
+            median(&config.rps),
+            min,
+            max,
+            ratio,
+            trips
+        );
+    }
+    println!("\nratio: median over rounds of proxy rps / direct rps in the same round; target >= 0.8x with Redis for work_1ms");
+    println!("took {:.0}s", elapsed.as_secs_f64());
+}

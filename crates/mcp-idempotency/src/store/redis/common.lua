@@ -1,0 +1,64 @@
+-- Prepended to every script of the Redis store.
+--
+-- A record is the hash PREFIX .. 'r:' .. member, where member is '<namespace>:<principal>:<key>'
+-- with each part percent-encoded (so the last ':' separates the key).
+-- It is indexed, scored by its expires_at, in PREFIX .. 'all' (every record), PREFIX .. 'run'
+-- (records in progress) and PREFIX .. 's:<namespace>:<principal>' (its scope). Times are the
+-- caller's milliseconds, passed as arguments: these scripts never read the server's clock.
+
+local FIELDS = {'fp', 'tool', 'owner', 'lease', 'kind', 'body', 'done', 'created', 'expires'}
+
+-- Redis drops a record key this long after its retention window ends by the writer's clock, so
+-- that readers whose clocks lag a little still find it while they consider it live.
+local GRACE_MS = 300000
+-- Time-to-live beyond which a key is simply made persistent (about 317 years).
+local MAX_TTL_MS = 10000000000000
+
+local function pexpire(key, ttl)
+  if ttl > MAX_TTL_MS then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIRE', key, string.format('%d', math.max(math.floor(ttl), 1)))
+  end
+end
+
+-- Lets `key` live `remaining` more milliseconds of retention, plus the grace period.
+local function expire_in(key, remaining)
+  pexpire(key, remaining + GRACE_MS)
+end
+
+-- Scores `member` at `expires` in each index, and makes each index outlive `record` (kept forever
+-- if the record is), so that an index never disappears while one of its records still exists.
+local function index(record, member, expires, indexes)
+  local ttl = redis.call('PTTL', record)
+  for _, key in ipairs(indexes) do
+    -- -2: the index is new; -1: it is already persistent.
+    local current = redis.call('PTTL', key)
+    redis.call('ZADD', key, expires, member)
+    if current ~= -1 then
+      if ttl < 0 or ttl > MAX_TTL_MS then
+        redis.call('PERSIST', key)
+      elseif current < ttl then
+        redis.call('PEXPIRE', key, string.format('%d', ttl))
+      end
+    end
+  end
+end
+
+-- Deletes up to `limit` records whose retention ended by `now`; returns how many.
+local function purge(prefix, all, running, now, limit)
+  local members = redis.call('ZRANGEBYSCORE', all, '-inf', now, 'LIMIT', 0, limit)
+  for _, member in ipairs(members) do
+    redis.call('DEL', prefix .. 'r:' .. member)
+    local scope = string.match(member, '^(.*):[^:]*$')
+    if scope then
+      redis.call('ZREM', prefix .. 's:' .. scope, member)
+    end
+  end
+  if #members > 0 then
+    redis.call('ZREM', all, unpack(members))
+    redis.call('ZREM', running, unpack(members))
+  end
+  return #members
+end
+

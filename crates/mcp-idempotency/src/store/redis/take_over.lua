@@ -1,0 +1,17 @@
+-- take_over: KEYS = record, scope index, all index, running index
+-- ARGV = member, previous owner, new owner, now, lease_expires_at, expires_at
+-- Returns 1 if the live record was in progress under the previous owner with a lease that ran out
+-- by now and now belongs to the new owner, else 0.
+local record = KEYS[1]
+local state = redis.call('HMGET', record, 'owner', 'lease', 'expires')
+if state[1] ~= ARGV[2] then
+  return 0
+end
+local now, lease, expires = tonumber(ARGV[4]), tonumber(state[2]), tonumber(state[3])
+if lease == nil or expires == nil or lease > now or expires <= now then
+  return 0
+end
+redis.call('HSET', record, 'owner', ARGV[3], 'lease', ARGV[5], 'expires', ARGV[6])
+expire_in(record, tonumber(ARGV[6]) - now)
+index(record, ARGV[1], ARGV[6], {KEYS[2], KEYS[3], KEYS[4]})
+return 1
