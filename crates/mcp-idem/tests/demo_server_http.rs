@@ -17,88 +17,19 @@
 #![cfg(unix)]
 
 mod common;
+mod http_support;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::{ledger_lines, meta_2026, wait_for_ledger, TIMEOUT};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::Full;
+use http_support::{content_type, ledger_in, HttpDemo, Raw};
 use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use serde_json::{json, Value};
-
-/// `mcp-idem demo-server --http 127.0.0.1:0 --ledger LEDGER [extra]`, killed on drop.
-struct HttpDemo {
-    child: Child,
-    /// `http://127.0.0.1:PORT/mcp`, read from the server's first stderr line.
-    url: String,
-    /// `127.0.0.1:PORT`.
-    authority: String,
-}
-
-impl HttpDemo {
-    fn spawn(ledger: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-idem"))
-            .args(["demo-server", "--http", "127.0.0.1:0", "--ledger"])
-            .arg(ledger)
-            .args(extra)
-            .env("MCP_IDEM_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn mcp-idem demo-server --http");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = mpsc::channel();
-        // Keep draining stderr so the server never blocks on a full pipe.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if let Some(url) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(url.to_owned());
-                } else {
-                    eprintln!("demo-server: {line}");
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(TIMEOUT)
-            .expect("the server prints `listening on http://ADDR/mcp`");
-        let authority = url
-            .strip_prefix("http://")
-            .and_then(|rest| rest.strip_suffix("/mcp"))
-            .unwrap_or_else(|| panic!("unexpected URL {url}"))
-            .to_owned();
-        assert!(
-            authority.starts_with("127.0.0.1:") && !authority.ends_with(":0"),
-            "{authority}"
-        );
-        Self {
-            child,
-            url,
-            authority,
-        }
-    }
-}
-
-impl Drop for HttpDemo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn ledger_in(dir: &tempfile::TempDir) -> PathBuf {
-    dir.path().join("ledger.jsonl")
-}
 
 async fn rmcp_client(url: &str) -> RunningService<RoleClient, ClientConfig> {
     let transport = StreamableHttpClientTransport::from_config(
@@ -206,86 +137,6 @@ async fn concurrent_charges_append_one_whole_line_each() {
     assert_eq!(total, CALLS * (CALLS + 1) / 2);
 
     client.cancel().await.expect("close the client");
-}
-
-/// A plain HTTP/1.1 client for raw POSTs.
-struct Raw {
-    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
-    url: String,
-    authority: String,
-}
-
-/// Status, headers and body of one exchange.
-struct Answer {
-    status: http::StatusCode,
-    headers: http::HeaderMap,
-    body: String,
-}
-
-impl Answer {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|err| panic!("not JSON ({err}): {}", self.body))
-    }
-}
-
-impl Raw {
-    fn new(server: &HttpDemo) -> Self {
-        Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
-            url: server.url.clone(),
-            authority: server.authority.clone(),
-        }
-    }
-
-    fn post(&self, message: &Value) -> http::request::Builder {
-        let mut request = http::Request::post(&self.url)
-            .header(http::header::HOST, &self.authority)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json, text/event-stream");
-        if let Some(method) = message["method"].as_str() {
-            request = request.header("mcp-method", method);
-            if method != "initialize" {
-                request = request.header("mcp-protocol-version", "2026-07-28");
-            }
-            if let Some(name) = message["params"]["name"].as_str() {
-                request = request.header("mcp-name", name);
-            }
-        }
-        request
-    }
-
-    /// Sends `body` (nothing for `null`).
-    async fn send(&self, request: http::request::Builder, body: &Value) -> Answer {
-        let body = match body {
-            Value::Null => Bytes::new(),
-            body => Bytes::from(body.to_string()),
-        };
-        let request = request.body(Full::new(body)).unwrap();
-        let response = tokio::time::timeout(TIMEOUT, self.client.request(request))
-            .await
-            .expect("an answer in time")
-            .expect("an HTTP answer");
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("the whole body").to_bytes();
-        Answer {
-            status: parts.status,
-            headers: parts.headers,
-            body: String::from_utf8(body.to_vec()).expect("UTF-8 body"),
-        }
-    }
-
-    async fn call(&self, message: Value) -> Answer {
-        self.send(self.post(&message), &message).await
-    }
-}
-
-fn content_type(answer: &Answer) -> &str {
-    answer
-        .headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .unwrap_or("")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
