@@ -254,11 +254,15 @@ fn run() -> Result<(), String> {
     } else {
         println!("note: Redis at {redis_url} unreachable, skipped");
     }
+    let pg_schema = format!("mcp_idem_bench_{}", std::process::id());
+    let _drop_schema = DropSchema(pg_url.clone(), pg_schema.clone());
     if postgres_reachable(&pg_url) {
+        let separator = if pg_url.contains('?') { '&' } else { '?' };
+        let store = format!("{pg_url}{separator}schema={pg_schema}");
         stores.push((
             "PostgreSQL".into(),
-            pg_url.clone(),
-            StoreCounter::Postgres(pg_url),
+            store,
+            StoreCounter::Postgres(pg_url.clone()),
         ));
     } else {
         println!("note: PostgreSQL at {pg_url} unreachable, skipped");
