@@ -404,34 +404,583 @@ async fn purges_a_large_backlog_in_batches() {
     let scope = scope();
     let expired = claim_req(&record_id(&scope, "seed"), T0, RecordLimits::UNLIMITED);
     assert_eq!(store.claim(&expired).await.unwrap(), ClaimOutcome::Claimed);
-    // Copy the seed record 12 345 times, counting the copies as claims would.
-    let (client, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
-    tokio::spawn(connection);
+    // Copy the seed record 12 345 times, in the seed's counter shard, counting the copies as
+    // claims would.
+    let client = admin(&url).await;
     let s = &store.schema;
     client
         .batch_execute(&format!(
-            "INSERT INTO \"{s}\".idem_records
+            "INSERT INTO \"{s}\".idem_records (namespace, principal, key, fingerprint, tool_name,
+                    owner, lease_expires_at, outcome_kind, outcome_body, completed_at,
+                    created_at, expires_at, shard)
                 SELECT namespace, principal, key || '-' || n, fingerprint, tool_name, owner,
                     lease_expires_at, outcome_kind, outcome_body, completed_at, created_at,
-                    expires_at
+                    expires_at, shard
                 FROM \"{s}\".idem_records, generate_series(1, 12345) AS n;
-             UPDATE \"{s}\".idem_scope_counts SET records = records + 12345;
-             UPDATE \"{s}\".idem_totals SET records = records + 12345;"
+             UPDATE \"{s}\".idem_scope_shards SET records = records + 12345
+                WHERE shard = (SELECT shard FROM \"{s}\".idem_records WHERE key = 'seed');
+             UPDATE \"{s}\".idem_total_shards SET records = records + 12345
+                WHERE shard = (SELECT shard FROM \"{s}\".idem_records WHERE key = 'seed');"
         ))
         .await
         .unwrap();
+    assert_counters_consistent(&url, s).await;
     let after_retention = later(T0, 3600);
     assert_eq!(store.purge_expired(after_retention).await.unwrap(), 12_346);
     assert_eq!(
         store.stats(after_retention).await.unwrap(),
         StoreStats::default()
     );
+    assert_counters_consistent(&url, s).await;
     let one = RecordLimits {
         max_records_per_scope: 1,
         max_records_total: 1,
     };
     let req = claim_req(&record_id(&scope, "fresh"), after_retention, one);
     assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+}
+
+/// A plain connection for looking at (or preparing) the tables directly.
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    client
+}
+
+async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).await.unwrap().get(0)
+}
+
+/// The counter rows agree with the records, shard by shard, and each counter keeps the capacity
+/// invariant: all its rows carry one `capacity_limit`, and when it is set, no row holds more
+/// records than its capacity and the capacities add up to at most the limit.
+async fn assert_counters_consistent(url: &str, schema: &str) {
+    let client = admin(url).await;
+    let s = format!("\"{schema}\"");
+    let scope_mismatches = count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM (
+                SELECT namespace, principal, shard, count(*) AS n FROM {s}.idem_records
+                GROUP BY namespace, principal, shard
+             ) AS r FULL JOIN {s}.idem_scope_shards AS c USING (namespace, principal, shard)
+             WHERE coalesce(r.n, 0) <> coalesce(c.records, 0)"
+        ),
+    )
+    .await;
+    assert_eq!(
+        scope_mismatches, 0,
+        "scope counters disagree with the records"
+    );
+    let total_mismatches = count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM (
+                SELECT shard, count(*) AS n FROM {s}.idem_records GROUP BY shard
+             ) AS r FULL JOIN {s}.idem_total_shards AS t USING (shard)
+             WHERE coalesce(r.n, 0) <> coalesce(t.records, 0)"
+        ),
+    )
+    .await;
+    assert_eq!(
+        total_mismatches, 0,
+        "store counters disagree with the records"
+    );
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT count(*) FROM {s}.idem_total_shards")
+        )
+        .await,
+        16
+    );
+    let broken = "count(DISTINCT capacity_limit) > 1
+        OR (count(capacity_limit) > 0 AND count(capacity_limit) < count(*))
+        OR (count(capacity_limit) > 0
+            AND (sum(capacity) > max(capacity_limit) OR bool_or(records > capacity)))";
+    let broken_scopes = count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM (
+                SELECT 1 FROM {s}.idem_scope_shards GROUP BY namespace, principal HAVING {broken}
+             ) AS b"
+        ),
+    )
+    .await;
+    assert_eq!(
+        broken_scopes, 0,
+        "a scope counter breaks the capacity invariant"
+    );
+    let broken_total = count(
+        &client,
+        &format!("SELECT count(*) FROM (SELECT 1 FROM {s}.idem_total_shards HAVING {broken}) AS b"),
+    )
+    .await;
+    assert_eq!(
+        broken_total, 0,
+        "the store counter breaks the capacity invariant"
+    );
+}
+
+/// Runs `requests` on `tasks` tasks, alternately on each of two stores, each task taking the
+/// next request when done with one.
+async fn claim_concurrently(
+    pools: [Arc<dyn Store>; 2],
+    requests: Vec<ClaimRequest>,
+    tasks: usize,
+) -> Vec<(ClaimRequest, ClaimOutcome)> {
+    let queue = Arc::new(Mutex::new(requests));
+    let workers: Vec<_> = (0..tasks)
+        .map(|i| {
+            let store = pools[i % 2].clone();
+            let queue = queue.clone();
+            tokio::spawn(async move {
+                let mut done = Vec::new();
+                loop {
+                    let Some(req) = queue.lock().unwrap().pop() else {
+                        break done;
+                    };
+                    let outcome = store.claim(&req).await.expect("claim");
+                    done.push((req, outcome));
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for worker in workers {
+        all.extend(worker.await.unwrap());
+    }
+    all
+}
+
+/// Two stores (separate pools) on one fresh schema.
+async fn two_pools(url: &str) -> (Arc<TestStore>, Arc<dyn Store>) {
+    let a = Arc::new(TestStore::open(url).await);
+    let b = Arc::new(PostgresStore::open_in_schema(url, &a.schema).await.unwrap());
+    (a, b)
+}
+
+/// Many distinct keys of ONE scope claimed at once from two pools (the case whose claims all
+/// locked one scope row and one store row before sharding): all win, every counter shard is used,
+/// and the counters stay exact through completion, release and purge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_keys_of_one_scope_from_two_pools() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let (a, b) = two_pools(&url).await;
+    let limits = RecordLimits {
+        max_records_per_scope: 100_000,
+        max_records_total: 1_000_000,
+    };
+    let scope = scope();
+    let requests: Vec<_> = (0..800)
+        .map(|i| claim_req(&record_id(&scope, &format!("k{i}")), T0, limits))
+        .collect();
+    let results = claim_concurrently([a.clone(), b.clone()], requests, 32).await;
+    assert_eq!(results.len(), 800);
+    assert!(results.iter().all(|(_, o)| *o == ClaimOutcome::Claimed));
+    assert_eq!(a.stats(T0).await.unwrap().in_progress, 800);
+    assert_counters_consistent(&url, &a.schema).await;
+    let client = admin(&url).await;
+    let used = count(
+        &client,
+        &format!(
+            "SELECT count(*) FROM \"{}\".idem_scope_shards WHERE records > 0",
+            a.schema
+        ),
+    )
+    .await;
+    assert_eq!(used, 16, "800 keys spread over all 16 shards");
+
+    // Release half (through the other pool), complete the other half with a short retention.
+    for (i, (req, _)) in results.iter().enumerate() {
+        let store: &dyn Store = if i % 2 == 0 { &*b } else { &*a };
+        let fenced = if i % 2 == 0 {
+            store.release(&req.id, req.owner).await.unwrap()
+        } else {
+            let done = CompleteRequest {
+                id: req.id.clone(),
+                owner: req.owner,
+                outcome: Outcome::Success("{}".into()),
+                completed_at: T0,
+                expires_at: later(T0, 60),
+            };
+            store.complete(done).await.unwrap()
+        };
+        assert_eq!(fenced, Fenced::Applied);
+    }
+    assert_eq!(a.stats(T0).await.unwrap().completed, 400);
+    assert_counters_consistent(&url, &a.schema).await;
+    assert_eq!(a.purge_expired(later(T0, 60)).await.unwrap(), 400);
+    assert_counters_consistent(&url, &a.schema).await;
+    let s = &a.schema;
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT count(*) FROM \"{s}\".idem_scope_shards")
+        )
+        .await,
+        0,
+        "the empty scope's counter rows are dropped"
+    );
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT coalesce(sum(records), 0)::int8 FROM \"{s}\".idem_total_shards")
+        )
+        .await,
+        0
+    );
+}
+
+/// Near a limit, shards run out of room one by one and claims take the exact path: rounds of
+/// races through two pools for the last few slots (of a scope, then of the store) admit exactly
+/// as many as there is room for, never more, and never fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn quota_races_near_the_limit_are_exact() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let (a, b) = two_pools(&url).await;
+    let limits = RecordLimits {
+        max_records_per_scope: 40,
+        max_records_total: u64::MAX,
+    };
+    let scope = scope();
+    let mut held = Vec::new();
+    for i in 0..33 {
+        let req = claim_req(&record_id(&scope, &format!("fill{i}")), T0, limits);
+        assert_eq!(a.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+        held.push(req);
+    }
+    for round in 0..4 {
+        let room = 40 - held.len();
+        let requests: Vec<_> = (0..30)
+            .map(|i| claim_req(&record_id(&scope, &format!("r{round}-{i}")), T0, limits))
+            .collect();
+        let results = claim_concurrently([a.clone(), b.clone()], requests, 12).await;
+        let mut won = 0;
+        for (req, outcome) in results {
+            match outcome {
+                ClaimOutcome::Claimed => {
+                    won += 1;
+                    held.push(req);
+                }
+                ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope { limit: 40 }) => {}
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(won, room, "round {round}");
+        assert_eq!(a.stats(T0).await.unwrap().in_progress, 40);
+        assert_counters_consistent(&url, &a.schema).await;
+        // Free a few slots for the next round.
+        for req in held.drain(..round + 2) {
+            assert_eq!(
+                b.release(&req.id, req.owner).await.unwrap(),
+                Fenced::Applied
+            );
+        }
+    }
+
+    // The store-wide limit, with claims spread over five scopes.
+    let (a, b) = two_pools(&url).await;
+    let limits = RecordLimits {
+        max_records_per_scope: u64::MAX,
+        max_records_total: 25,
+    };
+    let scopes: Vec<_> = (0..5).map(|_| self::scope()).collect();
+    for i in 0..20 {
+        let req = claim_req(&record_id(&scopes[i % 5], &format!("fill{i}")), T0, limits);
+        assert_eq!(b.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+    }
+    let requests: Vec<_> = (0..40)
+        .map(|i| claim_req(&record_id(&scopes[i % 5], &format!("race{i}")), T0, limits))
+        .collect();
+    let results = claim_concurrently([a.clone(), b.clone()], requests, 12).await;
+    let won = results
+        .iter()
+        .filter(|(_, outcome)| match outcome {
+            ClaimOutcome::Claimed => true,
+            ClaimOutcome::QuotaExceeded(QuotaExceeded::Total { limit: 25 }) => false,
+            other => panic!("unexpected {other:?}"),
+        })
+        .count();
+    assert_eq!(won, 5);
+    assert_eq!(a.stats(T0).await.unwrap().in_progress, 25);
+    assert_counters_consistent(&url, &a.schema).await;
+}
+
+/// Capacities computed for one limit never let a claim with a lower limit through: a scope filled
+/// to 40 under a limit of 64 refuses claims under a limit of 32 until it is down to 31 records.
+/// Instances configured with different limits racing each other stay within the higher limit,
+/// and reach it only if some claim under it was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lower_limit_is_never_exceeded() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let (a, b) = two_pools(&url).await;
+    let with_limit = |n: u64| RecordLimits {
+        max_records_per_scope: n,
+        max_records_total: u64::MAX,
+    };
+    let scope = scope();
+    let mut held = Vec::new();
+    for i in 0..40 {
+        let req = claim_req(&record_id(&scope, &format!("k{i}")), T0, with_limit(64));
+        assert_eq!(a.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+        held.push(req);
+    }
+    for i in 0..16 {
+        let req = claim_req(&record_id(&scope, &format!("low{i}")), T0, with_limit(32));
+        assert_eq!(
+            b.claim(&req).await.unwrap(),
+            ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope { limit: 32 })
+        );
+    }
+    for req in held.drain(..9) {
+        assert_eq!(
+            a.release(&req.id, req.owner).await.unwrap(),
+            Fenced::Applied
+        );
+    }
+    let req = claim_req(&record_id(&scope, "low-fits"), T0, with_limit(32));
+    assert_eq!(b.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+    let req = claim_req(&record_id(&scope, "low-over"), T0, with_limit(32));
+    assert_eq!(
+        b.claim(&req).await.unwrap(),
+        ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope { limit: 32 })
+    );
+    let req = claim_req(&record_id(&scope, "high-fits"), T0, with_limit(64));
+    assert_eq!(a.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+    assert_counters_consistent(&url, &a.schema).await;
+
+    // Two configurations racing on a fresh scope.
+    let scope = self::scope();
+    let requests: Vec<_> = (0..60)
+        .map(|i| {
+            let limit = if i % 2 == 0 { 30 } else { 20 };
+            claim_req(
+                &record_id(&scope, &format!("mixed{i}")),
+                T0,
+                with_limit(limit),
+            )
+        })
+        .collect();
+    let results = claim_concurrently([a.clone(), b.clone()], requests, 12).await;
+    let won = results
+        .iter()
+        .filter(|(_, o)| *o == ClaimOutcome::Claimed)
+        .count();
+    let high_refused = results
+        .iter()
+        .any(|(_, o)| *o == ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope { limit: 30 }));
+    assert!(won <= 30, "{won}");
+    if high_refused {
+        assert_eq!(won, 30);
+    }
+    assert_counters_consistent(&url, &a.schema).await;
+}
+
+/// The version 1 tables, as the previous build created them.
+fn v1_ddl(s: &str) -> String {
+    format!(
+        "CREATE SCHEMA {s};
+        CREATE TABLE {s}.idem_schema_version (
+            id      smallint PRIMARY KEY CHECK (id = 1),
+            version integer  NOT NULL
+        );
+        INSERT INTO {s}.idem_schema_version (id, version) VALUES (1, 1);
+        CREATE TABLE IF NOT EXISTS {s}.idem_records (
+            namespace        text COLLATE \"C\" NOT NULL,
+            principal        text COLLATE \"C\" NOT NULL,
+            key              text COLLATE \"C\" NOT NULL,
+            fingerprint      bytea  NOT NULL CHECK (octet_length(fingerprint) = 32),
+            tool_name        text   NOT NULL,
+            owner            bigint,
+            lease_expires_at bigint,
+            outcome_kind     text,
+            outcome_body     text,
+            completed_at     bigint,
+            created_at       bigint NOT NULL,
+            expires_at       bigint NOT NULL,
+            PRIMARY KEY (namespace, principal, key),
+            CHECK ((owner IS NULL) = (outcome_kind IS NOT NULL))
+        );
+        CREATE INDEX IF NOT EXISTS idem_records_expires_at ON {s}.idem_records (expires_at);
+        CREATE TABLE IF NOT EXISTS {s}.idem_scope_counts (
+            namespace text COLLATE \"C\" NOT NULL,
+            principal text COLLATE \"C\" NOT NULL,
+            records   bigint NOT NULL,
+            PRIMARY KEY (namespace, principal)
+        );
+        CREATE TABLE IF NOT EXISTS {s}.idem_totals (
+            id      smallint PRIMARY KEY CHECK (id = 1),
+            records bigint NOT NULL
+        );
+        INSERT INTO {s}.idem_totals (id, records) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
+        CREATE TABLE IF NOT EXISTS {s}.idem_quota_guard (
+            total_ok boolean CONSTRAINT idem_total_quota_exceeded CHECK (total_ok),
+            scope_ok boolean CONSTRAINT idem_scope_quota_exceeded CHECK (scope_ok)
+        );"
+    )
+}
+
+/// A version 1 schema with records in it is migrated on open: the records are kept (in shard 0),
+/// the counts carried over, quotas hold across old and new records, and releasing and purging old
+/// records uncounts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrates_a_version_1_schema() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let schema = fresh_schema();
+    let client = admin(&url).await;
+    let s = format!("\"{schema}\"");
+    client.batch_execute(&v1_ddl(&s)).await.unwrap();
+    let scope = scope();
+    let other = self::scope();
+    let (ns, pr) = (scope.namespace(), scope.principal());
+    let ms = |t: Timestamp| t.as_millis() as i64;
+    let fp = "decode(repeat('ab', 32), 'hex')";
+    // In the scope: "a" in progress (owner 42), "b" completed, "c" expired; "d" elsewhere.
+    for (ns, pr, key, owner, kind, expires) in [
+        (ns, pr, "a", Some(42_i64), None, later(T0, 3600)),
+        (ns, pr, "b", None, Some("success"), later(T0, 3600)),
+        (ns, pr, "c", Some(7), None, T0),
+        (
+            other.namespace(),
+            other.principal(),
+            "d",
+            Some(8),
+            None,
+            later(T0, 3600),
+        ),
+    ] {
+        client
+            .execute(
+                &format!(
+                    "INSERT INTO {s}.idem_records VALUES ($1, $2, $3, {fp}, 'charge', $4, $5, $6,
+                        CASE WHEN $6::text IS NULL THEN NULL ELSE '{{}}' END,
+                        CASE WHEN $6::text IS NULL THEN NULL ELSE $7::int8 END, $7, $8)"
+                ),
+                &[
+                    &ns,
+                    &pr,
+                    &key,
+                    &owner,
+                    &owner.map(|_| ms(later(T0, 30))),
+                    &kind,
+                    &ms(T0),
+                    &ms(expires),
+                ],
+            )
+            .await
+            .unwrap();
+    }
+    client
+        .execute(
+            &format!("INSERT INTO {s}.idem_scope_counts VALUES ($1, $2, 3), ($3, $4, 1)"),
+            &[&ns, &pr, &other.namespace(), &other.principal()],
+        )
+        .await
+        .unwrap();
+    client
+        .batch_execute(&format!("UPDATE {s}.idem_totals SET records = 4"))
+        .await
+        .unwrap();
+
+    let store = TestStore::open_via(&url, &url, &schema).await;
+    assert_eq!(
+        count(
+            &client,
+            &format!("SELECT version::int8 FROM {s}.idem_schema_version")
+        )
+        .await,
+        2
+    );
+    for old in ["idem_scope_counts", "idem_totals", "idem_quota_guard"] {
+        let gone: bool = client
+            .query_one("SELECT to_regclass($1) IS NULL", &[&format!("{s}.{old}")])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(gone, "{old} was dropped");
+    }
+    assert_counters_consistent(&url, &schema).await;
+    let a = record_id(&scope, "a");
+    assert!(matches!(
+        store.get(&a, T0).await.unwrap().unwrap().state,
+        RecordState::InProgress { owner, .. } if owner.as_u64() == 42
+    ));
+    assert!(matches!(
+        store
+            .get(&record_id(&scope, "b"), T0)
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        RecordState::Completed { .. }
+    ));
+    assert_eq!(store.get(&record_id(&scope, "c"), T0).await.unwrap(), None);
+
+    // Three records (one expired) count against a limit of 4.
+    let four = RecordLimits {
+        max_records_per_scope: 4,
+        max_records_total: 5,
+    };
+    let claim = |key: &str| claim_req(&record_id(&scope, key), T0, four);
+    assert_eq!(
+        store.claim(&claim("new1")).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    // Full: purging the expired "c" makes room.
+    assert_eq!(
+        store.claim(&claim("new2")).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert_eq!(
+        store
+            .get(&record_id(&scope, "c"), later(T0, 1))
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store.claim(&claim("new3")).await.unwrap(),
+        ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope { limit: 4 })
+    );
+    // The store holds five (with "d"): the store-wide limit refuses elsewhere.
+    let elsewhere = claim_req(&record_id(&self::scope(), "x"), T0, four);
+    assert_eq!(
+        store.claim(&elsewhere).await.unwrap(),
+        ClaimOutcome::QuotaExceeded(QuotaExceeded::Total { limit: 5 })
+    );
+    assert_eq!(
+        store.release(&a, FencingToken::from_u64(42)).await.unwrap(),
+        Fenced::Applied
+    );
+    assert_eq!(
+        store.claim(&claim("new3")).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    assert_counters_consistent(&url, &schema).await;
+
+    // Purging everything brings every counter back to zero.
+    assert_eq!(store.purge_expired(later(T0, 100_000)).await.unwrap(), 5);
+    assert_counters_consistent(&url, &schema).await;
+    assert_eq!(
+        count(
+            &client,
+            &format!(
+                "SELECT ((SELECT coalesce(sum(records), 0) FROM {s}.idem_scope_shards)
+                    + (SELECT coalesce(sum(records), 0) FROM {s}.idem_total_shards))::int8"
+            )
+        )
+        .await,
+        0
+    );
 }
 
 /// Outcome bodies, keys and tokens come back exactly, including tokens above `i64::MAX`.

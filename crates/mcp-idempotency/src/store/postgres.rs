@@ -3,22 +3,41 @@
 //! # Schema
 //!
 //! Four tables live in one schema (`public` unless the URL says `?schema=NAME` or the store is
-//! opened with [`PostgresStore::open_in_schema`]), plus a version table:
+//! opened with [`PostgresStore::open_in_schema`]), plus a version table (version 2):
 //!
 //! * `idem_records`: one row per `(namespace, principal, key)` (the primary key, `COLLATE "C"` so
 //!   keys compare byte for byte), with the fingerprint (`bytea`, 32 bytes), the owner token
 //!   (`bigint`, the `u64` cast bitwise) and lease while in progress, or the outcome kind and body
-//!   (`text`, kept byte for byte) once completed. Times are the caller's milliseconds since the
-//!   epoch (`bigint`), never the database clock. An index on `expires_at` serves purges.
-//! * `idem_scope_counts` and `idem_totals`: how many records (live or expired but not yet purged)
-//!   each scope and the whole store hold, kept in step with `idem_records` by the same statements
-//!   that insert and delete records, so quotas are checked without counting rows.
-//! * `idem_quota_guard`: always empty. Its two `CHECK` constraints turn "a counter went past its
-//!   limit" into an error that aborts the claiming statement (see below).
+//!   (`text`, kept byte for byte) once completed, and the counter shard the record is counted in
+//!   (`shard`, `0..16`). Times are the caller's milliseconds since the epoch (`bigint`), never the
+//!   database clock. An index on `expires_at` serves purges.
+//! * `idem_scope_shards` and `idem_total_shards`: how many records (live or expired but not yet
+//!   purged) each scope and the whole store hold, split over 16 counter rows ("shards") per scope
+//!   and 16 for the store, kept in step with `idem_records` by the same statements that insert and
+//!   delete records, so quotas are checked without counting rows. A record is counted in the shard
+//!   with the number stored in its row (for both counters), chosen when it is first inserted from a
+//!   hash of its scope and key; releases, purges and replacements of expired records use the stored
+//!   number, so decrements always hit the row that was incremented.
+//! * `idem_shard_guard`: always empty. Its two `CHECK` constraints turn "a counter shard has no
+//!   room" into an error that aborts the claiming statement (see below).
+//!
+//! # Counter shards and capacities
+//!
+//! Each shard row holds `records`, a `capacity` and the limit the capacities were computed for
+//! (`capacity_limit`, `NULL` when they were never computed). The store keeps this invariant for
+//! each counter (one scope, or the store), in every committed state:
+//!
+//! > all of the counter's rows carry the same `capacity_limit`; when it is some `L`, every row has
+//! > `records <= capacity` and the capacities add up to at most `L`.
+//!
+//! Hence, while it holds, the counter holds at most `L` records.
 //!
 //! # Claims
 //!
-//! A claim is one statement (one round trip in the common case) under READ COMMITTED:
+//! Claims run under READ COMMITTED. The common case is one statement (one round trip), which locks
+//! one scope row and one store row, so claims counted in different shards (for two claims of
+//! distinct keys, 15 times out of 16, even within one scope) neither wait for each other nor for
+//! each other's commit:
 //!
 //! 1. `INSERT … ON CONFLICT (namespace, principal, key) DO UPDATE … WHERE <the existing record
 //!    expired>`. PostgreSQL's arbiter index decides conflicts on the latest committed data (a
@@ -27,21 +46,85 @@
 //!    when the row expired, lock it and replace it, again one at a time. `RETURNING (xmax = 0)`
 //!    tells a fresh insert from the replacement of an expired record (a long-standing PostgreSQL
 //!    behaviour rather than a documented one; the tests check the counters through replacements).
-//! 2. Only for a fresh insert, the scope counter (an upsert) and then the total counter are
-//!    incremented. Both are `DO UPDATE SET records = records + 1` upserts, which lock the counter
-//!    row and add to its latest committed value, so concurrent claims serialize on the counters.
-//! 3. If either new count exceeds its limit, a row is inserted into `idem_quota_guard`, whose
-//!    `CHECK` fails: the whole statement aborts, the insert and increments vanish, and the error
-//!    names the quota. Because the check reads the value the statement itself wrote under the row
-//!    lock, two claims racing for the last slot cannot both pass: the second one waits for the
-//!    first to commit and then sees its increment.
+//!    A replacement keeps the record's shard and its place in the counters.
+//! 2. Only for a fresh insert, the record's scope shard row and then its store shard row are
+//!    incremented, each by an `UPDATE … WHERE capacity_limit = <the claim's limit> AND records <
+//!    capacity`. The row is locked and the condition evaluated on its latest committed version (a
+//!    concurrent writer is waited for), so the increment keeps `records <= capacity`.
+//! 3. If either update found no room (or no row, or capacities computed for another limit), a row
+//!    is inserted into `idem_shard_guard`, whose `CHECK` fails: the whole statement aborts, the
+//!    insert and increment vanish, and the error names the counter. The claim then takes the
+//!    exact path below for that counter.
 //! 4. The statement returns either "claimed" or the existing live record read from its snapshot.
 //!    In the rare case the snapshot predates the conflicting row (a concurrent claim of the same
 //!    key committed after this statement started), it returns nothing and the claim is re-run.
 //!
-//! Locks are always taken in the order record, scope counter, total counter (also by release and
-//! purge), so these statements cannot deadlock each other. When a claim is over quota, expired
-//! records are purged (a second statement) and the claim is tried once more.
+//! The exact path is one transaction: the record insert of step 1, then, for each counter that
+//! refused (the other one gets the conditional increment of step 2), every shard row of the
+//! counter is locked in shard order (an upsert of all 16 rows, which creates missing ones and
+//! returns the latest committed values), the records are summed, and
+//!
+//! * if the sum is at least the claim's limit, the transaction is rolled back and the claim is
+//!   refused (after one purge of expired records and one more try, as before);
+//! * otherwise the record's shard is incremented and all capacities are recomputed for the
+//!   claim's limit: each row gets its records plus an equal part of the spare room (`limit − sum`,
+//!   the remainder going one each to the lowest shards).
+//!
+//! If a conditional increment of the exact path finds no room, the transaction is rolled back and
+//! re-run with both counters on the exact path.
+//!
+//! # Quotas are exact
+//!
+//! A claim is admitted if and only if, at the moment it holds the counter rows it changes, the
+//! counter holds fewer records than the claim's limit. Sharding never refuses a claim early (the
+//! largest early refusal is zero records): a shard without room is not a refusal, it only sends
+//! the claim to the exact path. So filling a scope or the store to exactly its limit with distinct
+//! keys succeeds and the next claim is refused, whatever shards the keys hash to; limits below 16
+//! work the same way (at most that many shards get capacity, the others' claims take the exact
+//! path), and a limit of 0 refuses every new record.
+//!
+//! * the one-statement path admits only while its shard is below capacity, and by the invariant
+//!   the other rows are at or below theirs, so the counter ends at or below the sum of the
+//!   capacities, which is the claim's limit (the `capacity_limit` matched);
+//! * the exact path holds all of the counter's rows, so its sum is the true count, and it admits
+//!   exactly when that count is below the limit.
+//!
+//! The invariant holds in every committed state: a conditional increment keeps its row within
+//! capacity; decrements only lower counts; capacities and `capacity_limit` are only written by the
+//! exact path, for all rows of the counter at once, while it holds all of them, with capacities
+//! summing to the limit and at least the counts; rows are only created by the exact path and only
+//! deleted when a scope's rows are all empty (deleting a row removes capacity, never records).
+//!
+//! Costs: the first claim of a scope (whose rows do not exist yet), a claim whose shard used up its
+//! capacity (the spare room is spread evenly again each time, so this happens mostly once the
+//! counter is within a few times 16 records of its limit), and a claim whose limit differs from
+//! the one the capacities were computed for (a changed configuration, or instances configured
+//! differently, which then take turns recomputing) take the exact path: a transaction of four to
+//! seven round trips, serialized with every other claim of that counter. Each scope with records
+//! has 16 counter rows instead of 1; purges drop those of scopes left empty.
+//!
+//! # Locks and deadlocks
+//!
+//! Every statement and transaction takes row locks in one global order: records first, then scope
+//! shard rows in `(namespace, principal, shard)` order, then store shard rows in shard order. The
+//! one-statement claim and release lock one record, one scope row, one store row; the exact path
+//! locks one record, then one scope row or all 16 rows of one scope in shard order, then one store
+//! row or all 16 in shard order (a conditional increment that found no room may leave its row
+//! locked, so the transaction is rolled back before the counter is locked exactly); purges lock
+//! records, then the scope rows they decrement and then the store rows, each sorted (`ORDER BY …
+//! FOR UPDATE`); dropping empty scopes locks scope rows sorted. Since nobody waits for a lock
+//! that comes earlier in the order than one it holds, these cannot deadlock each other (purges
+//! also take turns on an advisory lock, since the records they delete are not sorted).
+//!
+//! # Upgrading from version 1
+//!
+//! Version 1 kept one counter row per scope and one for the store. Opening a version 1 schema
+//! migrates it in one transaction under the migration advisory lock: existing records get shard 0
+//! (a column with a default, so the table is not rewritten), each scope's count and the store's
+//! count move to their shard 0 rows with no capacities (the first claims take the exact path and
+//! compute them), and the old counter and guard tables are dropped. Instances still running the
+//! previous version then fail their claims, releases and purges with an error (their statements
+//! name the dropped tables, so they cannot corrupt the counters) until they are upgraded.
 
 use std::fmt;
 use std::str::FromStr;
@@ -58,15 +141,18 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, RecordLimits, Store,
-    StoreError, StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, Store, StoreError,
+    StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
 use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState};
 use crate::time::Timestamp;
 
 /// The schema version this build creates and understands.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
+
+/// Counter rows per scope and for the whole store.
+const SHARDS: i16 = 16;
 
 /// The schema used when neither the URL nor the caller names one.
 const DEFAULT_SCHEMA: &str = "public";
@@ -93,9 +179,9 @@ const PURGE_BATCH: i64 = 10_000;
 /// How often an operation aborted by the server (deadlock, serialization failure) is re-run.
 const MAX_TRANSIENT_RETRIES: usize = 3;
 
-/// The constraints of `idem_quota_guard`.
-const TOTAL_QUOTA_CONSTRAINT: &str = "idem_total_quota_exceeded";
-const SCOPE_QUOTA_CONSTRAINT: &str = "idem_scope_quota_exceeded";
+/// The constraints of `idem_shard_guard`.
+const TOTAL_SHARD_FULL: &str = "idem_total_shard_full";
+const SCOPE_SHARD_FULL: &str = "idem_scope_shard_full";
 
 /// Records in a PostgreSQL database, through a pool of connections.
 ///
@@ -109,6 +195,12 @@ const SCOPE_QUOTA_CONSTRAINT: &str = "idem_scope_quota_exceeded";
 /// crashed: a claim then stays in progress until its lease runs out. To have the server abort such
 /// statements too, set a `statement_timeout` for the role or database, or in the URL with
 /// `options=-c%20statement_timeout%3D10000`.
+///
+/// Quotas are exact, as with the other stores: a claim that would create a record is refused if
+/// and only if its scope (or the store) already holds as many records as the limit it carries.
+/// Counters are split in 16 shards so that claims of distinct keys do not wait for each other;
+/// near a limit (or for the first claim of a scope) claims lock the whole counter instead (see
+/// the module documentation).
 ///
 /// Open one with [`PostgresStore::open`] (`postgres://user:password@host:port/db`, optionally
 /// `?schema=NAME` and the parameters tokio-postgres takes, such as `connect_timeout` in seconds)
@@ -285,7 +377,8 @@ macro_rules! run {
         let store: &PostgresStore = $store;
         let mut retries = 0;
         loop {
-            let $client = store.connection().await?;
+            #[allow(unused_mut)]
+            let mut $client = store.connection().await?;
             let result = match tokio::time::timeout(OPERATION_TIMEOUT, async { $body }).await {
                 Ok(result) => result,
                 Err(_) => Err(OpError::TimedOut($what)),
@@ -406,6 +499,13 @@ fn is_connection_error(err: &tokio_postgres::Error) -> bool {
 /// The statements, with the schema name spliced in (quoted) once.
 struct Sql {
     claim: String,
+    insert_record: String,
+    bump_scope: String,
+    bump_total: String,
+    lock_scope: String,
+    lock_total: String,
+    set_scope: String,
+    set_total: String,
     get: String,
     complete: String,
     take_over: String,
@@ -420,50 +520,108 @@ struct Sql {
 const RECORD_COLUMNS: &str = "fingerprint, tool_name, owner, lease_expires_at, outcome_kind, \
                               outcome_body, completed_at, created_at, expires_at";
 
+/// Inserts a record, or replaces an expired one (keeping its shard), returning whether it was a
+/// fresh insert; returns nothing when a live record holds the key. Parameters as for
+/// [`Sql::claim`], with the shard as `$shard`.
+fn insert_record(s: &str, shard: &str) -> String {
+    format!(
+        "INSERT INTO {s}.idem_records AS r (namespace, principal, key, fingerprint, tool_name,
+            owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at,
+            expires_at, shard)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, $8, $9, {shard})
+        ON CONFLICT (namespace, principal, key) DO UPDATE SET
+            fingerprint = EXCLUDED.fingerprint, tool_name = EXCLUDED.tool_name,
+            owner = EXCLUDED.owner, lease_expires_at = EXCLUDED.lease_expires_at,
+            outcome_kind = NULL, outcome_body = NULL, completed_at = NULL,
+            created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+        WHERE r.expires_at <= $8
+        RETURNING (r.xmax = 0) AS created"
+    )
+}
+
 impl Sql {
     fn new(s: &str) -> Self {
         let key = "namespace = $1 AND principal = $2 AND key = $3";
+        let last = SHARDS - 1;
         Self {
             // $1 namespace, $2 principal, $3 key, $4 fingerprint, $5 tool, $6 owner,
-            // $7 lease_expires_at, $8 now, $9 expires_at, $10 scope limit, $11 total limit.
+            // $7 lease_expires_at, $8 now, $9 expires_at, $10 scope limit, $11 total limit,
+            // $12 shard. The total update reads `scope_count` so that it runs (and locks) after
+            // it, and only when the scope had room.
             claim: format!(
-                "WITH ins AS (
-                    INSERT INTO {s}.idem_records AS r (namespace, principal, key, fingerprint,
-                        tool_name, owner, lease_expires_at, outcome_kind, outcome_body,
-                        completed_at, created_at, expires_at)
-                    VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, $8, $9)
-                    ON CONFLICT (namespace, principal, key) DO UPDATE SET
-                        fingerprint = EXCLUDED.fingerprint, tool_name = EXCLUDED.tool_name,
-                        owner = EXCLUDED.owner, lease_expires_at = EXCLUDED.lease_expires_at,
-                        outcome_kind = NULL, outcome_body = NULL, completed_at = NULL,
-                        created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-                    WHERE r.expires_at <= $8
-                    RETURNING (r.xmax = 0) AS created
-                ),
+                "WITH ins AS ({}),
                 scope_count AS (
-                    INSERT INTO {s}.idem_scope_counts AS c (namespace, principal, records)
-                    SELECT $1, $2, 1 FROM ins WHERE ins.created
-                    ON CONFLICT (namespace, principal) DO UPDATE SET records = c.records + 1
+                    UPDATE {s}.idem_scope_shards AS c SET records = c.records + 1
+                    FROM ins
+                    WHERE ins.created AND c.namespace = $1 AND c.principal = $2 AND c.shard = $12
+                        AND c.capacity_limit = $10::int8 AND c.records < c.capacity
                     RETURNING c.records
                 ),
                 total_count AS (
-                    INSERT INTO {s}.idem_totals AS t (id, records)
-                    SELECT 1, 1 FROM scope_count
-                    ON CONFLICT (id) DO UPDATE SET records = t.records + 1
+                    UPDATE {s}.idem_total_shards AS t SET records = t.records + 1
+                    FROM (SELECT count(*) AS n FROM scope_count) AS after_scope
+                    WHERE after_scope.n > 0 AND t.shard = $12
+                        AND t.capacity_limit = $11::int8 AND t.records < t.capacity
                     RETURNING t.records
                 ),
-                quota AS (
-                    INSERT INTO {s}.idem_quota_guard (total_ok, scope_ok)
-                    SELECT t.records <= $11::int8, s.records <= $10::int8 OR t.records > $11::int8
-                    FROM scope_count AS s, total_count AS t
-                    WHERE s.records > $10::int8 OR t.records > $11::int8
+                guard AS (
+                    INSERT INTO {s}.idem_shard_guard (scope_ok, total_ok)
+                    SELECT EXISTS (SELECT 1 FROM scope_count),
+                        EXISTS (SELECT 1 FROM total_count) OR NOT EXISTS (SELECT 1 FROM scope_count)
+                    FROM ins WHERE ins.created AND NOT EXISTS (SELECT 1 FROM total_count)
                 )
                 SELECT true AS claimed, NULL::bytea, NULL::text, NULL::int8, NULL::int8,
                     NULL::text, NULL::text, NULL::int8, NULL::int8, NULL::int8
                 FROM ins
                 UNION ALL
                 SELECT false, {RECORD_COLUMNS} FROM {s}.idem_records
-                WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)"
+                WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)",
+                insert_record(s, "$12")
+            ),
+            // The exact path, statement by statement in one transaction. $1 to $9 as for
+            // `claim`, $10 shard.
+            insert_record: insert_record(s, "$10"),
+            // $1 namespace, $2 principal, $3 shard, $4 limit.
+            bump_scope: format!(
+                "UPDATE {s}.idem_scope_shards SET records = records + 1
+                 WHERE namespace = $1 AND principal = $2 AND shard = $3
+                    AND capacity_limit = $4 AND records < capacity"
+            ),
+            // $1 shard, $2 limit.
+            bump_total: format!(
+                "UPDATE {s}.idem_total_shards SET records = records + 1
+                 WHERE shard = $1 AND capacity_limit = $2 AND records < capacity"
+            ),
+            // Locks (creating any missing) all shard rows of a scope, in shard order, and returns
+            // their latest committed counts. $1 namespace, $2 principal.
+            lock_scope: format!(
+                "INSERT INTO {s}.idem_scope_shards AS c
+                    (namespace, principal, shard, records, capacity, capacity_limit)
+                SELECT $1, $2, g::int2, 0, 0, NULL::int8 FROM generate_series(0, {last}) AS g
+                ORDER BY g
+                ON CONFLICT (namespace, principal, shard) DO UPDATE SET records = c.records
+                RETURNING c.shard, c.records"
+            ),
+            lock_total: format!(
+                "INSERT INTO {s}.idem_total_shards AS t (shard, records, capacity, capacity_limit)
+                SELECT g::int2, 0, 0, NULL::int8 FROM generate_series(0, {last}) AS g
+                ORDER BY g
+                ON CONFLICT (shard) DO UPDATE SET records = t.records
+                RETURNING t.shard, t.records"
+            ),
+            // Counts one more record in a shard and sets every row's capacity (by shard, from an
+            // array) for a limit. $1 namespace, $2 principal, $3 shard, $4 capacities, $5 limit.
+            set_scope: format!(
+                "UPDATE {s}.idem_scope_shards
+                 SET records = records + (shard = $3)::int, capacity = ($4::int8[])[shard + 1],
+                    capacity_limit = $5
+                 WHERE namespace = $1 AND principal = $2"
+            ),
+            // $1 shard, $2 capacities, $3 limit.
+            set_total: format!(
+                "UPDATE {s}.idem_total_shards
+                 SET records = records + (shard = $1)::int, capacity = ($2::int8[])[shard + 1],
+                    capacity_limit = $3"
             ),
             get: format!(
                 "SELECT {RECORD_COLUMNS} FROM {s}.idem_records WHERE {key} AND expires_at > $4"
@@ -485,25 +643,25 @@ impl Sql {
             // The totals update reads `scope_count` so that it runs (and locks) after it.
             release: format!(
                 "WITH del AS (
-                    DELETE FROM {s}.idem_records WHERE {key} AND owner = $4 RETURNING 1
+                    DELETE FROM {s}.idem_records WHERE {key} AND owner = $4 RETURNING shard
                 ),
                 scope_count AS (
-                    UPDATE {s}.idem_scope_counts AS c SET records = c.records - d.n
-                    FROM (SELECT count(*) AS n FROM del) AS d
-                    WHERE c.namespace = $1 AND c.principal = $2 AND d.n > 0
+                    UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
+                    FROM del
+                    WHERE c.namespace = $1 AND c.principal = $2 AND c.shard = del.shard
                     RETURNING c.records
                 ),
                 total_count AS (
-                    UPDATE {s}.idem_totals AS t SET records = t.records - d.n
-                    FROM (SELECT count(*) AS n FROM del) AS d,
-                        (SELECT count(*) FROM scope_count) AS after_scopes
-                    WHERE t.id = 1 AND d.n > 0
+                    UPDATE {s}.idem_total_shards AS t SET records = t.records - 1
+                    FROM del, (SELECT count(*) FROM scope_count) AS after_scopes
+                    WHERE t.shard = del.shard
                 )
                 SELECT count(*) FROM del"
             ),
             // $1 now, $2 advisory lock key: purges of one schema take turns, so two of them never
-            // delete the same rows in different orders and deadlock. $3: at most this many records.
-            // delete the same rows in different orders and deadlock.
+            // delete the same records in different orders and deadlock. $3: at most this many
+            // records. Counter rows are locked sorted (scope rows, then store rows) before they
+            // are decremented, in the order claims lock them.
             purge: format!(
                 "WITH purge_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock($2::int8)),
                 del AS (
@@ -515,26 +673,62 @@ impl Sql {
                     ) AS old
                     WHERE r.namespace = old.namespace AND r.principal = old.principal
                         AND r.key = old.key AND r.expires_at <= $1
-                    RETURNING r.namespace, r.principal
+                    RETURNING r.namespace, r.principal, r.shard
                 ),
                 per_scope AS (
-                    SELECT namespace, principal, count(*) AS n FROM del GROUP BY namespace, principal
+                    SELECT namespace, principal, shard, count(*) AS n FROM del
+                    GROUP BY namespace, principal, shard
+                ),
+                scope_locked AS MATERIALIZED (
+                    SELECT c.namespace, c.principal, c.shard, p.n
+                    FROM {s}.idem_scope_shards AS c
+                    JOIN per_scope AS p ON c.namespace = p.namespace
+                        AND c.principal = p.principal AND c.shard = p.shard
+                    ORDER BY c.namespace, c.principal, c.shard
+                    FOR UPDATE OF c
                 ),
                 scope_count AS (
-                    UPDATE {s}.idem_scope_counts AS c SET records = c.records - p.n
-                    FROM per_scope AS p
-                    WHERE c.namespace = p.namespace AND c.principal = p.principal
+                    UPDATE {s}.idem_scope_shards AS c SET records = c.records - l.n
+                    FROM scope_locked AS l
+                    WHERE c.namespace = l.namespace AND c.principal = l.principal
+                        AND c.shard = l.shard
                     RETURNING c.records
                 ),
-                total_count AS (
-                    UPDATE {s}.idem_totals AS t SET records = t.records - d.n
-                    FROM (SELECT count(*) AS n FROM del) AS d,
+                per_shard AS (SELECT shard, count(*) AS n FROM del GROUP BY shard),
+                total_locked AS MATERIALIZED (
+                    SELECT t.shard, p.n
+                    FROM {s}.idem_total_shards AS t
+                    JOIN per_shard AS p ON t.shard = p.shard,
                         (SELECT count(*) FROM scope_count) AS after_scopes
-                    WHERE t.id = 1 AND d.n > 0
+                    ORDER BY t.shard
+                    FOR UPDATE OF t
+                ),
+                total_count AS (
+                    UPDATE {s}.idem_total_shards AS t SET records = t.records - l.n
+                    FROM total_locked AS l
+                    WHERE t.shard = l.shard
                 )
                 SELECT count(*) FROM del"
             ),
-            drop_empty_scopes: format!("DELETE FROM {s}.idem_scope_counts WHERE records <= 0"),
+            // Scopes left without records (by purges or by releases) lose their counter rows,
+            // locked sorted; a row counted in since is kept (the condition is checked again on
+            // its latest version), and a claim recreates missing rows.
+            drop_empty_scopes: format!(
+                "WITH empty AS (
+                    SELECT namespace, principal FROM {s}.idem_scope_shards
+                    GROUP BY namespace, principal HAVING max(records) <= 0
+                ),
+                locked AS MATERIALIZED (
+                    SELECT c.namespace, c.principal, c.shard FROM {s}.idem_scope_shards AS c
+                    JOIN empty AS e ON c.namespace = e.namespace AND c.principal = e.principal
+                    WHERE c.records <= 0
+                    ORDER BY c.namespace, c.principal, c.shard
+                    FOR UPDATE OF c
+                )
+                DELETE FROM {s}.idem_scope_shards AS c USING locked AS l
+                WHERE c.namespace = l.namespace AND c.principal = l.principal
+                    AND c.shard = l.shard AND c.records <= 0"
+            ),
             stats: format!(
                 "SELECT count(*) FILTER (WHERE expires_at > $1 AND owner IS NOT NULL),
                     count(*) FILTER (WHERE expires_at > $1 AND owner IS NULL),
@@ -545,6 +739,7 @@ impl Sql {
     }
 }
 
+/// The version 2 tables (creating only what is missing).
 fn schema_ddl(s: &str) -> String {
     format!(
         "CREATE TABLE IF NOT EXISTS {s}.idem_records (
@@ -560,25 +755,60 @@ fn schema_ddl(s: &str) -> String {
             completed_at     bigint,
             created_at       bigint NOT NULL,
             expires_at       bigint NOT NULL,
+            shard            smallint NOT NULL DEFAULT 0,
             PRIMARY KEY (namespace, principal, key),
             CHECK ((owner IS NULL) = (outcome_kind IS NOT NULL))
         );
         CREATE INDEX IF NOT EXISTS idem_records_expires_at ON {s}.idem_records (expires_at);
-        CREATE TABLE IF NOT EXISTS {s}.idem_scope_counts (
-            namespace text COLLATE \"C\" NOT NULL,
-            principal text COLLATE \"C\" NOT NULL,
-            records   bigint NOT NULL,
-            PRIMARY KEY (namespace, principal)
+        {}",
+        counter_ddl(s)
+    )
+}
+
+/// The version 2 counter and guard tables, with the store's shard rows.
+fn counter_ddl(s: &str) -> String {
+    let last = SHARDS - 1;
+    format!(
+        "CREATE TABLE IF NOT EXISTS {s}.idem_scope_shards (
+            namespace      text COLLATE \"C\" NOT NULL,
+            principal      text COLLATE \"C\" NOT NULL,
+            shard          smallint NOT NULL CHECK (shard BETWEEN 0 AND {last}),
+            records        bigint NOT NULL,
+            capacity       bigint NOT NULL,
+            capacity_limit bigint,
+            PRIMARY KEY (namespace, principal, shard)
         );
-        CREATE TABLE IF NOT EXISTS {s}.idem_totals (
-            id      smallint PRIMARY KEY CHECK (id = 1),
-            records bigint NOT NULL
+        CREATE TABLE IF NOT EXISTS {s}.idem_total_shards (
+            shard          smallint PRIMARY KEY CHECK (shard BETWEEN 0 AND {last}),
+            records        bigint NOT NULL,
+            capacity       bigint NOT NULL,
+            capacity_limit bigint
         );
-        INSERT INTO {s}.idem_totals (id, records) VALUES (1, 0) ON CONFLICT (id) DO NOTHING;
-        CREATE TABLE IF NOT EXISTS {s}.idem_quota_guard (
-            total_ok boolean CONSTRAINT {TOTAL_QUOTA_CONSTRAINT} CHECK (total_ok),
-            scope_ok boolean CONSTRAINT {SCOPE_QUOTA_CONSTRAINT} CHECK (scope_ok)
+        INSERT INTO {s}.idem_total_shards (shard, records, capacity, capacity_limit)
+        SELECT g, 0, 0, NULL FROM generate_series(0, {last}) AS g
+        ON CONFLICT (shard) DO NOTHING;
+        CREATE TABLE IF NOT EXISTS {s}.idem_shard_guard (
+            total_ok boolean CONSTRAINT {TOTAL_SHARD_FULL} CHECK (total_ok),
+            scope_ok boolean CONSTRAINT {SCOPE_SHARD_FULL} CHECK (scope_ok)
         );"
+    )
+}
+
+/// Version 1 to 2: records get shard 0 (a default, so the table is not rewritten), the counts move
+/// to shard 0 rows without capacities, and the old counter and guard tables go.
+fn migrate_v1_ddl(s: &str) -> String {
+    format!(
+        "ALTER TABLE {s}.idem_records ADD COLUMN IF NOT EXISTS shard smallint NOT NULL DEFAULT 0;
+        {}
+        INSERT INTO {s}.idem_scope_shards
+            (namespace, principal, shard, records, capacity, capacity_limit)
+        SELECT namespace, principal, 0, records, 0, NULL FROM {s}.idem_scope_counts
+        WHERE records <> 0;
+        UPDATE {s}.idem_total_shards
+        SET records = coalesce((SELECT records FROM {s}.idem_totals WHERE id = 1), 0)
+        WHERE shard = 0;
+        DROP TABLE {s}.idem_scope_counts, {s}.idem_totals, {s}.idem_quota_guard;",
+        counter_ddl(s)
     )
 }
 
@@ -636,13 +866,17 @@ async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), 
         if !schema_exists {
             tx.batch_execute(&format!("CREATE SCHEMA {quoted}")).await?;
         }
+        let tables = if version == 1 {
+            migrate_v1_ddl(quoted)
+        } else {
+            schema_ddl(quoted)
+        };
         tx.batch_execute(&format!(
             "CREATE TABLE IF NOT EXISTS {version_table} (
                 id      smallint PRIMARY KEY CHECK (id = 1),
                 version integer  NOT NULL
             );
-            {}",
-            schema_ddl(quoted)
+            {tables}"
         ))
         .await?;
         tx.execute(
@@ -837,21 +1071,88 @@ fn decode(id: &RecordId, row: &Row, at: usize) -> Result<Record, CorruptRecord> 
     })
 }
 
-/// What one run of the claim statement found.
+/// The two counters a new record is counted in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Counter {
+    Scope,
+    Total,
+}
+
+/// Which counters a claim locks entirely (the exact path) instead of incrementing only the
+/// record's shard when it has room.
+#[derive(Clone, Copy, Debug, Default)]
+struct Exact {
+    scope: bool,
+    total: bool,
+}
+
+/// What one run of the claim statement (or of the exact path) found.
 enum Attempt {
     Done(ClaimOutcome),
-    /// A concurrent claim of the key committed after this statement's snapshot: run it again.
+    /// A concurrent claim of the key committed after this statement's snapshot, or the exact path
+    /// found a live record: run the one-statement claim again.
     Raced,
+    /// The record's shard of this counter had no room (or its capacities were computed for
+    /// another limit): take the exact path for it.
+    ShardFull(Counter),
     OverQuota(QuotaExceeded),
+}
+
+/// The counter shard of a record: FNV-1a over its scope and key, modulo [`SHARDS`]. Any choice
+/// would be correct, since the shard is stored with the record; hashing spreads claims evenly and
+/// sends retries of one claim to the same rows.
+fn shard_of(id: &RecordId) -> i16 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    // 0xff never occurs in UTF-8, so it separates the parts unambiguously.
+    for byte in id
+        .scope
+        .namespace()
+        .bytes()
+        .chain([0xff])
+        .chain(id.scope.principal().bytes())
+        .chain([0xff])
+        .chain(id.key.as_str().bytes())
+    {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    // Fold the high bits in: FNV's low bits mix poorly.
+    let folded = hash ^ (hash >> 32);
+    i16::try_from(folded % SHARDS as u64).expect("a shard number fits an i16")
+}
+
+/// New capacities of a counter whose shards hold `counts` (indexed by shard), once one more record
+/// is counted in `shard` under `limit`; `None` if the counter has no room for it. Every shard gets
+/// its count plus an equal part of the spare room, the remainder going one each to the lowest
+/// shards: capacities are at least the counts and add up to `limit`. (Counts are never negative;
+/// were one, it would be taken as 0, which only errs towards refusing.)
+fn capacities(counts: &[i64], shard: usize, limit: i64) -> Option<Vec<i64>> {
+    let counts: Vec<i128> = counts.iter().map(|&c| i128::from(c.max(0))).collect();
+    let spare = i128::from(limit) - counts.iter().sum::<i128>() - 1;
+    if spare < 0 {
+        return None;
+    }
+    let n = counts.len() as i128;
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &count)| {
+            let own = count + i128::from(i == shard);
+            let extra = spare / n + i128::from((i as i128) < spare % n);
+            // Each is at most the sum of all, `limit`, so it fits.
+            i64::try_from(own + extra).ok()
+        })
+        .collect()
 }
 
 async fn claim_once(
     client: &ClientWrapper,
     sql: &Sql,
     req: &ClaimRequest,
+    shard: i16,
 ) -> Result<Attempt, OpError> {
     let stmt = client.prepare_cached(&sql.claim).await?;
-    let params: [&(dyn ToSql + Sync); 11] = [
+    let params: [&(dyn ToSql + Sync); 12] = [
         &req.id.scope.namespace(),
         &req.id.scope.principal(),
         &req.id.key.as_str(),
@@ -863,12 +1164,13 @@ async fn claim_once(
         &sql_time(req.expires_at),
         &sql_limit(req.limits.max_records_per_scope),
         &sql_limit(req.limits.max_records_total),
+        &shard,
     ];
     let rows = match client.query(&stmt, &params).await {
         Ok(rows) => rows,
         Err(err) => {
-            return match quota_violation(&err, req.limits) {
-                Some(quota) => Ok(Attempt::OverQuota(quota)),
+            return match shard_refusal(&err) {
+                Some(counter) => Ok(Attempt::ShardFull(counter)),
                 None => Err(err.into()),
             }
         }
@@ -886,19 +1188,128 @@ async fn claim_once(
     }))
 }
 
-/// Which quota the claim statement's guard refused, if that is what `err` is.
-fn quota_violation(err: &tokio_postgres::Error, limits: RecordLimits) -> Option<QuotaExceeded> {
+/// The exact path: one transaction that inserts the record, then counts it in each counter, either
+/// in its shard if that has room (as the one-statement claim does) or, for the counters in
+/// `exact`, after locking all of the counter's shard rows and checking their sum.
+async fn claim_exact(
+    client: &mut ClientWrapper,
+    sql: &Sql,
+    req: &ClaimRequest,
+    shard: i16,
+    exact: Exact,
+) -> Result<Attempt, OpError> {
+    let tx = client.transaction().await?;
+    let stmt = tx.prepare_cached(&sql.insert_record).await?;
+    let params: [&(dyn ToSql + Sync); 10] = [
+        &req.id.scope.namespace(),
+        &req.id.scope.principal(),
+        &req.id.key.as_str(),
+        &&req.fingerprint.as_bytes()[..],
+        &&*req.tool_name,
+        &sql_token(req.owner),
+        &sql_time(req.lease_expires_at),
+        &sql_time(req.now),
+        &sql_time(req.expires_at),
+        &shard,
+    ];
+    let Some(row) = tx.query_opt(&stmt, &params).await? else {
+        // A live record holds the key: the one-statement claim returns it.
+        tx.rollback().await?;
+        return Ok(Attempt::Raced);
+    };
+    let created: bool = row
+        .try_get(0)
+        .map_err(|_| CorruptRecord(format!("unreadable claim result for {:?}", req.id.key)))?;
+    if !created {
+        // An expired record was replaced: it stays counted where it was.
+        tx.commit().await?;
+        return Ok(Attempt::Done(ClaimOutcome::Claimed));
+    }
+    let (namespace, principal) = (req.id.scope.namespace(), req.id.scope.principal());
+    let scope_limit = sql_limit(req.limits.max_records_per_scope);
+    let total_limit = sql_limit(req.limits.max_records_total);
+
+    // The scope counter, then the store's (the lock order).
+    if exact.scope {
+        let stmt = tx.prepare_cached(&sql.lock_scope).await?;
+        let rows = tx.query(&stmt, &[&namespace, &principal]).await?;
+        let Some(caps) = capacities(&shard_counts(&rows)?, shard_index(shard), scope_limit) else {
+            tx.rollback().await?;
+            return Ok(Attempt::OverQuota(QuotaExceeded::Scope {
+                limit: req.limits.max_records_per_scope,
+            }));
+        };
+        let stmt = tx.prepare_cached(&sql.set_scope).await?;
+        tx.execute(
+            &stmt,
+            &[&namespace, &principal, &shard, &caps, &scope_limit],
+        )
+        .await?;
+    } else {
+        let stmt = tx.prepare_cached(&sql.bump_scope).await?;
+        if tx
+            .execute(&stmt, &[&namespace, &principal, &shard, &scope_limit])
+            .await?
+            == 0
+        {
+            // Rolled back before locking the whole counter: the failed update may hold the row.
+            tx.rollback().await?;
+            return Ok(Attempt::ShardFull(Counter::Scope));
+        }
+    }
+    if exact.total {
+        let stmt = tx.prepare_cached(&sql.lock_total).await?;
+        let rows = tx.query(&stmt, &[]).await?;
+        let Some(caps) = capacities(&shard_counts(&rows)?, shard_index(shard), total_limit) else {
+            tx.rollback().await?;
+            return Ok(Attempt::OverQuota(QuotaExceeded::Total {
+                limit: req.limits.max_records_total,
+            }));
+        };
+        let stmt = tx.prepare_cached(&sql.set_total).await?;
+        tx.execute(&stmt, &[&shard, &caps, &total_limit]).await?;
+    } else {
+        let stmt = tx.prepare_cached(&sql.bump_total).await?;
+        if tx.execute(&stmt, &[&shard, &total_limit]).await? == 0 {
+            tx.rollback().await?;
+            return Ok(Attempt::ShardFull(Counter::Total));
+        }
+    }
+    tx.commit().await?;
+    Ok(Attempt::Done(ClaimOutcome::Claimed))
+}
+
+fn shard_index(shard: i16) -> usize {
+    usize::try_from(shard).unwrap_or(0)
+}
+
+/// The counts of all [`SHARDS`] rows of a counter, from `(shard, records)` rows.
+fn shard_counts(rows: &[Row]) -> Result<Vec<i64>, OpError> {
+    let mut counts = vec![0; SHARDS as usize];
+    for row in rows {
+        let (shard, records): (i16, i64) = row
+            .try_get(0)
+            .and_then(|shard| Ok((shard, row.try_get(1)?)))
+            .map_err(|err| CorruptRecord(format!("unreadable counter: {}", explain(&err))))?;
+        let slot = usize::try_from(shard)
+            .ok()
+            .and_then(|i| counts.get_mut(i))
+            .ok_or_else(|| CorruptRecord(format!("counter shard {shard} out of range")))?;
+        *slot = records;
+    }
+    Ok(counts)
+}
+
+/// Which counter's shard the claim statement's guard found without room, if that is what `err`
+/// is.
+fn shard_refusal(err: &tokio_postgres::Error) -> Option<Counter> {
     let db = err.as_db_error()?;
-    if *db.code() != SqlState::CHECK_VIOLATION || db.table() != Some("idem_quota_guard") {
+    if *db.code() != SqlState::CHECK_VIOLATION || db.table() != Some("idem_shard_guard") {
         return None;
     }
     match db.constraint()? {
-        TOTAL_QUOTA_CONSTRAINT => Some(QuotaExceeded::Total {
-            limit: limits.max_records_total,
-        }),
-        SCOPE_QUOTA_CONSTRAINT => Some(QuotaExceeded::Scope {
-            limit: limits.max_records_per_scope,
-        }),
+        TOTAL_SHARD_FULL => Some(Counter::Total),
+        SCOPE_SHARD_FULL => Some(Counter::Scope),
         _ => None,
     }
 }
@@ -954,15 +1365,33 @@ fn count(row: &Row, i: usize) -> Result<u64, OpError> {
 }
 
 async fn claim(
-    client: &ClientWrapper,
+    client: &mut ClientWrapper,
     inner: &Inner,
     req: &ClaimRequest,
 ) -> Result<ClaimOutcome, OpError> {
+    let shard = shard_of(&req.id);
+    let mut exact = Exact::default();
     let mut purged = false;
-    for _ in 0..MAX_CLAIM_ATTEMPTS {
-        match claim_once(client, &inner.sql, req).await? {
+    let mut races = 0;
+    // Ends: `exact` only grows between races, a fully exact attempt never answers `ShardFull`,
+    // and there is at most one purge and `MAX_CLAIM_ATTEMPTS` races.
+    loop {
+        let attempt = if exact.scope || exact.total {
+            claim_exact(client, &inner.sql, req, shard, exact).await?
+        } else {
+            claim_once(client, &inner.sql, req, shard).await?
+        };
+        match attempt {
             Attempt::Done(outcome) => return Ok(outcome),
-            Attempt::Raced => {}
+            Attempt::Raced => {
+                races += 1;
+                if races == MAX_CLAIM_ATTEMPTS {
+                    return Err(OpError::KeptRacing);
+                }
+                exact = Exact::default();
+            }
+            Attempt::ShardFull(Counter::Scope) => exact.scope = true,
+            Attempt::ShardFull(Counter::Total) => exact.total = true,
             Attempt::OverQuota(quota) => {
                 if purged || purge(client, inner, req.now).await? == 0 {
                     return Ok(ClaimOutcome::QuotaExceeded(quota));
@@ -971,13 +1400,12 @@ async fn claim(
             }
         }
     }
-    Err(OpError::KeptRacing)
 }
 
 impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
-            run!(self, "claim", |client| claim(&client, &self.inner, req)
+            run!(self, "claim", |client| claim(&mut client, &self.inner, req)
                 .await)
         })
     }
@@ -1148,6 +1576,7 @@ async fn stats(client: &ClientWrapper, sql: &Sql, now: Timestamp) -> Result<Stor
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Scope;
 
     #[test]
     fn redacts_passwords() {
@@ -1206,6 +1635,53 @@ mod tests {
         let config: tokio_postgres::Config =
             "postgres://me:s3cret@db.example:6543/app".parse().unwrap();
         assert_eq!(describe(&config), "postgres://me@db.example:6543/app");
+    }
+
+    #[test]
+    fn capacities_add_up_to_the_limit_and_cover_the_counts() {
+        let n = SHARDS as usize;
+        let mut counts = vec![0; n];
+        counts[3] = 5;
+        counts[7] = 2;
+        for limit in [8, 9, 16, 17, 100, 10_000, i64::MAX] {
+            let caps = capacities(&counts, 7, limit).unwrap();
+            assert_eq!(
+                caps.iter().map(|&c| i128::from(c)).sum::<i128>(),
+                limit.into()
+            );
+            for (i, (&cap, &count)) in caps.iter().zip(&counts).enumerate() {
+                assert!(cap >= count + i64::from(i == 7), "{limit}: shard {i}");
+                assert!(cap <= count + i64::from(i == 7) + (limit - 8) / 16 + 1);
+            }
+        }
+        // 7 held, room for exactly one more under a limit of 8.
+        assert_eq!(capacities(&counts, 0, 7), None);
+        assert!(capacities(&counts, 0, 8).is_some());
+        // A limit of 0 refuses everything; tiny limits work on any shard.
+        assert_eq!(capacities(&vec![0; n], 5, 0), None);
+        let caps = capacities(&vec![0; n], 15, 1).unwrap();
+        assert_eq!(caps[15], 1);
+        assert_eq!(caps.iter().sum::<i64>(), 1);
+        // Negative counts (never written) are taken as 0.
+        let mut odd = vec![0; n];
+        odd[0] = -5;
+        assert_eq!(capacities(&odd, 1, 1).unwrap().iter().sum::<i64>(), 1);
+    }
+
+    #[test]
+    fn shards_are_stable_and_spread() {
+        let scope = Scope::new("ns", "principal");
+        let id = |key: &str| RecordId {
+            scope: scope.clone(),
+            key: crate::key::IdempotencyKey::new(key, 1024).unwrap(),
+        };
+        let mut used = [0_u32; SHARDS as usize];
+        for i in 0..1600 {
+            let shard = shard_of(&id(&format!("key-{i}")));
+            assert_eq!(shard, shard_of(&id(&format!("key-{i}"))));
+            used[shard_index(shard)] += 1;
+        }
+        assert!(used.iter().all(|&n| (50..=150).contains(&n)), "{used:?}");
     }
 
     #[test]
