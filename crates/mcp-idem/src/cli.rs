@@ -2,6 +2,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::commands::call::CallArgs;
+use crate::commands::check::CheckArgs;
 use crate::commands::demo::DemoArgs;
 use crate::commands::demo_server::DemoServerArgs;
 use crate::commands::proxy::ProxyArgs;
@@ -35,6 +37,14 @@ pub(crate) enum Command {
     /// --listen ADDR --upstream URL`. Instances sharing a Redis or PostgreSQL store may serve the
     /// same server side by side.
     Proxy(ProxyArgs),
+    /// Call a tool with an idempotency key, retrying safely: `mcp-idem call --tool NAME --args
+    /// JSON (--url URL | -- <command> [args...])`. Exit status: 0 success, 1 tool error, 2 no
+    /// outcome (conflict, outcome unknown, connection failure, usage error).
+    Call(CallArgs),
+    /// Test any MCP server (a stdio command after `--`, or --url) against SEP-3182 and report
+    /// each check: `mcp-idem check --tool NAME --args JSON [--slow-args JSON] [--error-args JSON]
+    /// -- <command>`. Exit status 1 if a MUST check fails, 2 if the server cannot be checked.
+    Check(CheckArgs),
 }
 
 impl Command {
@@ -44,6 +54,8 @@ impl Command {
             Self::Wrap(args) => args.exec(),
             Self::DemoServer(args) => args.exec(),
             Self::Proxy(args) => args.exec(),
+            Self::Call(args) => args.exec(),
+            Self::Check(args) => args.exec(),
         }
     }
 }

@@ -21,8 +21,9 @@ pub(crate) const LEGACY_PROTOCOL: &str = "2025-06-18";
 pub(crate) struct LineClient {
     child: Child,
     stdin: Option<ChildStdin>,
-    messages: mpsc::UnboundedReceiver<Value>,
-    early: HashMap<String, Value>,
+    /// Each message as parsed, with the line that carried it (byte for byte, without the newline).
+    messages: mpsc::UnboundedReceiver<(Value, String)>,
+    early: HashMap<String, (Value, String)>,
     next_id: u64,
 }
 
@@ -48,7 +49,7 @@ impl LineClient {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Ok(message) = serde_json::from_str::<Value>(&line) {
-                    if tx.send(message).is_err() {
+                    if tx.send((message, line)).is_err() {
                         break;
                     }
                 }
@@ -94,13 +95,22 @@ impl LineClient {
         method: &str,
         params_json: &str,
     ) -> anyhow::Result<u64> {
+        Ok(self.send_raw_line(method, params_json).await?.0)
+    }
+
+    /// Like [`send_raw`](Self::send_raw); also returns the line sent (without the newline).
+    pub(crate) async fn send_raw_line(
+        &mut self,
+        method: &str,
+        params_json: &str,
+    ) -> anyhow::Result<(u64, String)> {
         let id = self.next_id;
         self.next_id += 1;
         let method = Value::from(method);
         let line =
             format!(r#"{{"jsonrpc":"2.0","id":{id},"method":{method},"params":{params_json}}}"#);
-        self.write_line(line).await?;
-        Ok(id)
+        self.write_line(line.clone()).await?;
+        Ok((id, line))
     }
 
     /// Sends a notification.
@@ -117,20 +127,29 @@ impl LineClient {
 
     /// Waits for the response to request `id`.
     pub(crate) async fn response(&mut self, id: u64, wait: Duration) -> anyhow::Result<Value> {
+        Ok(self.response_raw(id, wait).await?.0)
+    }
+
+    /// Waits for the response to request `id`; returns it parsed and as the line that carried it.
+    pub(crate) async fn response_raw(
+        &mut self,
+        id: u64,
+        wait: Duration,
+    ) -> anyhow::Result<(Value, String)> {
         let key = id.to_string();
         if let Some(message) = self.early.remove(&key) {
             return Ok(message);
         }
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let message = tokio::time::timeout_at(deadline, self.messages.recv())
+            let (message, line) = tokio::time::timeout_at(deadline, self.messages.recv())
                 .await
                 .with_context(|| format!("no response to request {id} within {wait:?}"))?
                 .context("the server closed its output")?;
             match message.get("id").map(Value::to_string) {
-                Some(got) if got == key => return Ok(message),
+                Some(got) if got == key => return Ok((message, line)),
                 Some(got) if message.get("method").is_none() => {
-                    self.early.insert(got, message);
+                    self.early.insert(got, (message, line));
                 }
                 _ => {}
             }

@@ -48,6 +48,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "client")]
+pub mod client;
 pub mod config;
 mod deduplicator;
 mod engine;

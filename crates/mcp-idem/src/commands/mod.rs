@@ -1,3 +1,5 @@
+pub(crate) mod call;
+pub(crate) mod check;
 pub(crate) mod demo;
 pub(crate) mod demo_server;
 mod demo_server_http;

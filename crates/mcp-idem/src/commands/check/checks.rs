@@ -1,0 +1,257 @@
+//! The check runner: what the user told us about the server ([`Plan`]), the order the checks run
+//! in, and the helpers they share. The checks themselves live in `replay.rs`, `rejections.rs`
+//! and `concurrency.rs`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::report::{abridge, Evidence, Level, Outcome, Status};
+use super::session::{Key, Reply, Session};
+
+/// The tools and arguments the checks use.
+#[derive(Clone, Debug)]
+pub(crate) struct Plan {
+    /// The witness: a tool whose result changes on every real execution.
+    pub(crate) tool: String,
+    pub(crate) args: Value,
+    /// Witness arguments that run long enough to send a duplicate meanwhile.
+    pub(crate) slow_args: Option<Value>,
+    /// Witness arguments whose execution has an error outcome.
+    pub(crate) error_args: Option<Value>,
+    /// A read-only tool whose result shows whether anything ran (a balance, a count).
+    pub(crate) observe: Option<(String, Value)>,
+    /// A tool that answers `input_required` (MRTR), its arguments, and the `inputResponses` of
+    /// the continuation.
+    pub(crate) mrtr: Option<(String, Value, Value)>,
+}
+
+/// How two outcomes compare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Same {
+    /// Byte for byte.
+    Bytes,
+    /// The same JSON value, serialized differently.
+    Value,
+    Different,
+}
+
+/// Runs the checks over one session, collecting outcomes.
+pub(crate) struct Checker<'a> {
+    pub(super) session: &'a mut Session,
+    pub(super) plan: &'a Plan,
+    /// The witness arguments as sent (serde_json's serialization).
+    pub(super) args: String,
+    /// Whether two executions of the witness give different results (known after `no_key`).
+    pub(super) witness_varies: Option<bool>,
+    /// Why the server cannot be reached any more, once it cannot.
+    gone: Option<String>,
+    pub(crate) outcomes: Vec<Outcome>,
+}
+
+/// How long the in-progress check waits between the original and the duplicate.
+pub(super) const DUPLICATE_AFTER: Duration = Duration::from_millis(250);
+
+impl<'a> Checker<'a> {
+    pub(crate) fn new(session: &'a mut Session, plan: &'a Plan) -> Self {
+        Self {
+            session,
+            args: plan.args.to_string(),
+            plan,
+            witness_varies: None,
+            gone: None,
+            outcomes: Vec::new(),
+        }
+    }
+
+    /// Runs every check, in an order where each leaves nothing running for the next.
+    pub(crate) async fn run(&mut self) {
+        let r = self.no_key().await;
+        self.settle(&[("no_key.executes", Level::Must)], r).await;
+        let r = self.replay_result().await;
+        self.settle(&[("replay.result", Level::Must)], r).await;
+        for (name, what) in [
+            ("equivalence.key_order", "reordered members and whitespace:"),
+            ("equivalence.numbers", "re-spelled numbers:"),
+            ("equivalence.strings", "escaped strings:"),
+        ] {
+            let r = self.equivalence(name, what).await;
+            self.settle(&[(name, Level::Must)], r).await;
+        }
+        let r = self.conflict().await;
+        let names = [
+            ("conflict.rejected", Level::Must),
+            ("conflict.error_data", Level::Should),
+        ];
+        self.settle(&names, r).await;
+        let r = self.in_progress().await;
+        let names = [
+            ("in_progress.single_execution", Level::Must),
+            ("in_progress.not_blocked", Level::Must),
+            ("in_progress.rejected", Level::Should),
+        ];
+        self.settle(&names, r).await;
+        let r = self.replay_error().await;
+        self.settle(&[("replay.error", Level::Must)], r).await;
+        for name in ["key.not_a_string", "key.empty", "key.too_long"] {
+            let r = self.invalid_key(name).await;
+            self.settle(&[(name, Level::Should)], r).await;
+        }
+        let r = self.mrtr().await;
+        self.settle(&[("mrtr.continuation", Level::Should)], r)
+            .await;
+    }
+
+    /// Records a check's outcomes; a check that broke off fails every outcome it owns, and if the
+    /// server no longer answers, every later check is skipped.
+    async fn settle(
+        &mut self,
+        names: &[(&'static str, Level)],
+        result: anyhow::Result<Vec<Outcome>>,
+    ) {
+        if let Some(gone) = &self.gone {
+            for &(name, level) in names {
+                let detail = format!("not run: the server stopped answering earlier ({gone})");
+                self.outcomes
+                    .push(Outcome::new(name, level, Status::Skip, detail));
+            }
+            return;
+        }
+        match result {
+            Ok(outcomes) => self.outcomes.extend(outcomes),
+            Err(err) => {
+                let error = abridge(&format!("{err:#}"), 300);
+                for &(name, level) in names {
+                    let detail = format!("the check broke off: {error}");
+                    self.outcomes
+                        .push(Outcome::new(name, level, Status::Fail, detail));
+                }
+                if !self.session.ping().await {
+                    self.gone = Some(error);
+                }
+            }
+        }
+    }
+
+    /// Calls the witness tool with `arguments` (JSON text, sent as is).
+    pub(super) async fn witness(&mut self, arguments: &str, key: &Key) -> anyhow::Result<Reply> {
+        self.session.call(&self.plan.tool, arguments, key).await
+    }
+
+    /// The observation tool's outcome (called without a key), if there is one.
+    pub(super) async fn observe(&mut self) -> anyhow::Result<Option<String>> {
+        let Some((tool, args)) = &self.plan.observe else {
+            return Ok(None);
+        };
+        let reply = self
+            .session
+            .call(tool, &args.to_string(), &Key::None)
+            .await?;
+        Ok(reply.outcome_raw().map(str::to_owned))
+    }
+
+    /// Calls the witness again while the answer is `idempotency_key_in_progress`.
+    pub(super) async fn witness_settled(
+        &mut self,
+        arguments: &str,
+        key: &Key,
+    ) -> anyhow::Result<Reply> {
+        let deadline = tokio::time::Instant::now() + self.session.timeout;
+        loop {
+            let reply = self.witness(arguments, key).await?;
+            if reply.error_type() != Some("idempotency_key_in_progress")
+                || tokio::time::Instant::now() >= deadline
+            {
+                return Ok(reply);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A key no earlier call used.
+pub(super) fn fresh_key() -> String {
+    format!(
+        "mcp-idem-check-{:016x}{:016x}",
+        rand::random::<u64>(),
+        rand::random::<u64>()
+    )
+}
+
+/// How the outcomes (`result`, else `error`) of two replies compare.
+pub(super) fn same(a: &Reply, b: &Reply) -> Same {
+    match (a.outcome_raw(), b.outcome_raw()) {
+        (Some(x), Some(y)) if x == y => Same::Bytes,
+        (Some(x), Some(y)) => {
+            let parse = |t: &str| serde_json::from_str::<Value>(t).ok();
+            let same_kind = a.result_raw.is_some() == b.result_raw.is_some();
+            if same_kind && parse(x).is_some() && parse(x) == parse(y) {
+                Same::Value
+            } else {
+                Same::Different
+            }
+        }
+        _ => Same::Different,
+    }
+}
+
+/// "byte for byte" or "the same value, re-serialized".
+pub(super) fn how_same(same: Same) -> &'static str {
+    match same {
+        Same::Bytes => "byte for byte",
+        _ => "the same value, re-serialized (the bytes differ)",
+    }
+}
+
+/// The request and response of `reply`, abridged, labelled with `what`.
+pub(super) fn exchange(what: &str, reply: &Reply) -> Vec<Evidence> {
+    vec![
+        Evidence {
+            label: format!("{what} request"),
+            text: abridge(&reply.request_for_display(), 400),
+        },
+        Evidence {
+            label: format!("{what} response"),
+            text: abridge(&reply.text, 400),
+        },
+    ]
+}
+
+/// A labelled note.
+pub(super) fn note(label: &str, text: impl Into<String>) -> Evidence {
+    Evidence {
+        label: label.to_owned(),
+        text: text.into(),
+    }
+}
+
+/// `error.code` and `error.message` of a reply, or a note that it is no error.
+pub(super) fn error_summary(reply: &Reply) -> String {
+    match reply.message.get("error") {
+        Some(error) => format!(
+            "error {} {:?}{}",
+            error.get("code").unwrap_or(&Value::Null),
+            abridge(
+                error.get("message").and_then(Value::as_str).unwrap_or(""),
+                80
+            ),
+            reply
+                .error_type()
+                .map(|t| format!(", data.type {t}"))
+                .unwrap_or_default()
+        ),
+        None if reply.is_success() => "a successful result".to_owned(),
+        None => "a tool result with isError: true".to_owned(),
+    }
+}
+
+/// One outcome in a list.
+pub(super) fn one(
+    name: &'static str,
+    level: Level,
+    status: Status,
+    detail: String,
+    evidence: Vec<Evidence>,
+) -> Vec<Outcome> {
+    vec![Outcome::new(name, level, status, detail).with(evidence)]
+}

@@ -1,0 +1,224 @@
+//! A raw Streamable HTTP client: POSTs one JSON-RPC message, exactly as written, and returns the
+//! response message exactly as received, from a plain JSON body or from the SSE event carrying
+//! it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
+use http::{HeaderMap, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::report::abridge;
+
+/// The protocol version header of the current (2026-07-28) era.
+pub(crate) const CURRENT_PROTOCOL: &str = "2026-07-28";
+
+/// One MCP endpoint; cheap to clone (the connection pool is shared).
+#[derive(Clone)]
+pub(crate) struct HttpClient {
+    client: Client<HttpConnector, Full<Bytes>>,
+    url: Uri,
+    authority: String,
+    /// `--header` values, sent on every request.
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// `MCP-Protocol-Version` for every request but `initialize`.
+    protocol_version: String,
+    /// `Mcp-Session-Id` a legacy server assigned at `initialize`.
+    session: Option<HeaderValue>,
+}
+
+/// What a POST brought back.
+pub(crate) struct HttpAnswer {
+    /// The JSON-RPC response, as received (one SSE event's data for an event stream).
+    pub(crate) text: String,
+    pub(crate) headers: HeaderMap,
+    /// When the response was complete.
+    pub(crate) received: Instant,
+}
+
+impl HttpClient {
+    /// A client for `url` (`http://HOST:PORT/PATH`); `headers` are `Name: value` strings.
+    pub(crate) fn new(url: &str, headers: &[String]) -> anyhow::Result<Self> {
+        let uri: Uri = url
+            .parse()
+            .with_context(|| format!("invalid URL {url:?}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => bail!(
+                "https is not supported by `check` (no TLS client is built in); reach the server \
+                 over http, e.g. through a local tunnel"
+            ),
+            _ => bail!("the URL must start with http://, got {url:?}"),
+        }
+        let authority = uri
+            .authority()
+            .with_context(|| format!("no host in {url:?}"))?
+            .to_string();
+        let headers = headers
+            .iter()
+            .map(|header| parse_header(header))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            url: uri,
+            authority,
+            headers,
+            protocol_version: CURRENT_PROTOCOL.to_owned(),
+            session: None,
+        })
+    }
+
+    /// Switches to a legacy session: this protocol version, and the session id if any.
+    pub(crate) fn use_legacy_session(&mut self, version: &str, session: Option<HeaderValue>) {
+        self.protocol_version = version.to_owned();
+        self.session = session;
+    }
+
+    /// POSTs `body` (a request with this `id`, or a notification if `id` is `None`) and returns
+    /// the response to `id`; for a notification, an empty answer.
+    pub(crate) async fn post(
+        &self,
+        id: Option<u64>,
+        method: &str,
+        tool: Option<&str>,
+        body: String,
+        wait: Duration,
+    ) -> anyhow::Result<HttpAnswer> {
+        let mut request = http::Request::post(self.url.clone())
+            .header(HOST, &self.authority)
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json, text/event-stream")
+            .header("mcp-method", method);
+        if method != "initialize" {
+            request = request.header("mcp-protocol-version", &self.protocol_version);
+        }
+        if let Some(tool) = tool {
+            request = request.header("mcp-name", tool);
+        }
+        if let Some(session) = &self.session {
+            request = request.header("mcp-session-id", session);
+        }
+        for (name, value) in &self.headers {
+            request = request.header(name, value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .context("cannot build the HTTP request")?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .with_context(|| format!("POST {} failed", self.url))?;
+            let status = response.status();
+            let (parts, mut body) = response.into_parts();
+            let sse = parts
+                .headers
+                .get(CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let mut received = Vec::new();
+            while let Some(frame) = body.frame().await {
+                let frame = frame.context("the response body broke off")?;
+                if let Some(data) = frame.data_ref() {
+                    received.extend_from_slice(data);
+                }
+                // An event stream may stay open after the response: stop once it is here.
+                if sse && id.is_some_and(|id| sse_response(&received, id).is_some()) {
+                    break;
+                }
+            }
+            let text = String::from_utf8_lossy(&received).into_owned();
+            let Some(id) = id else {
+                return Ok(HttpAnswer {
+                    text,
+                    headers: parts.headers,
+                    received: Instant::now(),
+                });
+            };
+            let message = if sse {
+                sse_response(&received, id)
+            } else {
+                Some(text.trim().to_owned()).filter(|t| t.starts_with('{'))
+            };
+            match message {
+                Some(text) => Ok(HttpAnswer {
+                    text,
+                    headers: parts.headers,
+                    received: Instant::now(),
+                }),
+                None => bail!(
+                    "HTTP {status} without a JSON-RPC response: {}",
+                    abridge(&text, 300)
+                ),
+            }
+        };
+        tokio::time::timeout(wait, exchange)
+            .await
+            .with_context(|| format!("no answer from {} within {wait:?}", self.url))?
+    }
+}
+
+/// `Name: value` as a header.
+fn parse_header(header: &str) -> anyhow::Result<(HeaderName, HeaderValue)> {
+    let (name, value) = header
+        .split_once(':')
+        .with_context(|| format!("--header {header:?} is not `Name: value`"))?;
+    let name = HeaderName::try_from(name.trim())
+        .with_context(|| format!("invalid header name in {header:?}"))?;
+    let value = HeaderValue::try_from(value.trim())
+        .with_context(|| format!("invalid header value in {header:?}"))?;
+    Ok((name, value))
+}
+
+/// The data of the first SSE event in `stream` that is the response to request `id`.
+fn sse_response(stream: &[u8], id: u64) -> Option<String> {
+    let stream = String::from_utf8_lossy(stream).replace("\r\n", "\n");
+    stream.split("\n\n").find_map(|event| {
+        let data: Vec<&str> = event
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .map(|data| data.strip_prefix(' ').unwrap_or(data))
+            .collect();
+        let data = data.join("\n");
+        let message: serde_json::Value = serde_json::from_str(&data).ok()?;
+        let answers = message.get("result").is_some() || message.get("error").is_some();
+        (answers && message.get("id") == Some(&id.into())).then_some(data)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_response_event_among_others() {
+        let stream = "id: 1\ndata:\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"a\":1}}\n\n";
+        assert_eq!(
+            sse_response(stream.as_bytes(), 7).as_deref(),
+            Some("{\"jsonrpc\":\"2.0\",\"id\":7,\"result\":{\"a\":1}}")
+        );
+        assert_eq!(sse_response(stream.as_bytes(), 8), None);
+        // The final event is not complete until its blank line.
+        assert_eq!(
+            sse_response(b"data: {\"jsonrpc\":\"2.0\",\"id\":7,\"result\"", 7),
+            None
+        );
+    }
+
+    #[test]
+    fn headers_and_urls_are_validated() {
+        assert!(parse_header("Authorization: Bearer x").is_ok());
+        assert!(parse_header("no colon").is_err());
+        assert!(HttpClient::new("https://example.com/mcp", &[]).is_err());
+        assert!(HttpClient::new("ftp://example.com/mcp", &[]).is_err());
+        assert!(HttpClient::new("http://127.0.0.1:1/mcp", &["X-A: b".into()]).is_ok());
+    }
+}
