@@ -1,42 +1,21 @@
 //! A real rmcp server embedded behind the interceptor in process (`StdioProxy::spawn_in_process`,
 //! what `idempotent_stdio` does with the process's stdin and stdout): SEP-3182 with no gateway.
 
+mod counter_server;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use counter_server::Counter;
 use mcp_idempotency::stdio::StdioProxy;
 use mcp_idempotency::store::MemoryStore;
 use mcp_idempotency::{Deduplicator, EngineConfig, Scope};
-use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{ServerCapabilities, ServerConfig};
-use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
+use rmcp::ServiceExt;
 use serde_json::{json, Value};
 use tokio::io::{
     AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, ReadHalf, WriteHalf,
 };
-
-#[derive(Clone)]
-struct Counter {
-    executions: Arc<AtomicU64>,
-    tool_router: ToolRouter<Self>,
-}
-
-#[tool_router]
-impl Counter {
-    #[tool(description = "Counts its executions.")]
-    async fn bump(&self) -> String {
-        let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
-        format!("execution {n}")
-    }
-}
-
-#[tool_handler(router = self.tool_router)]
-impl ServerHandler for Counter {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-}
 
 struct Client {
     lines: Lines<BufReader<ReadHalf<DuplexStream>>>,
@@ -66,10 +45,7 @@ impl Client {
 #[tokio::test]
 async fn an_embedded_rmcp_server_gets_sep_3182() {
     let executions = Arc::new(AtomicU64::new(0));
-    let server = Counter {
-        executions: Arc::clone(&executions),
-        tool_router: Counter::tool_router(),
-    };
+    let server = Counter::new(Arc::clone(&executions));
     // The client's side of "stdio": the test writes requests and reads responses here.
     let (client_side, proxy_client_side) = tokio::io::duplex(64 * 1024);
     let (proxy_in, proxy_out) = tokio::io::split(proxy_client_side);

@@ -2,44 +2,22 @@
 //! `IdempotencyLayer` in front: what a Rust server author writes to get SEP-3182 over HTTP.
 #![cfg(feature = "http")]
 
+mod counter_server;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use counter_server::Counter;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use mcp_idempotency::http::{IdempotencyLayer, ScopeBy};
 use mcp_idempotency::store::MemoryStore;
 use mcp_idempotency::{Deduplicator, EngineConfig};
-use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::model::{ServerCapabilities, ServerConfig};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 use serde_json::{json, Value};
-
-#[derive(Clone)]
-struct Counter {
-    executions: Arc<AtomicU64>,
-    tool_router: ToolRouter<Self>,
-}
-
-#[tool_router]
-impl Counter {
-    #[tool(description = "Counts its executions.")]
-    async fn bump(&self) -> String {
-        let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
-        format!("execution {n}")
-    }
-}
-
-#[tool_handler(router = self.tool_router)]
-impl ServerHandler for Counter {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-    }
-}
 
 async fn post(url: &str, message: Value, token: &str) -> Value {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -72,10 +50,7 @@ fn meta() -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rmcp_http_server_behind_the_layer_gets_sep_3182() {
     let executions = Arc::new(AtomicU64::new(0));
-    let counter = Counter {
-        executions: Arc::clone(&executions),
-        tool_router: Counter::tool_router(),
-    };
+    let counter = Counter::new(Arc::clone(&executions));
     let mcp = StreamableHttpService::new(
         move || Ok(counter.clone()),
         Arc::new(NeverSessionManager::default()),
