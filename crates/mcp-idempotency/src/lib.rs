@@ -8,7 +8,7 @@
 //!
 //! # Design
 //!
-//! This crate does no networking. Its parts:
+//! The decision logic does no networking; thin adapters do. Its parts:
 //!
 //! - [`Engine`]: the sans-IO decision logic. Input: a [`Scope`], a [`ToolCall`], a fresh
 //!   [`FencingToken`], the current [`Timestamp`], and the store's answers. Output: a [`Decision`]
@@ -19,6 +19,13 @@
 //!   its implementations, all checked by one shared [`store::testsuite`].
 //! - [`Deduplicator`]: the thin async driver that runs the engine against a store.
 //! - [`Rejection`]: the JSON-RPC errors and their stable `error.data.type` values.
+//! - [`interceptor`]: the sans-IO JSON-RPC interceptor every transport shares (which messages
+//!   matter, calls in flight by id, capability injection), driven by [`stdio`] (newline-delimited
+//!   JSON-RPC, for `mcp-idem wrap` and rmcp servers on stdio) and by `http` (feature `http`: a tower
+//!   layer for rmcp's `StreamableHttpService` and `mcp-idem proxy`, with principal extraction).
+//! - `client` (feature `client`): a client on rmcp's that retries with the same key.
+//!
+//! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `client`.
 //!
 //! # Example
 //!
