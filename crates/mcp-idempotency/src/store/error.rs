@@ -44,6 +44,10 @@ impl StoreError {
         matches!(self, Self::Unavailable { .. })
     }
 
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "redis", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn unavailable(
         message: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,
@@ -54,6 +58,10 @@ impl StoreError {
         }
     }
 
+    #[cfg_attr(
+        not(any(feature = "sqlite", feature = "redis", feature = "postgres")),
+        allow(dead_code)
+    )]
     pub(crate) fn backend(
         message: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,
