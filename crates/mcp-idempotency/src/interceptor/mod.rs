@@ -406,7 +406,7 @@ impl Interceptor {
         let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
             return ServerAction::Forward;
         };
-        self.pending.remove(&id);
+        let was_pending = self.pending.remove(&id);
         if let Some(call) = self.in_flight.remove(&id) {
             // Some JSON-RPC libraries send the unused member as `null` next to the used one.
             let is_null = |raw: &RawValue| raw.get() == "null";
@@ -434,6 +434,14 @@ impl Interceptor {
             if let Some(rewritten) = inject_capability(&envelope) {
                 return ServerAction::ForwardRewritten(rewritten);
             }
+        }
+        if !was_pending {
+            // A response to a request that was never seen, was cancelled, or went untracked past
+            // `MAX_PENDING`: passed through as is.
+            tracing::debug!(
+                id = id.as_json(),
+                "passing through a response to no known request"
+            );
         }
         ServerAction::Forward
     }

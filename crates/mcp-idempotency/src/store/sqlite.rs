@@ -101,6 +101,8 @@ impl SqliteStore {
         // of inside whichever commit crosses the threshold.
         conn.pragma_update(None, "wal_autocheckpoint", 0)
             .map_err(cannot_open)?;
+        conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES)
+            .map_err(cannot_open)?;
         migrate(&mut conn).map_err(|err| StoreError::Unavailable {
             message: format!("cannot prepare SQLite store {}: {err}", path.display()),
             source: Some(Box::new(err)),
@@ -202,15 +204,41 @@ fn spawn_checkpointer(store: std::sync::Weak<Inner>) {
                     return;
                 }
             };
+            // A RESTART checkpoint may wait this long for a transaction to end.
+            let _ = conn.busy_timeout(Duration::from_millis(200));
+            let _ = conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES);
             while store.strong_count() > 0 {
                 std::thread::sleep(CHECKPOINT_EVERY);
-                if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-                    tracing::debug!(error = %err, "WAL checkpoint failed; retrying later");
-                }
+                checkpoint(&conn);
             }
         });
     if let Err(err) = spawned {
         tracing::warn!(error = %err, "cannot start the checkpoint thread; the WAL will grow");
+    }
+}
+
+/// WAL size (in pages) past which a checkpoint makes the next writer start the log afresh.
+const WAL_RESTART_PAGES: i64 = 4096;
+
+/// Largest WAL file kept once the log restarts (SQLite truncates it to this).
+const WAL_SIZE_LIMIT_BYTES: i64 = 16 << 20;
+
+/// Copies the WAL into the database without blocking anyone (PASSIVE). Under sustained writes a
+/// PASSIVE checkpoint never sees the log idle, so SQLite never starts it afresh and the file grows
+/// with the number of writes; past [`WAL_RESTART_PAGES`] a RESTART checkpoint waits briefly for
+/// the current transaction so that the next writer starts the log from the beginning.
+fn checkpoint(conn: &Connection) {
+    let passive = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    });
+    match passive {
+        Ok((log_pages, _)) if log_pages > WAL_RESTART_PAGES => {
+            if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
+                tracing::debug!(error = %err, "WAL restart checkpoint failed; retrying later");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::debug!(error = %err, "WAL checkpoint failed; retrying later"),
     }
 }
 
