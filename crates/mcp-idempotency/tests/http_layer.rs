@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http::{Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
@@ -392,4 +393,25 @@ async fn other_messages_pass_through_and_big_bodies_are_refused() {
     let (status, _) = send(&mut service, big).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(server.executed(), 2);
+}
+
+#[tokio::test]
+async fn a_body_that_never_finishes_gets_408_and_is_not_forwarded() {
+    let server = FakeServer::new(Mode::Json);
+    let mut service = layer()
+        .body_timeout(Duration::from_millis(100))
+        .layer(server.clone());
+    // A body that sends a few bytes and then nothing more, like a client trickling its request.
+    let stream = futures_util::stream::iter([Ok::<_, Infallible>(http_body::Frame::data(
+        Bytes::from_static(b"{\"jsonrpc\":"),
+    ))])
+    .chain(futures_util::stream::pending());
+    let request = Request::post("/mcp")
+        .header("content-type", "application/json")
+        .body(http_body_util::StreamBody::new(stream))
+        .unwrap();
+    let response = service.call(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(server.executed(), 0);
+    assert!(server.last_request.lock().unwrap().is_none());
 }

@@ -43,6 +43,10 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "MCP_IDEM_FORWARD_KEY")]
     forward_key: bool,
 
+    /// Longest a request body may take to arrive; slower ones get 408 and are not forwarded.
+    #[arg(long, env = "MCP_IDEM_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    body_timeout: std::time::Duration,
+
     #[command(flatten)]
     scope: ScopeArgs,
 
@@ -74,6 +78,7 @@ impl ProxyArgs {
         let layer = IdempotencyLayer::new(dedup.clone())
             .namespace(namespace)
             .scope_by(scope_by)
+            .body_timeout(self.body_timeout)
             .interceptor_config(
                 InterceptorConfig::default()
                     .forward_key(self.forward_key)

@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
@@ -26,6 +26,9 @@ use crate::Deduplicator;
 
 /// Default for [`IdempotencyLayer::max_body_bytes`].
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+
+/// Default for [`IdempotencyLayer::body_timeout`].
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Adds SEP-3182 request idempotency to a Streamable HTTP MCP service, such as rmcp's
 /// `StreamableHttpService` or a reverse proxy to any MCP server.
@@ -67,6 +70,7 @@ pub(super) struct Shared {
     scope_by: ScopeBy,
     interceptor: InterceptorConfig,
     max_body_bytes: usize,
+    body_timeout: Duration,
     /// Cleared when a claim failed for lack of a store, set again by the next claim that worked:
     /// the capability is advertised only while the store is usable.
     store_usable: AtomicBool,
@@ -82,6 +86,7 @@ impl IdempotencyLayer {
                 scope_by: ScopeBy::None,
                 interceptor: InterceptorConfig::default(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                body_timeout: DEFAULT_BODY_TIMEOUT,
                 store_usable: AtomicBool::new(true),
             }),
         }
@@ -98,6 +103,7 @@ impl IdempotencyLayer {
                     scope_by: old.scope_by.clone(),
                     interceptor: old.interceptor.clone(),
                     max_body_bytes: old.max_body_bytes,
+                    body_timeout: old.body_timeout,
                     store_usable: AtomicBool::new(old.store_usable.load(Ordering::Relaxed)),
                 };
                 change(&mut shared);
@@ -126,6 +132,12 @@ impl IdempotencyLayer {
     /// Largest request body read (default [`DEFAULT_MAX_BODY_BYTES`]); larger POSTs get `413`.
     pub fn max_body_bytes(self, max: usize) -> Self {
         self.with(|shared| shared.max_body_bytes = max)
+    }
+
+    /// Longest a request body may take to arrive (default [`DEFAULT_BODY_TIMEOUT`]); a slower one
+    /// gets `408` and is not forwarded, so a client trickling bytes cannot hold a task forever.
+    pub fn body_timeout(self, timeout: Duration) -> Self {
+        self.with(|shared| shared.body_timeout = timeout)
     }
 }
 
@@ -191,7 +203,17 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let (mut parts, body) = request.into_parts();
-    let bytes = match Limited::new(body, shared.max_body_bytes).collect().await {
+    let read = Limited::new(body, shared.max_body_bytes).collect();
+    let Ok(read) = tokio::time::timeout(shared.body_timeout, read).await else {
+        return Ok(plain_error(
+            StatusCode::REQUEST_TIMEOUT,
+            &format!(
+                "the request body did not arrive within {} ms",
+                shared.body_timeout.as_millis()
+            ),
+        ));
+    };
+    let bytes = match read {
         Ok(collected) => collected.to_bytes(),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
             return Ok(plain_error(

@@ -12,5 +12,7 @@ mod relay;
 mod sse;
 
 pub use body::{BoxError, ResponseBody};
-pub use layer::{IdempotencyLayer, IdempotencyService, DEFAULT_MAX_BODY_BYTES};
+pub use layer::{
+    IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
+};
 pub use principal::ScopeBy;
