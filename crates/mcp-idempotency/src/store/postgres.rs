@@ -1145,6 +1145,50 @@ fn capacities(counts: &[i64], shard: usize, limit: i64) -> Option<Vec<i64>> {
         .collect()
 }
 
+/// The columns of a claimed record, as the SQL values of parameters `$1` to `$9` of the claim and
+/// insert statements.
+struct NewRecord<'a> {
+    namespace: &'a str,
+    principal: &'a str,
+    key: &'a str,
+    fingerprint: &'a [u8],
+    tool_name: &'a str,
+    owner: i64,
+    lease_expires_at: i64,
+    now: i64,
+    expires_at: i64,
+}
+
+impl<'a> NewRecord<'a> {
+    fn of(req: &'a ClaimRequest) -> Self {
+        Self {
+            namespace: req.id.scope.namespace(),
+            principal: req.id.scope.principal(),
+            key: req.id.key.as_str(),
+            fingerprint: &req.fingerprint.as_bytes()[..],
+            tool_name: &req.tool_name,
+            owner: sql_token(req.owner),
+            lease_expires_at: sql_time(req.lease_expires_at),
+            now: sql_time(req.now),
+            expires_at: sql_time(req.expires_at),
+        }
+    }
+
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        vec![
+            &self.namespace,
+            &self.principal,
+            &self.key,
+            &self.fingerprint,
+            &self.tool_name,
+            &self.owner,
+            &self.lease_expires_at,
+            &self.now,
+            &self.expires_at,
+        ]
+    }
+}
+
 async fn claim_once(
     client: &ClientWrapper,
     sql: &Sql,
@@ -1152,20 +1196,13 @@ async fn claim_once(
     shard: i16,
 ) -> Result<Attempt, OpError> {
     let stmt = client.prepare_cached(&sql.claim).await?;
-    let params: [&(dyn ToSql + Sync); 12] = [
-        &req.id.scope.namespace(),
-        &req.id.scope.principal(),
-        &req.id.key.as_str(),
-        &&req.fingerprint.as_bytes()[..],
-        &&*req.tool_name,
-        &sql_token(req.owner),
-        &sql_time(req.lease_expires_at),
-        &sql_time(req.now),
-        &sql_time(req.expires_at),
-        &sql_limit(req.limits.max_records_per_scope),
-        &sql_limit(req.limits.max_records_total),
-        &shard,
-    ];
+    let record = NewRecord::of(req);
+    let limits = (
+        sql_limit(req.limits.max_records_per_scope),
+        sql_limit(req.limits.max_records_total),
+    );
+    let mut params = record.params();
+    params.extend([&limits.0 as &(dyn ToSql + Sync), &limits.1, &shard]);
     let rows = match client.query(&stmt, &params).await {
         Ok(rows) => rows,
         Err(err) => {
@@ -1200,18 +1237,9 @@ async fn claim_exact(
 ) -> Result<Attempt, OpError> {
     let tx = client.transaction().await?;
     let stmt = tx.prepare_cached(&sql.insert_record).await?;
-    let params: [&(dyn ToSql + Sync); 10] = [
-        &req.id.scope.namespace(),
-        &req.id.scope.principal(),
-        &req.id.key.as_str(),
-        &&req.fingerprint.as_bytes()[..],
-        &&*req.tool_name,
-        &sql_token(req.owner),
-        &sql_time(req.lease_expires_at),
-        &sql_time(req.now),
-        &sql_time(req.expires_at),
-        &shard,
-    ];
+    let record = NewRecord::of(req);
+    let mut params = record.params();
+    params.push(&shard);
     let Some(row) = tx.query_opt(&stmt, &params).await? else {
         // A live record holds the key: the one-statement claim returns it.
         tx.rollback().await?;
