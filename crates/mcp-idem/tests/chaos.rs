@@ -370,6 +370,15 @@ async fn chaos_run(store_url: &str, store: &str) {
         &namespace,
         "--lease",
         "2s",
+        // Every logical call leaves a record: lift the quotas (default 10,000 per principal) so
+        // that a long run (CHAOS_CALLS) is not throttled by them; short retention keeps the shared
+        // stores from holding the run's records for a day.
+        "--max-records-per-scope",
+        "10000000",
+        "--max-records-total",
+        "10000000",
+        "--retention",
+        "30m",
     ]
     .iter()
     .map(|s| (*s).to_owned())
