@@ -2,8 +2,7 @@
 //!
 //! Runs against `REDIS_URL` (default `redis://127.0.0.1:6379`), each store under a fresh random key
 //! prefix so the checks never see each other's records. If that server cannot be reached the
-//! checks fail when `CI=true`; otherwise they print a note and are skipped (the shared suite then
-//! runs against a `MemoryStore` stand-in, since its checks cannot skip themselves). The outage
+//! checks fail when `CI=true`; otherwise they print a note and end without checking anything. The outage
 //! check runs its own `redis-server` on a free port and never touches the shared server.
 #![cfg(feature = "redis")]
 
@@ -14,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use mcp_idempotency::fingerprint::fingerprint;
 use mcp_idempotency::store::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, MemoryStore, QuotaExceeded, RecordLimits,
-    RedisStore, Store, StoreError,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, RecordLimits, RedisStore,
+    Store, StoreError,
 };
 use mcp_idempotency::{
     FencingToken, IdempotencyKey, Outcome, RecordId, RecordState, Scope, Timestamp,
@@ -59,10 +58,9 @@ mod suite {
     use super::*;
 
     mcp_idempotency::store_test_suite!(|| async {
-        match shared_store().await {
-            Some((store, _)) => Arc::new(store) as Arc<dyn Store>,
-            None => Arc::new(MemoryStore::new()) as Arc<dyn Store>,
-        }
+        shared_store()
+            .await
+            .map(|(store, _)| Arc::new(store) as Arc<dyn Store>)
     });
 }
 
