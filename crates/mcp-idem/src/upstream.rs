@@ -14,6 +14,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use mcp_idempotency::interceptor::error_response;
+use mcp_idempotency::INTERNAL_ERROR;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -176,10 +178,7 @@ impl tower::Service<Request<Full<Bytes>>> for Upstream {
 
 /// `502 Bad Gateway` with a JSON-RPC error body.
 pub(crate) fn bad_gateway(message: &str) -> Response<UpstreamBody> {
-    let body = format!(
-        r#"{{"jsonrpc":"2.0","id":null,"error":{}}}"#,
-        serde_json::json!({"code": -32603, "message": message})
-    );
+    let body = error_response("null", INTERNAL_ERROR, message);
     let mut response = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never: Infallible| match never {})

@@ -19,10 +19,13 @@ use super::body::{full, BoxError, ResponseBody};
 use super::principal::ScopeBy;
 use super::relay::{self, Exchange};
 use crate::engine::Decision;
-use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig};
+use crate::interceptor::{error_response, ClientAction, Decided, Interceptor, InterceptorConfig};
 use crate::record::Scope;
 use crate::rejection::RejectionKind;
 use crate::Deduplicator;
+
+/// JSON-RPC "Invalid Request", for bodies the layer cannot take and requests without credentials.
+const INVALID_REQUEST: i64 = -32600;
 
 /// Default for [`IdempotencyLayer::max_body_bytes`].
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
@@ -240,7 +243,11 @@ where
         ClientAction::Forward if interceptor.awaits_discovery_result() => {
             let request = Request::from_parts(parts, Full::new(bytes));
             return Ok(relay::start(
-                Exchange::discovery(Arc::clone(&shared), interceptor),
+                Exchange {
+                    shared: Arc::clone(&shared),
+                    interceptor,
+                    request_id: "null".into(),
+                },
                 inner.call(request),
             )
             .await);
@@ -260,11 +267,7 @@ where
         Err(unauthorized) => {
             let mut response = json_response(
                 StatusCode::UNAUTHORIZED,
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
-                    call.id().as_json(),
-                    serde_json::json!({"code": -32600, "message": unauthorized.reason()}),
-                ),
+                error_response(call.id().as_json(), INVALID_REQUEST, unauthorized.reason()),
             );
             response
                 .headers_mut()
@@ -283,15 +286,18 @@ where
         }
         _ => {}
     }
-    let interceptor_request_id = call.id().as_json().to_owned();
+    let request_id = call.id().as_json().to_owned();
     match interceptor.on_decision(call, decision) {
         Decided::Respond(response) => Ok(json_response(StatusCode::OK, response)),
         Decided::Forward(message) if interceptor.has_calls_in_flight() => {
             set_body_length(&mut parts, message.len());
-            let request_id = interceptor_request_id;
             let request = Request::from_parts(parts, Full::new(Bytes::from(message)));
             Ok(relay::start(
-                Exchange::claimed(Arc::clone(&shared), interceptor, request_id),
+                Exchange {
+                    shared: Arc::clone(&shared),
+                    interceptor,
+                    request_id,
+                },
                 inner.call(request),
             )
             .await)
@@ -335,11 +341,5 @@ pub(super) fn json_response(status: StatusCode, body: String) -> Response<Respon
 
 /// A response for a request that is not a JSON-RPC message the layer could read.
 fn plain_error(status: StatusCode, message: &str) -> Response<ResponseBody> {
-    json_response(
-        status,
-        format!(
-            r#"{{"jsonrpc":"2.0","id":null,"error":{}}}"#,
-            serde_json::json!({"code": -32600, "message": message})
-        ),
-    )
+    json_response(status, error_response("null", INVALID_REQUEST, message))
 }

@@ -16,48 +16,21 @@ use super::body::{full, BoxError, ChannelBody, ResponseBody};
 use super::layer::{json_response, Shared};
 use super::sse::{Event, EventSplitter};
 use crate::engine::Claim;
-use crate::interceptor::{Interceptor, ServerAction};
+use crate::interceptor::{error_response, Interceptor, ServerAction};
 use crate::record::Outcome;
 
 /// Largest SSE event parsed; a longer one is passed through unparsed (and a claimed call whose
 /// response it carried is recorded as outcome-unknown).
 const MAX_EVENT_BYTES: usize = 64 << 20;
 
-/// One forwarded request whose answer the layer needs to see.
+/// One forwarded request whose answer the layer needs to see: an `initialize` / `server/discover`
+/// (its result gets the capability) or a claimed `tools/call` (its outcome is recorded), as the
+/// interceptor's state says.
 pub(super) struct Exchange {
-    shared: Arc<Shared>,
-    interceptor: Interceptor,
-    /// The claim of the call being executed, if this is one.
-    claim: Option<Claim>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) interceptor: Interceptor,
     /// The request's id as JSON, for error responses.
-    request_id: String,
-}
-
-impl Exchange {
-    /// An `initialize` / `server/discover` request: its result gets the capability.
-    pub(super) fn discovery(shared: Arc<Shared>, interceptor: Interceptor) -> Self {
-        Self {
-            shared,
-            interceptor,
-            claim: None,
-            request_id: "null".into(),
-        }
-    }
-
-    /// A claimed `tools/call`: its outcome is recorded.
-    pub(super) fn claimed(
-        shared: Arc<Shared>,
-        interceptor: Interceptor,
-        request_id: String,
-    ) -> Self {
-        let claim = interceptor.claims_in_flight().into_iter().next();
-        Self {
-            shared,
-            interceptor,
-            claim,
-            request_id,
-        }
-    }
+    pub(super) request_id: String,
 }
 
 /// Sends the request (the `upstream` future) and relays its answer from a task of its own, which
@@ -90,7 +63,8 @@ impl Exchange {
         F: Future<Output = Result<Response<ResponseBody>, E>>,
         E: std::fmt::Display,
     {
-        let renewal = renew_while_running(Arc::clone(&self.shared), self.claim.clone());
+        let claim = self.interceptor.claims_in_flight().into_iter().next();
+        let renewal = renew_while_running(Arc::clone(&self.shared), claim);
         tokio::select! {
             () = self.relay(upstream, head) => {}
             never = renewal => match never {},
@@ -245,7 +219,6 @@ impl Exchange {
             // after-crash policy.
             tracing::error!(key = %claim.id().key, error = %err, "cannot record the outcome of a call");
         }
-        self.claim = None;
     }
 
     /// Records a claimed call still in flight as outcome-unknown; returns the error response for
@@ -264,10 +237,9 @@ impl Exchange {
 
     /// Gives up the claim of a call that certainly did not run.
     async fn release(&mut self, reason: &str) {
-        let _ = self.interceptor.on_server_gone(reason);
-        if let Some(claim) = self.claim.take() {
-            if let Err(err) = self.shared.dedup.release(&claim).await {
-                tracing::warn!(key = %claim.id().key, error = %err, "cannot release a claim");
+        for orphan in self.interceptor.on_server_gone(reason) {
+            if let Err(err) = self.shared.dedup.release(&orphan.claim).await {
+                tracing::warn!(key = %orphan.claim.id().key, error = %err, "cannot release a claim");
             }
         }
     }
@@ -316,8 +288,5 @@ where
 }
 
 fn error_body(id: &str, message: &str) -> String {
-    format!(
-        r#"{{"jsonrpc":"2.0","id":{id},"error":{}}}"#,
-        serde_json::json!({"code": -32603, "message": message})
-    )
+    error_response(id, crate::rejection::INTERNAL_ERROR, message)
 }

@@ -222,7 +222,7 @@ impl Interceptor {
         let action = match (method.as_deref(), id) {
             (Some(_), Some(id)) if self.in_flight.contains_key(&id) => {
                 ClientAction::Respond(error_response(
-                    &id,
+                    id.as_json(),
                     INVALID_REQUEST,
                     &format!(
                         "request id {} is already used by a tools/call in flight",
@@ -235,12 +235,10 @@ impl Interceptor {
             // with a lone surrogate) could not be matched to its response, so its outcome could not
             // be recorded: refuse it rather than let it run undeduplicated.
             (Some("tools/call"), None) if envelope.contains("id") && has_key(&envelope) => {
-                ClientAction::Respond(format!(
-                    r#"{{"jsonrpc":"2.0","id":null,"error":{}}}"#,
-                    serde_json::json!({
-                        "code": INVALID_REQUEST,
-                        "message": "a tools/call with an idempotencyKey needs a string or integer id",
-                    })
+                ClientAction::Respond(error_response(
+                    "null",
+                    INVALID_REQUEST,
+                    "a tools/call with an idempotencyKey needs a string or integer id",
                 ))
             }
             (Some("initialize" | "server/discover"), Some(id)) => {
@@ -275,7 +273,7 @@ impl Interceptor {
         };
         if self.pending.contains(&id) {
             return ClientAction::Respond(error_response(
-                &id,
+                id.as_json(),
                 INVALID_REQUEST,
                 &format!(
                     "request id {} is already used by a request in flight",
@@ -290,7 +288,7 @@ impl Interceptor {
             None if mrtr_continuation => String::new(),
             None => {
                 return ClientAction::Respond(error_response(
-                    &id,
+                    id.as_json(),
                     INVALID_PARAMS,
                     "tools/call needs `params.name`, a string",
                 ))
@@ -524,10 +522,9 @@ fn rejection_response(id: &RequestId, rejection: &Rejection) -> String {
     )
 }
 
-fn error_response(id: &RequestId, code: i64, message: &str) -> String {
+/// A JSON-RPC error response with `code` and `message`, for the request whose id is `id_json`
+/// (JSON text: `7`, `"abc"` or `null`).
+pub fn error_response(id_json: &str, code: i64, message: &str) -> String {
     let error = serde_json::json!({"code": code, "message": message});
-    format!(
-        r#"{{"jsonrpc":"2.0","id":{},"error":{error}}}"#,
-        id.as_json()
-    )
+    format!(r#"{{"jsonrpc":"2.0","id":{id_json},"error":{error}}}"#)
 }
