@@ -67,6 +67,7 @@ pub mod interceptor;
 pub mod key;
 mod record;
 mod rejection;
+pub mod sse;
 pub mod stdio;
 pub mod store;
 mod time;

@@ -570,14 +570,8 @@ fn is_event_stream(content_type: Option<&impl AsRef<[u8]>>) -> bool {
 /// `result.capabilities` of the JSON-RPC response in `body` (plain JSON, or an SSE stream).
 fn capabilities_in(body: &[u8], is_sse: bool) -> Option<Value> {
     let response = if is_sse {
-        let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
-        text.split("\n\n").find_map(|event| {
-            let data: Vec<&str> = event
-                .lines()
-                .filter_map(|line| line.strip_prefix("data:"))
-                .map(|data| data.strip_prefix(' ').unwrap_or(data))
-                .collect();
-            let message: Value = serde_json::from_str(&data.join("\n")).ok()?;
+        crate::sse::event_data(body).into_iter().find_map(|data| {
+            let message: Value = serde_json::from_str(&data).ok()?;
             message.get("result").is_some().then_some(message)
         })?
     } else {

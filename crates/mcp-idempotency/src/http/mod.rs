@@ -9,7 +9,6 @@ mod body;
 mod layer;
 pub mod principal;
 mod relay;
-mod sse;
 
 pub use body::{BoxError, ResponseBody};
 pub use layer::{

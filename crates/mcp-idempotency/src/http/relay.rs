@@ -14,10 +14,10 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::body::{full, BoxError, ChannelBody, ResponseBody};
 use super::layer::{json_response, Shared};
-use super::sse::{Event, EventSplitter};
 use crate::engine::Claim;
 use crate::interceptor::{error_response, Interceptor, ServerAction};
 use crate::record::Outcome;
+use crate::sse::{Event, EventSplitter};
 
 /// Largest SSE event parsed; a longer one is passed through unparsed (and a claimed call whose
 /// response it carried is recorded as outcome-unknown).

@@ -178,18 +178,15 @@ fn parse_header(header: &str) -> anyhow::Result<(HeaderName, HeaderValue)> {
 
 /// The data of the first SSE event in `stream` that is the response to request `id`.
 fn sse_response(stream: &[u8], id: u64) -> Option<String> {
-    let stream = String::from_utf8_lossy(stream).replace("\r\n", "\n");
-    stream.split("\n\n").find_map(|event| {
-        let data: Vec<&str> = event
-            .lines()
-            .filter_map(|line| line.strip_prefix("data:"))
-            .map(|data| data.strip_prefix(' ').unwrap_or(data))
-            .collect();
-        let data = data.join("\n");
-        let message: serde_json::Value = serde_json::from_str(&data).ok()?;
-        let answers = message.get("result").is_some() || message.get("error").is_some();
-        (answers && message.get("id") == Some(&id.into())).then_some(data)
-    })
+    mcp_idempotency::sse::event_data(stream)
+        .into_iter()
+        .find(|data| {
+            let Ok(message) = serde_json::from_str::<serde_json::Value>(data) else {
+                return false;
+            };
+            let answers = message.get("result").is_some() || message.get("error").is_some();
+            answers && message.get("id") == Some(&id.into())
+        })
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 //! Splitting a `text/event-stream` body into events as its bytes arrive. Sans-IO.
 //!
+//! [`event_data`] reads a whole stream at once, for clients that need the JSON-RPC messages a
+//! Streamable HTTP answer carried.
+//!
 //! The gateway forwards an upstream SSE stream to the client as it comes, byte for byte, but must
 //! see each event's `data` (a JSON-RPC message) to record the final response of a claimed call and
 //! to add the idempotency capability to a discovery result. [`EventSplitter`] cuts the stream at
@@ -21,6 +24,7 @@ pub(crate) struct Event {
 
 impl Event {
     /// The event with `data` replaced, keeping its `event` and `id` fields.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn with_data(&self, data: &str) -> Vec<u8> {
         let mut out = Vec::with_capacity(data.len() + 32);
         if let Some(event) = &self.event {
@@ -74,6 +78,7 @@ impl EventSplitter {
     }
 
     /// Whether an oversized event made the splitter stop parsing.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn overflowed(&self) -> bool {
         self.overflowed
     }
@@ -178,6 +183,16 @@ fn parse_event(raw: Vec<u8>) -> Event {
     }
 }
 
+/// The `data` of every event in a complete `text/event-stream` body, in order (events without data
+/// are skipped; an unfinished last event is dropped, as SSE does). Lines may end with `\r\n`, `\n`
+/// or `\r`.
+pub fn event_data(stream: &[u8]) -> Vec<String> {
+    let mut splitter = EventSplitter::new(usize::MAX);
+    let mut events = splitter.feed(stream).events;
+    events.extend(splitter.finish().events);
+    events.into_iter().filter_map(|event| event.data).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +248,13 @@ mod tests {
         let fed = splitter.finish();
         assert!(fed.events.is_empty());
         assert_eq!(fed.passthrough, b"data: 2");
+    }
+
+    #[test]
+    fn event_data_reads_a_whole_stream() {
+        let stream =
+            b"event: message\r\ndata: {\"a\":1}\r\n\r\n: ping\n\ndata: x\ndata: y\n\ndata: cut";
+        assert_eq!(event_data(stream), ["{\"a\":1}", "x\ny"]);
     }
 
     #[test]
