@@ -1,6 +1,7 @@
 //! Claim + complete throughput of each store, on one core (a current-thread runtime).
 //!
-//! `cargo bench -p mcp-idempotency --bench stores`; criterion prints the throughput as elements
+//! `cargo bench -p mcp-idempotency --bench stores` (add `--features redis` for the Redis store at
+//! `REDIS_URL`, sequential round trips: a latency figure); criterion prints the throughput as elements
 //! (claim+complete pairs) per second. Each pair claims a fresh key, as every new call does, and the
 //! timing includes building the requests and the fencing token, but not key validation or
 //! fingerprinting, which happen before a store is asked.
@@ -19,9 +20,23 @@ const OUTCOME: &str = r#"{"content":[{"type":"text","text":"charged: ch_0001"}],
 
 /// Runs `iters` claim+complete pairs on fresh keys and returns the time they took.
 fn claim_complete(store: Arc<dyn Store>, iters: u64) -> Duration {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    claim_complete_on(&current_thread_runtime(), store, iters)
+}
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
-        .expect("runtime");
+        .expect("runtime")
+}
+
+/// [`claim_complete`] on a given runtime: a networked store's connection lives on the runtime
+/// that opened it.
+fn claim_complete_on(
+    runtime: &tokio::runtime::Runtime,
+    store: Arc<dyn Store>,
+    iters: u64,
+) -> Duration {
     let scope = Scope::new("bench", "principal");
     let tool_name: Arc<str> = "charge_payment".into();
     let fingerprint = fingerprint(&tool_name, Some(r#"{"amount":4200}"#)).unwrap();
@@ -90,6 +105,21 @@ fn stores(c: &mut Criterion) {
     group.bench_function("sqlite", |b| {
         b.iter_custom(|iters| claim_complete(Arc::clone(&sqlite), iters))
     });
+    #[cfg(feature = "redis")]
+    {
+        let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+        let runtime = current_thread_runtime();
+        let prefix = format!("bench-{}", std::process::id());
+        match runtime.block_on(mcp_idempotency::store::RedisStore::open_with_prefix(&url, &prefix)) {
+            Ok(redis) => {
+                let redis: Arc<dyn Store> = Arc::new(redis);
+                group.bench_function("redis", |b| {
+                    b.iter_custom(|iters| claim_complete_on(&runtime, Arc::clone(&redis), iters))
+                });
+            }
+            Err(err) => println!("note: Redis at {url} unreachable ({err}), skipped"),
+        }
+    }
     group.finish();
 }
 

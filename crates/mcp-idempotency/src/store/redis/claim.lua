@@ -5,11 +5,20 @@
 local record, scope_index, all, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local member, now = ARGV[1], tonumber(ARGV[2])
 
-if redis.call('EXISTS', record) == 1 then
-  local expires = tonumber(redis.call('HGET', record, 'expires'))
+-- One read: every field is false when the record does not exist.
+local stored = redis.call('HMGET', record, unpack(FIELDS))
+local exists = false
+for i = 1, #FIELDS do
+  if stored[i] then
+    exists = true
+    break
+  end
+end
+if exists then
+  local expires = tonumber(stored[9])
   -- A record whose expiry cannot be read is returned as it is, for the caller to report.
   if expires == nil or expires > now then
-    return {'existing', unpack(redis.call('HMGET', record, unpack(FIELDS)))}
+    return {'existing', unpack(stored, 1, #FIELDS)}
   end
 end
 
@@ -26,7 +35,9 @@ if quota then
   return {quota}
 end
 
-redis.call('DEL', record)
+if exists then
+  redis.call('DEL', record)
+end
 redis.call('HSET', record, 'fp', ARGV[3], 'tool', ARGV[4], 'owner', ARGV[5], 'lease', ARGV[6],
   'created', ARGV[2], 'expires', ARGV[7])
 expire_in(record, tonumber(ARGV[7]) - now)
