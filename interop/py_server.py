@@ -17,15 +17,20 @@ import os
 import socket
 import sys
 import uuid
+from typing import TypedDict
 
 from mcp.server.mcpserver import MCPServer
+
+
+class Charged(TypedDict):
+    executionId: str
 
 
 def build(executions: str) -> MCPServer:
     server = MCPServer("interop-py-server")
 
     @server.tool()
-    def charge(amount: float, currency: str) -> dict:
+    def charge(amount: float, currency: str) -> Charged:
         """Charge once: appends one execution line."""
         execution_id = str(uuid.uuid4())
         line = {"tool": "charge", "executionId": execution_id, "amount": amount, "currency": currency, "pid": os.getpid()}
