@@ -41,7 +41,7 @@ pub(crate) struct Fixture {
 }
 
 impl Fixture {
-    /// A fixture whose `requestState` key is drawn from the OS random source.
+    /// A fixture with a fresh random `requestState` key (`rand`'s OS-seeded CSPRNG).
     pub(crate) fn new() -> Result<Self, RequestStateError> {
         let mut key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut key);
@@ -357,7 +357,7 @@ impl Fixture {
                             .map_err(|err| ErrorData::internal_error(err.to_string(), None))?;
                     return Err(ErrorData::missing_required_client_capability(sampling));
                 }
-                self.sampling(name, responses)
+                sampling(responses)
             }
             "test_streaming_elicitation" | "test_input_required_result_elicitation" => {
                 match answer(responses, "user_name")? {
@@ -375,7 +375,7 @@ impl Fixture {
                     .into()),
                 }
             }
-            "test_input_required_result_sampling" => self.sampling(name, responses),
+            "test_input_required_result_sampling" => sampling(responses),
             "test_input_required_result_list_roots" => match answer(responses, "client_roots")? {
                 Answer::Valid(value) => Ok(text(format!("Roots: {}", roots(value)?.join(", ")))),
                 Answer::Missing => {
@@ -550,24 +550,21 @@ impl Fixture {
             )),
         }
     }
+}
 
-    fn sampling(
-        &self,
-        _tool: &str,
-        responses: Option<&InputResponses>,
-    ) -> Result<CallToolResponse, ErrorData> {
-        match answer(responses, "capital_question")? {
-            Answer::Valid(value) => Ok(text(format!("LLM response: {}", sampled(value)?))),
-            Answer::Missing => Ok(input_required(
-                &[(
-                    "capital_question",
-                    "sampling/createMessage",
-                    sample("What is the capital of France?", 100),
-                )],
-                None,
-            )?
-            .into()),
-        }
+/// `test_missing_capability` and `test_input_required_result_sampling`: one sampling round.
+fn sampling(responses: Option<&InputResponses>) -> Result<CallToolResponse, ErrorData> {
+    match answer(responses, "capital_question")? {
+        Answer::Valid(value) => Ok(text(format!("LLM response: {}", sampled(value)?))),
+        Answer::Missing => Ok(input_required(
+            &[(
+                "capital_question",
+                "sampling/createMessage",
+                sample("What is the capital of France?", 100),
+            )],
+            None,
+        )?
+        .into()),
     }
 }
 
