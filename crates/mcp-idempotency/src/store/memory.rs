@@ -352,7 +352,7 @@ impl Store for MemoryStore {
                     .filter(|record| filter.matches(record, now)),
             );
         }
-        records.sort_by(|a, b| b.expires_at.cmp(&a.expires_at));
+        records.sort_by_key(|record| std::cmp::Reverse(record.expires_at));
         records.truncate(limit);
         Box::pin(std::future::ready(Ok(records)))
     }

@@ -372,3 +372,54 @@ pub(super) fn deleted(record: &Record, now: Timestamp, as_json: bool) -> String 
         shell_word(record.id.scope.principal())
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_short() {
+        let s = Duration::from_secs;
+        assert_eq!(short(s(0)), "0s");
+        assert_eq!(short(s(59)), "59s");
+        assert_eq!(short(s(312)), "5m12s");
+        assert_eq!(short(s(3 * 3600 + 5 * 60 + 9)), "3h05m");
+        assert_eq!(short(s(2 * 86400 + 4 * 3600)), "2d04h");
+    }
+
+    #[test]
+    fn far_future_times_are_never() {
+        assert_eq!(time(Timestamp::from_millis(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            time(Timestamp::from_millis(LAST_RFC3339_MILLIS)),
+            "9999-12-31T23:59:59.999Z"
+        );
+        assert_eq!(time(Timestamp::from_millis(u64::MAX)), "never");
+        assert_eq!(
+            time_from_now(Timestamp::from_millis(u64::MAX), Timestamp::from_millis(0)),
+            "never"
+        );
+    }
+
+    #[test]
+    fn stored_text_cannot_drive_the_terminal() {
+        assert_eq!(shown("a\u{1b}[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(shell_word("wrap:server:0a1b"), "wrap:server:0a1b");
+        assert_eq!(shell_word("bearer:ab/+="), "bearer:ab/+=");
+        assert_eq!(
+            shell_word(r#"jwt:["iss","it's"]"#),
+            r#"'jwt:["iss","it'\''s"]'"#
+        );
+        assert_eq!(shell_word(""), "''");
+    }
+
+    #[test]
+    fn bodies_are_kept_as_sent_or_as_text() {
+        let raw = r#"{ "n" : 1.0e0 }"#;
+        assert_eq!(serde_json::to_string(&Body::of(raw)).unwrap(), raw);
+        assert_eq!(
+            serde_json::to_string(&Body::of("not json")).unwrap(),
+            r#""not json""#
+        );
+    }
+}
