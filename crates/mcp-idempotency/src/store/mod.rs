@@ -267,7 +267,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats>;
 
     /// Up to `limit` records that match `filter` at `now`, expired ones included unless the filter
-    /// excludes them, for inspection.
+    /// excludes them, for inspection. (A store that drops expired records by itself, as Redis does
+    /// a few minutes after their retention ends, lists only those it still holds.)
     ///
     /// Records come latest `expires_at` first (with a uniform retention: the most recently
     /// claimed or completed first); the order of records with equal `expires_at` is unspecified.

@@ -107,9 +107,9 @@
 //!
 //! Every statement and transaction takes row locks in one global order: records first, then scope
 //! shard rows in `(namespace, principal, shard)` order, then store shard rows in shard order. The
-//! one-statement claim and release lock one record, one scope row, one store row; the exact path
-//! locks one record, then one scope row or all 16 rows of one scope in shard order, then one store
-//! row or all 16 in shard order (a conditional increment that found no room may leave its row
+//! one-statement claim, release and delete lock one record, one scope row, one store row; the
+//! exact path locks one record, then one scope row or all 16 rows of one scope in shard order, then
+//! one store row or all 16 in shard order (a conditional increment that found no room may leave its row
 //! locked, so the transaction is rolled back before the counter is locked exactly); purges lock
 //! records, then the scope rows they decrement and then the store rows, each sorted (`ORDER BY …
 //! FOR UPDATE`); dropping empty scopes locks scope rows sorted. Since nobody waits for a lock
