@@ -6,6 +6,7 @@ use crate::commands::call::CallArgs;
 use crate::commands::check::CheckArgs;
 use crate::commands::demo::DemoArgs;
 use crate::commands::demo_server::DemoServerArgs;
+use crate::commands::inspect::InspectArgs;
 use crate::commands::proxy::ProxyArgs;
 use crate::commands::wrap::WrapArgs;
 
@@ -45,6 +46,10 @@ pub(crate) enum Command {
     /// each check: `mcp-idem check --tool NAME --args JSON [--slow-args JSON] [--error-args JSON]
     /// -- <command>`. Exit status 1 if a MUST check fails, 2 if the server cannot be checked.
     Check(CheckArgs),
+    /// Look into a record store: list records (by scope, key, state, age), show one with its
+    /// stored outcome, count them, purge expired ones, or delete one so that its key runs again:
+    /// `mcp-idem inspect --store URL (list|show KEY|stats|purge|delete KEY) [--json]`.
+    Inspect(InspectArgs),
 }
 
 impl Command {
@@ -56,6 +61,7 @@ impl Command {
             Self::Proxy(args) => args.exec(),
             Self::Call(args) => args.exec(),
             Self::Check(args) => args.exec(),
+            Self::Inspect(args) => args.exec(),
         }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mcp_idempotency::store::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, MemoryStore, Store, StoreError,
-    StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, MemoryStore, Store,
+    StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use mcp_idempotency::{
     AfterCrash, BypassReason, Claim, Decision, Deduplicator, EngineConfig, FencingToken, Outcome,
@@ -824,6 +824,19 @@ impl Store for FlakyStore {
 
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
         self.inner.stats(now)
+    }
+
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        self.inner.list(filter, now, limit)
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        self.inner.delete(id)
     }
 }
 

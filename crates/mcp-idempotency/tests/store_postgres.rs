@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use mcp_idempotency::fingerprint::fingerprint;
 use mcp_idempotency::store::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, PostgresStore, QuotaExceeded,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, PostgresStore, QuotaExceeded,
     RecordLimits, Store, StoreError, StoreFuture, StoreStats, StoreUrl, TakeOverRequest,
 };
 use mcp_idempotency::{
@@ -162,6 +162,17 @@ impl Store for TestStore {
     }
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
         self.inner().stats(now)
+    }
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        self.inner().list(filter, now, limit)
+    }
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        self.inner().delete(id)
     }
 }
 

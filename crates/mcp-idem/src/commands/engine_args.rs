@@ -88,7 +88,8 @@ impl EngineArgs {
     }
 }
 
-fn default_sqlite_path() -> anyhow::Result<PathBuf> {
+/// The store `wrap` and `inspect` use without `--store`.
+pub(crate) fn default_sqlite_path() -> anyhow::Result<PathBuf> {
     let data =
         dirs::data_local_dir().context("cannot find the user's data directory; pass --store")?;
     Ok(data.join("mcp-idem").join("records.sqlite3"))

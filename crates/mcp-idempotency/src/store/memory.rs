@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, RecordLimits, Store,
-    StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, RecordLimits,
+    Store, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Record, RecordId, RecordState, Scope};
@@ -334,5 +334,34 @@ impl Store for MemoryStore {
             }
         }
         Box::pin(std::future::ready(Ok(stats)))
+    }
+
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        let mut records = Vec::new();
+        for shard in self.shards.iter() {
+            records.extend(
+                lock(shard)
+                    .records
+                    .iter()
+                    .map(|(id, entry)| entry.to_record(id))
+                    .filter(|record| filter.matches(record, now)),
+            );
+        }
+        records.sort_by_key(|record| std::cmp::Reverse(record.expires_at));
+        records.truncate(limit);
+        Box::pin(std::future::ready(Ok(records)))
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        let deleted = self.shard(id).records.remove(id).is_some();
+        if deleted {
+            self.forget(&id.scope, 1);
+        }
+        Box::pin(std::future::ready(Ok(deleted)))
     }
 }

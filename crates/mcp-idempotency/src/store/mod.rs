@@ -40,7 +40,7 @@ pub use sqlite::SqliteStore;
 pub use url::{open, StoreUrl};
 
 use crate::fingerprint::Fingerprint;
-use crate::record::{FencingToken, Outcome, Record, RecordId};
+use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState};
 use crate::time::Timestamp;
 
 /// The future every store operation returns: boxed so that `dyn Store` works, since the store is
@@ -164,6 +164,72 @@ pub struct StoreStats {
     pub expired: u64,
 }
 
+/// Which records [`Store::list`] returns: every condition that is set must hold.
+///
+/// The default filter matches every record, expired ones included.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ListFilter {
+    /// Only records of this namespace.
+    pub namespace: Option<String>,
+    /// Only records of this principal (as stored: for bearer scopes, the token's hash).
+    pub principal: Option<String>,
+    /// Only records with exactly this key.
+    pub key: Option<String>,
+    /// Only records in this state at the `now` given to [`Store::list`].
+    pub state: Option<StateFilter>,
+    /// Only records created at or before this instant.
+    pub created_at_or_before: Option<Timestamp>,
+    /// Only records created after this instant.
+    pub created_after: Option<Timestamp>,
+}
+
+/// A record's state as [`ListFilter::state`] tells them apart. A record is expired once its
+/// retention window has ended, whatever it was before; the other two states are for live records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StateFilter {
+    /// Live and in progress.
+    InProgress,
+    /// Live and completed.
+    Completed,
+    /// Past its retention window, not purged yet.
+    Expired,
+}
+
+impl StateFilter {
+    /// Whether `record` is in this state at `now`.
+    pub fn matches(self, record: &Record, now: Timestamp) -> bool {
+        match (self, record.is_expired(now), &record.state) {
+            (Self::Expired, expired, _) => expired,
+            (_, true, _) => false,
+            (Self::InProgress, false, state) => matches!(state, RecordState::InProgress { .. }),
+            (Self::Completed, false, state) => matches!(state, RecordState::Completed { .. }),
+        }
+    }
+}
+
+impl ListFilter {
+    /// Whether `record` passes every condition of this filter at `now`.
+    pub fn matches(&self, record: &Record, now: Timestamp) -> bool {
+        let scope = &record.id.scope;
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| ns == scope.namespace())
+            && self
+                .principal
+                .as_deref()
+                .is_none_or(|p| p == scope.principal())
+            && self
+                .key
+                .as_deref()
+                .is_none_or(|k| k == record.id.key.as_str())
+            && self.state.is_none_or(|state| state.matches(record, now))
+            && self
+                .created_at_or_before
+                .is_none_or(|t| record.created_at <= t)
+            && self.created_after.is_none_or(|t| record.created_at > t)
+    }
+}
+
 /// A place to keep idempotency records. All operations are atomic with respect to each other, also
 /// across processes or machines for stores shared between them.
 pub trait Store: Send + Sync + std::fmt::Debug {
@@ -199,4 +265,28 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// Counts records.
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats>;
+
+    /// Up to `limit` records that match `filter` at `now`, expired ones included unless the filter
+    /// excludes them, for inspection. (A store that drops expired records by itself, as Redis does
+    /// a few minutes after their retention ends, lists only those it still holds.)
+    ///
+    /// Records come latest `expires_at` first (with a uniform retention: the most recently
+    /// claimed or completed first); the order of records with equal `expires_at` is unspecified.
+    /// The list is read in batches, not as one snapshot: records written while it is read may or
+    /// may not appear. Its cost grows with the records the store scans to find matches (a
+    /// namespace and principal narrow the scan to that scope), not only with `limit`.
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>>;
+
+    /// Deletes the record for `id` whatever its state (in progress, completed, or expired and not
+    /// purged yet), freeing its place in the quotas; returns whether there was one.
+    ///
+    /// This is the operator's override: a retry with the key then runs the call again. An owner
+    /// whose in-progress record was deleted finds it gone (its complete, renew and release answer
+    /// [`Fenced::NotOwner`]).
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool>;
 }

@@ -107,9 +107,9 @@
 //!
 //! Every statement and transaction takes row locks in one global order: records first, then scope
 //! shard rows in `(namespace, principal, shard)` order, then store shard rows in shard order. The
-//! one-statement claim and release lock one record, one scope row, one store row; the exact path
-//! locks one record, then one scope row or all 16 rows of one scope in shard order, then one store
-//! row or all 16 in shard order (a conditional increment that found no room may leave its row
+//! one-statement claim, release and delete lock one record, one scope row, one store row; the
+//! exact path locks one record, then one scope row or all 16 rows of one scope in shard order, then
+//! one store row or all 16 in shard order (a conditional increment that found no room may leave its row
 //! locked, so the transaction is rolled back before the counter is locked exactly); purges lock
 //! records, then the scope rows they decrement and then the store rows, each sorted (`ORDER BY …
 //! FOR UPDATE`); dropping empty scopes locks scope rows sorted. Since nobody waits for a lock
@@ -141,11 +141,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, Store, StoreError,
-    StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
+    Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
-use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState};
+use crate::key::IdempotencyKey;
+use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::time::Timestamp;
 
 /// The schema version this build creates and understands.
@@ -511,6 +512,9 @@ struct Sql {
     take_over: String,
     renew: String,
     release: String,
+    delete: String,
+    /// The quoted `schema.idem_records`, for the statements [`list_query`] builds.
+    records: String,
     purge: String,
     drop_empty_scopes: String,
     stats: String,
@@ -537,6 +541,85 @@ fn insert_record(s: &str, shard: &str) -> String {
         WHERE r.expires_at <= $8
         RETURNING (r.xmax = 0) AS created"
     )
+}
+
+/// Deletes the record `$1, $2, $3` if `extra` (more conditions) holds, and uncounts it; returns how
+/// many records it deleted. The totals update reads `scope_count` so that it runs (and locks)
+/// after it.
+fn counted_delete(s: &str, extra: &str) -> String {
+    format!(
+        "WITH del AS (
+            DELETE FROM {s}.idem_records
+            WHERE namespace = $1 AND principal = $2 AND key = $3 {extra} RETURNING shard
+        ),
+        scope_count AS (
+            UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
+            FROM del
+            WHERE c.namespace = $1 AND c.principal = $2 AND c.shard = del.shard
+            RETURNING c.records
+        ),
+        total_count AS (
+            UPDATE {s}.idem_total_shards AS t SET records = t.records - 1
+            FROM del, (SELECT count(*) FROM scope_count) AS after_scopes
+            WHERE t.shard = del.shard
+        )
+        SELECT count(*) FROM del"
+    )
+}
+
+/// Parameters of a statement built at run time.
+type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+
+/// `SELECT` of the records matching `filter`, latest expiry first, and its parameters. Only the
+/// conditions that are set appear in the statement, so that the planner can use the primary key
+/// for a scope and the `expires_at` index for states and the order.
+fn list_query(sql: &Sql, filter: &ListFilter, now: Timestamp, limit: usize) -> (String, Params) {
+    let mut conditions = Vec::new();
+    let mut params: Params = Vec::new();
+    let mut condition = |text: &str, param: Box<dyn ToSql + Sync + Send>| {
+        params.push(param);
+        conditions.push(text.replace('?', &format!("${}", params.len())));
+    };
+    if let Some(namespace) = &filter.namespace {
+        condition("namespace = ?", Box::new(namespace.clone()));
+    }
+    if let Some(principal) = &filter.principal {
+        condition("principal = ?", Box::new(principal.clone()));
+    }
+    if let Some(key) = &filter.key {
+        condition("key = ?", Box::new(key.clone()));
+    }
+    match filter.state {
+        Some(StateFilter::InProgress) => condition(
+            "expires_at > ? AND owner IS NOT NULL",
+            Box::new(sql_time(now)),
+        ),
+        Some(StateFilter::Completed) => {
+            condition("expires_at > ? AND owner IS NULL", Box::new(sql_time(now)))
+        }
+        Some(StateFilter::Expired) => condition("expires_at <= ?", Box::new(sql_time(now))),
+        None => {}
+    }
+    if let Some(t) = filter.created_at_or_before {
+        condition("created_at <= ?", Box::new(sql_time(t)));
+    }
+    if let Some(t) = filter.created_after {
+        condition("created_at > ?", Box::new(sql_time(t)));
+    }
+    let mut text = format!(
+        "SELECT namespace, principal, key, {RECORD_COLUMNS} FROM {}",
+        sql.records
+    );
+    if !conditions.is_empty() {
+        text.push_str(" WHERE ");
+        text.push_str(&conditions.join(" AND "));
+    }
+    params.push(Box::new(i64::try_from(limit).unwrap_or(i64::MAX)));
+    text.push_str(&format!(
+        " ORDER BY expires_at DESC LIMIT ${}",
+        params.len()
+    ));
+    (text, params)
 }
 
 impl Sql {
@@ -640,24 +723,9 @@ impl Sql {
                  SET lease_expires_at = $5, expires_at = GREATEST(expires_at, $5)
                  WHERE {key} AND owner = $4"
             ),
-            // The totals update reads `scope_count` so that it runs (and locks) after it.
-            release: format!(
-                "WITH del AS (
-                    DELETE FROM {s}.idem_records WHERE {key} AND owner = $4 RETURNING shard
-                ),
-                scope_count AS (
-                    UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
-                    FROM del
-                    WHERE c.namespace = $1 AND c.principal = $2 AND c.shard = del.shard
-                    RETURNING c.records
-                ),
-                total_count AS (
-                    UPDATE {s}.idem_total_shards AS t SET records = t.records - 1
-                    FROM del, (SELECT count(*) FROM scope_count) AS after_scopes
-                    WHERE t.shard = del.shard
-                )
-                SELECT count(*) FROM del"
-            ),
+            release: counted_delete(s, "AND owner = $4"),
+            delete: counted_delete(s, ""),
+            records: format!("{s}.idem_records"),
             // $1 now, $2 advisory lock key: purges of one schema take turns, so two of them never
             // delete the same records in different orders and deadlock. $3: at most this many
             // records. Counter rows are locked sorted (scope rows, then store rows) before they
@@ -1568,6 +1636,61 @@ impl Store for PostgresStore {
                 .await)
         })
     }
+
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        Box::pin(async move {
+            let (text, params) = list_query(&self.inner.sql, filter, now, limit);
+            run!(self, "list", |client| list(&client, &text, &params).await)
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            run!(self, "delete", |client| {
+                query_count(
+                    &client,
+                    &self.inner.sql.delete,
+                    &[
+                        &id.scope.namespace(),
+                        &id.scope.principal(),
+                        &id.key.as_str(),
+                    ],
+                )
+                .await
+                .map(|deleted| deleted == 1)
+            })
+        })
+    }
+}
+
+async fn list(client: &ClientWrapper, text: &str, params: &Params) -> Result<Vec<Record>, OpError> {
+    let stmt = client.prepare_cached(text).await?;
+    let params: Vec<&(dyn ToSql + Sync)> = params
+        .iter()
+        .map(|param| &**param as &(dyn ToSql + Sync))
+        .collect();
+    let rows = client.query(&stmt, &params).await?;
+    let mut records = Vec::with_capacity(rows.len());
+    for row in rows {
+        let part = |i: usize| -> Result<String, CorruptRecord> {
+            row.try_get(i)
+                .map_err(|err| CorruptRecord(format!("unreadable record id: {}", explain(&err))))
+        };
+        let key = part(2)?;
+        let key = IdempotencyKey::new(&key, usize::MAX)
+            .map_err(|err| CorruptRecord(format!("stored key {key:?}: {err}")))?;
+        let id = RecordId {
+            scope: Scope::new(part(0)?, part(1)?),
+            key,
+        };
+        records.push(decode(&id, &row, 3)?);
+    }
+    Ok(records)
 }
 
 async fn get(

@@ -12,10 +12,11 @@ use redis::{
 };
 
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, Store, StoreError,
-    StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
+    Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
 use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::time::Timestamp;
 
@@ -29,6 +30,8 @@ const RECONNECT_RETRIES: usize = 2;
 const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Records deleted per purge script, so that no script blocks the server for long.
 const PURGE_BATCH: u64 = 256;
+/// Index members read per list script, for the same reason.
+const LIST_BATCH: usize = 256;
 
 /// The fields of a record hash, in the order the scripts and `get` return them.
 const FIELDS: [&str; 9] = [
@@ -47,6 +50,8 @@ const RENEW: &str = lua!("redis/renew.lua");
 const RELEASE: &str = lua!("redis/release.lua");
 const TAKE_OVER: &str = lua!("redis/take_over.lua");
 const PURGE: &str = lua!("redis/purge.lua");
+const LIST: &str = lua!("redis/list.lua");
+const DELETE: &str = lua!("redis/delete.lua");
 
 struct Scripts {
     claim: Script,
@@ -55,6 +60,8 @@ struct Scripts {
     release: Script,
     take_over: Script,
     purge: Script,
+    list: Script,
+    delete: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -64,6 +71,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     release: Script::new(RELEASE),
     take_over: Script::new(TAKE_OVER),
     purge: Script::new(PURGE),
+    list: Script::new(LIST),
+    delete: Script::new(DELETE),
 });
 
 /// Records in Redis, shared by every process that opens the same server with the same prefix.
@@ -84,6 +93,9 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// | `{PREFIX}:all` | sorted set | every record, scored by `expires_at` |
 /// | `{PREFIX}:run` | sorted set | records in progress, scored by `expires_at` |
 ///
+/// [`Store::list`] reads the narrowest index that covers its filter (the scope's, the records in
+/// progress, or all), latest `expires_at` first, one Lua script per batch of 256 index members.
+///
 /// `NS`, `PRINCIPAL` and `KEY` are percent-encoded (`%`, `:`, `{`, `}`, spaces and control
 /// characters), so two different `(scope, key)` never share a Redis key and the hash tag is always
 /// the prefix. A record hash has the fields `fp` (the 32 fingerprint bytes), `tool`, `owner` and
@@ -92,7 +104,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 ///
 /// # Atomicity, time and quotas
 ///
-/// Claim, complete, renew, release and take-over are each one Lua script (`EVALSHA`, loading the
+/// Claim, complete, renew, release, take-over and delete are each one Lua script (`EVALSHA`, loading the
 /// script if the server lost it), so each is one atomic round trip; the fencing token is checked
 /// inside the script. The scripts compare the caller's `now` with the stored deadlines and never
 /// read the server's clock, so the caller's clock is the only clock. Quotas count live records with
@@ -197,7 +209,9 @@ impl RedisStore {
         // makes a server without scripting a startup error rather than a failure of every call.
         let mut startup = redis::pipe();
         startup.cmd("PING");
-        for source in [CLAIM, COMPLETE, RENEW, RELEASE, TAKE_OVER, PURGE] {
+        for source in [
+            CLAIM, COMPLETE, RENEW, RELEASE, TAKE_OVER, PURGE, LIST, DELETE,
+        ] {
             startup.cmd("SCRIPT").arg("LOAD").arg(source);
         }
         let mut conn = store.conn.clone();
@@ -267,6 +281,18 @@ impl RedisStore {
             .key(&self.keys.running)
             .arg(member);
         invocation
+    }
+
+    /// The record for `id`, expired or not.
+    async fn read(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
+        let mut conn = self.conn.clone();
+        let mut hmget = redis::cmd("HMGET");
+        hmget
+            .arg(self.keys.record(&Keys::member(id)))
+            .arg(&FIELDS[..]);
+        let fields: Vec<Option<Vec<u8>>> =
+            self.bounded("get", hmget.query_async(&mut conn)).await?;
+        Ok(decode(id, fields)?)
     }
 
     async fn fenced(
@@ -375,6 +401,57 @@ fn encode_into(out: &mut String, part: &str) {
         } else {
             out.push(ch);
         }
+    }
+}
+
+/// Reverses [`encode_into`]; `None` if `part` is not something it wrote.
+fn decode_part(part: &str) -> Option<String> {
+    let mut bytes = Vec::with_capacity(part.len());
+    let mut rest = part.as_bytes();
+    while let Some((&byte, tail)) = rest.split_first() {
+        if byte == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(byte);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// The record an index member names (`NS:PRINCIPAL:KEY`, each part encoded).
+fn member_id(member: &[u8]) -> Result<RecordId, CorruptRecord> {
+    let corrupt = || {
+        CorruptRecord(format!(
+            "Redis index member {:?}",
+            String::from_utf8_lossy(member)
+        ))
+    };
+    let member = std::str::from_utf8(member).map_err(|_| corrupt())?;
+    let mut parts = member.split(':').map(decode_part);
+    let (Some(Some(namespace)), Some(Some(principal)), Some(Some(key)), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(corrupt());
+    };
+    let key = IdempotencyKey::new(&key, usize::MAX).map_err(|_| corrupt())?;
+    Ok(RecordId {
+        scope: Scope::new(namespace, principal),
+        key,
+    })
+}
+
+/// `=` and the encoded `part`, or `` for no condition: how the list script takes its filters.
+fn wanted_part(part: Option<&str>) -> String {
+    match part {
+        Some(part) => {
+            let mut wanted = String::from("=");
+            encode_into(&mut wanted, part);
+            wanted
+        }
+        None => String::new(),
     }
 }
 
@@ -519,14 +596,10 @@ impl Store for RedisStore {
 
     fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
         Box::pin(async move {
-            let mut conn = self.conn.clone();
-            let mut hmget = redis::cmd("HMGET");
-            hmget
-                .arg(self.keys.record(&Keys::member(id)))
-                .arg(&FIELDS[..]);
-            let fields: Vec<Option<Vec<u8>>> =
-                self.bounded("get", hmget.query_async(&mut conn)).await?;
-            Ok(decode(id, fields)?.filter(|record| !record.is_expired(now)))
+            Ok(self
+                .read(id)
+                .await?
+                .filter(|record| !record.is_expired(now)))
         })
     }
 
@@ -576,6 +649,103 @@ impl Store for RedisStore {
                 completed: live.saturating_sub(in_progress),
                 expired,
             })
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        Box::pin(async move {
+            if let (Some(namespace), Some(principal), Some(key)) =
+                (&filter.namespace, &filter.principal, &filter.key)
+            {
+                let Ok(key) = IdempotencyKey::new(key, usize::MAX) else {
+                    return Ok(Vec::new());
+                };
+                let id = RecordId {
+                    scope: Scope::new(namespace.as_str(), principal.as_str()),
+                    key,
+                };
+                let record = self.read(&id).await?;
+                return Ok(record
+                    .filter(|record| limit > 0 && filter.matches(record, now))
+                    .into_iter()
+                    .collect());
+            }
+            let index = match (&filter.namespace, &filter.principal, filter.state) {
+                (Some(namespace), Some(principal), _) => self
+                    .keys
+                    .scope(&Scope::new(namespace.as_str(), principal.as_str())),
+                (_, _, Some(StateFilter::InProgress)) => self.keys.running.clone(),
+                _ => self.keys.all.clone(),
+            };
+            let (highest, lowest) = match filter.state {
+                Some(StateFilter::Expired) => (now.as_millis().to_string(), "-inf".to_owned()),
+                Some(_) => ("+inf".to_owned(), format!("({}", now.as_millis())),
+                None => ("+inf".to_owned(), "-inf".to_owned()),
+            };
+            let state = match filter.state {
+                Some(StateFilter::InProgress) => "run",
+                Some(StateFilter::Completed) => "done",
+                _ => "",
+            };
+            let bound =
+                |t: Option<Timestamp>| t.map(|t| t.as_millis().to_string()).unwrap_or_default();
+            let mut records = Vec::new();
+            let mut offset = 0;
+            while records.len() < limit {
+                let mut invocation = SCRIPTS.list.prepare_invoke();
+                invocation
+                    .key(&index)
+                    .arg(&self.keys.tag)
+                    .arg(&highest)
+                    .arg(&lowest)
+                    .arg(offset)
+                    .arg(LIST_BATCH)
+                    .arg(wanted_part(filter.namespace.as_deref()))
+                    .arg(wanted_part(filter.principal.as_deref()))
+                    .arg(wanted_part(filter.key.as_deref()))
+                    .arg(state)
+                    .arg(bound(filter.created_at_or_before))
+                    .arg(bound(filter.created_after));
+                let reply: Vec<Option<Vec<u8>>> = self.invoke("list", &invocation).await?;
+                let mut reply = reply.into_iter();
+                let scanned: usize = reply
+                    .next()
+                    .flatten()
+                    .and_then(|n| String::from_utf8(n).ok()?.parse().ok())
+                    .ok_or_else(|| StoreError::Backend {
+                        message: "the Redis list script returned no count".into(),
+                        source: None,
+                    })?;
+                let found: Vec<Option<Vec<u8>>> = reply.collect();
+                for chunk in found.chunks(FIELDS.len() + 1) {
+                    let member = chunk[0].as_deref().unwrap_or_default();
+                    let id = member_id(member)?;
+                    if let Some(record) = decode(&id, chunk[1..].to_vec())? {
+                        if filter.matches(&record, now) {
+                            records.push(record);
+                        }
+                    }
+                }
+                if scanned < LIST_BATCH {
+                    break;
+                }
+                offset += scanned;
+            }
+            records.truncate(limit);
+            Ok(records)
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        Box::pin(async move {
+            let invocation = self.on_record(&SCRIPTS.delete, id);
+            let deleted: i64 = self.invoke("delete", &invocation).await?;
+            Ok(deleted == 1)
         })
     }
 }
@@ -669,6 +839,12 @@ mod tests {
             assert!(!member.contains(['{', '}', ' ']), "{member}");
         }
         assert_eq!(Keys::member(&id("é", "p", "{k}")), "é:p:%7Bk%7D");
+        for id in &ids {
+            assert_eq!(&member_id(Keys::member(id).as_bytes()).unwrap(), id);
+        }
+        for bad in ["a:b", "a:b:c:d", "a:b:%4", "a:b:%ZZ", "a:b:%FF"] {
+            assert!(member_id(bad.as_bytes()).is_err(), "{bad}");
+        }
     }
 
     #[test]

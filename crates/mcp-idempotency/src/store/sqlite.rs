@@ -9,10 +9,11 @@ use rusqlite::{
 };
 
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, QuotaExceeded, Store, StoreError,
-    StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
+    Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
 use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::time::Timestamp;
 
@@ -49,10 +50,19 @@ CREATE TABLE IF NOT EXISTS idem_totals (
 INSERT OR IGNORE INTO idem_totals (id, records) VALUES (1, 0);
 ";
 
-const SELECT_RECORD: &str =
-    "SELECT fingerprint, tool_name, owner, lease_expires_at, outcome_kind, \
-     outcome_body, completed_at, created_at, expires_at FROM idem_records \
-     WHERE namespace = ?1 AND principal = ?2 AND key = ?3";
+/// The columns of a record, in the order [`decode`] reads them.
+macro_rules! record_columns {
+    () => {
+        "fingerprint, tool_name, owner, lease_expires_at, outcome_kind, outcome_body, \
+         completed_at, created_at, expires_at"
+    };
+}
+
+const SELECT_RECORD: &str = concat!(
+    "SELECT ",
+    record_columns!(),
+    " FROM idem_records WHERE namespace = ?1 AND principal = ?2 AND key = ?3"
+);
 
 /// Records in a SQLite file (WAL mode, one transaction per claim).
 ///
@@ -346,9 +356,24 @@ fn read_record(tx: &Connection, id: &RecordId) -> Result<Option<Record>, StoreEr
 }
 
 fn decode(id: &RecordId, row: &Row<'_>) -> Result<Record, CorruptRecord> {
+    decode_at(id, row, 0)
+}
+
+/// The id of a record as its columns hold it.
+fn stored_id(namespace: String, principal: String, key: &str) -> Result<RecordId, CorruptRecord> {
+    let key = IdempotencyKey::new(key, usize::MAX)
+        .map_err(|err| CorruptRecord(format!("stored key {key:?}: {err}")))?;
+    Ok(RecordId {
+        scope: Scope::new(namespace, principal),
+        key,
+    })
+}
+
+/// Reads a record from `row`'s columns `at..at + 9` ([`record_columns!`]).
+fn decode_at(id: &RecordId, row: &Row<'_>, at: usize) -> Result<Record, CorruptRecord> {
     let corrupt = |what: &str| CorruptRecord(format!("{what} of {:?}", id.key));
     let column = |i: usize| -> Result<rusqlite::types::Value, CorruptRecord> {
-        row.get(i).map_err(|_| corrupt("unreadable column"))
+        row.get(at + i).map_err(|_| corrupt("unreadable column"))
     };
     use rusqlite::types::Value as V;
     let fingerprint = match column(0)? {
@@ -512,6 +537,89 @@ fn purge(tx: &Transaction<'_>, now: Timestamp) -> Result<u64, StoreError> {
     Ok(purged)
 }
 
+/// `SELECT` of the records matching `filter`, latest expiry first, and its parameters. Only the
+/// conditions that are set appear in the statement, so that SQLite can use the primary key for a
+/// scope and the `expires_at` index for states and the order.
+fn list_query(
+    filter: &ListFilter,
+    now: Timestamp,
+    limit: usize,
+) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value as V;
+    let mut conditions = Vec::new();
+    let mut values = Vec::new();
+    let mut condition = |sql: &str, value: V| {
+        values.push(value);
+        conditions.push(sql.replace('?', &format!("?{}", values.len())));
+    };
+    if let Some(namespace) = &filter.namespace {
+        condition("namespace = ?", V::Text(namespace.clone()));
+    }
+    if let Some(principal) = &filter.principal {
+        condition("principal = ?", V::Text(principal.clone()));
+    }
+    if let Some(key) = &filter.key {
+        condition("key = ?", V::Text(key.clone()));
+    }
+    match filter.state {
+        Some(StateFilter::InProgress) => condition(
+            "expires_at > ? AND owner IS NOT NULL",
+            V::Integer(sql_time(now)),
+        ),
+        Some(StateFilter::Completed) => condition(
+            "expires_at > ? AND owner IS NULL",
+            V::Integer(sql_time(now)),
+        ),
+        Some(StateFilter::Expired) => condition("expires_at <= ?", V::Integer(sql_time(now))),
+        None => {}
+    }
+    if let Some(t) = filter.created_at_or_before {
+        condition("created_at <= ?", V::Integer(sql_time(t)));
+    }
+    if let Some(t) = filter.created_after {
+        condition("created_at > ?", V::Integer(sql_time(t)));
+    }
+    let mut sql = concat!(
+        "SELECT namespace, principal, key, ",
+        record_columns!(),
+        " FROM idem_records"
+    )
+    .to_owned();
+    if !conditions.is_empty() {
+        sql.push_str(" WHERE ");
+        sql.push_str(&conditions.join(" AND "));
+    }
+    values.push(V::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+    sql.push_str(&format!(
+        " ORDER BY expires_at DESC LIMIT ?{}",
+        values.len()
+    ));
+    (sql, values)
+}
+
+fn list(
+    conn: &Connection,
+    filter: &ListFilter,
+    now: Timestamp,
+    limit: usize,
+) -> Result<Vec<Record>, StoreError> {
+    let (sql, values) = list_query(filter, now, limit);
+    let mut stmt = conn.prepare(&sql).map_err(sql_error)?;
+    let rows = stmt
+        .query_map(rusqlite::params_from_iter(values), |row| {
+            let namespace: String = row.get(0)?;
+            let principal: String = row.get(1)?;
+            let key: String = row.get(2)?;
+            Ok(stored_id(namespace, principal, &key).and_then(|id| decode_at(&id, row, 3)))
+        })
+        .map_err(sql_error)?;
+    let mut records = Vec::new();
+    for row in rows {
+        records.push(row.map_err(sql_error)??);
+    }
+    Ok(records)
+}
+
 /// Runs one fenced `UPDATE`/`DELETE` and reports whether it touched the record.
 fn fenced_write(
     conn: &Connection,
@@ -658,6 +766,41 @@ impl Store for SqliteStore {
                 },
             )
             .map_err(sql_error)
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        let filter = filter.clone();
+        self.with_conn(move |conn| list(conn, &filter, now, limit))
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        let id = id.clone();
+        self.with_conn(move |conn| {
+            let tx = immediate(conn)?;
+            let deleted = tx
+                .prepare_cached(
+                    "DELETE FROM idem_records WHERE namespace = ?1 AND principal = ?2 AND key = ?3",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        id.scope.namespace(),
+                        id.scope.principal(),
+                        id.key.as_str()
+                    ])
+                })
+                .map_err(sql_error)?
+                == 1;
+            if deleted {
+                adjust_counts(&tx, &id.scope, -1)?;
+            }
+            tx.commit().map_err(sql_error)?;
+            Ok(deleted)
         })
     }
 }
