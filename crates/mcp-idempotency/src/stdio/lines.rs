@@ -190,7 +190,10 @@ mod tests {
         rest.extend_from_slice(&piece);
         assert_eq!([line, rest].concat(), b"abcdefghij\n");
         let mut line = Vec::new();
-        read_line(&mut reader, &mut line, 3).await.unwrap();
+        assert_eq!(
+            read_line(&mut reader, &mut line, 4).await.unwrap(),
+            Line::Whole
+        );
         assert_eq!(line, b"next\n");
     }
 
