@@ -32,6 +32,8 @@
 //! the client asked for that response, so dropping it would only make the client wait; a keyed
 //! call it answered is not recorded and stays in flight until the server exits.
 
+mod lines;
+
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -47,6 +49,7 @@ use crate::interceptor::{
 use crate::record::{Outcome, Scope};
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig};
+use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
 
 /// Buffer between the in-process server and the proxy, per direction.
 const DUPLEX_BUFFER: usize = 256 * 1024;
@@ -62,9 +65,6 @@ pub const MAX_SERVER_LINE_BYTES: usize = 64 << 20;
 
 /// JSON-RPC "Invalid Request", the answer to a client line over the limit.
 const INVALID_REQUEST: i64 = -32600;
-
-mod lines;
-use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
 
 /// The client's output, shared by both directions: a message is sent whole, and an over-long
 /// server line holds it until its last piece is sent.
