@@ -11,21 +11,20 @@
 
 /// One event of the stream: its raw bytes (terminating blank line included) and its parsed fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Event {
+pub struct Event {
     /// The event exactly as received.
-    pub(crate) raw: Vec<u8>,
+    pub raw: Vec<u8>,
     /// The `data` lines joined with `\n`; `None` when the event has no `data` field.
-    pub(crate) data: Option<String>,
+    pub data: Option<String>,
     /// The `event` field, if any.
-    pub(crate) event: Option<String>,
+    pub event: Option<String>,
     /// The `id` field, if any.
-    pub(crate) id: Option<String>,
+    pub id: Option<String>,
 }
 
 impl Event {
     /// The event with `data` replaced, keeping its `event` and `id` fields.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn with_data(&self, data: &str) -> Vec<u8> {
+    pub fn with_data(&self, data: &str) -> Vec<u8> {
         let mut out = Vec::with_capacity(data.len() + 32);
         if let Some(event) = &self.event {
             out.extend_from_slice(b"event: ");
@@ -49,7 +48,7 @@ impl Event {
 
 /// Accumulates stream bytes and hands out complete events.
 #[derive(Debug, Default)]
-pub(crate) struct EventSplitter {
+pub struct EventSplitter {
     pending: Vec<u8>,
     /// Where to resume looking for the end of the pending event.
     scanned: usize,
@@ -60,17 +59,17 @@ pub(crate) struct EventSplitter {
 
 /// What [`EventSplitter::feed`] produced.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Fed {
+pub struct Fed {
     /// Complete events, in order.
-    pub(crate) events: Vec<Event>,
+    pub events: Vec<Event>,
     /// Bytes to forward as they are, after the events: set once an event grew past the size limit,
     /// from then on the splitter passes everything through unparsed.
-    pub(crate) passthrough: Vec<u8>,
+    pub passthrough: Vec<u8>,
 }
 
 impl EventSplitter {
     /// A splitter that parses events of at most `max_event_bytes`.
-    pub(crate) fn new(max_event_bytes: usize) -> Self {
+    pub fn new(max_event_bytes: usize) -> Self {
         Self {
             max_event_bytes,
             ..Self::default()
@@ -78,13 +77,12 @@ impl EventSplitter {
     }
 
     /// Whether an oversized event made the splitter stop parsing.
-    #[cfg_attr(not(feature = "http"), allow(dead_code))]
-    pub(crate) fn overflowed(&self) -> bool {
+    pub fn overflowed(&self) -> bool {
         self.overflowed
     }
 
     /// Adds bytes from the stream; returns the events they complete.
-    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Fed {
+    pub fn feed(&mut self, bytes: &[u8]) -> Fed {
         let mut fed = Fed::default();
         if self.overflowed {
             fed.passthrough.extend_from_slice(bytes);
@@ -107,7 +105,7 @@ impl EventSplitter {
     /// The stream ended. An event whose blank line ends in a `\r` (which could have been the
     /// start of `\r\n`) is complete after all; anything else left is an unfinished event, which
     /// SSE discards: its bytes are passed through unparsed.
-    pub(crate) fn finish(&mut self) -> Fed {
+    pub fn finish(&mut self) -> Fed {
         self.scanned = 0;
         let pending = std::mem::take(&mut self.pending);
         let mut fed = Fed::default();

@@ -24,26 +24,51 @@
 //!
 //! Lines are forwarded byte for byte unless the interceptor rewrites or answers them. Messages in
 //! each direction keep their order. Logs go to `tracing`, never to stdout.
+//!
+//! No line is held in memory whole past a limit. A client line longer than
+//! [`StdioProxy::max_line_bytes`] is discarded up to its newline and answered with a JSON-RPC
+//! error (`-32600`, with the request's `id` when it precedes the long part of the message). A
+//! server line longer than [`MAX_SERVER_LINE_BYTES`] is passed to the client as it comes, unread:
+//! the client asked for that response, so dropping it would only make the client wait; a keyed
+//! call it answered is not recorded and stays in flight until the server exits.
+
+mod lines;
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{
-    AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf,
-    WriteHalf,
+    AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
 use tokio::sync::{mpsc, Notify};
 
-use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
+use crate::interceptor::{
+    error_response, ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction,
+};
 use crate::record::{Outcome, Scope};
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig};
+use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
 
 /// Buffer between the in-process server and the proxy, per direction.
 const DUPLEX_BUFFER: usize = 256 * 1024;
 /// Responses queued for the client before the proxy waits for it to read.
 const CLIENT_QUEUE: usize = 1024;
+
+/// Default for [`StdioProxy::max_line_bytes`], the same as the HTTP layer's body limit.
+pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
+
+/// Longest server line the proxy reads (like the HTTP relay's largest SSE event); a longer one is
+/// passed to the client unread.
+pub const MAX_SERVER_LINE_BYTES: usize = 64 << 20;
+
+/// JSON-RPC "Invalid Request", the answer to a client line over the limit.
+const INVALID_REQUEST: i64 = -32600;
+
+/// The client's output, shared by both directions: a message is sent whole, and an over-long
+/// server line holds it until its last piece is sent.
+type ToClient = tokio::sync::Mutex<mpsc::Sender<Vec<u8>>>;
 
 /// Drives an [`Interceptor`] over stdio-style streams.
 #[derive(Clone, Debug)]
@@ -51,6 +76,7 @@ pub struct StdioProxy {
     dedup: Deduplicator,
     scope: Scope,
     config: InterceptorConfig,
+    max_line_bytes: usize,
 }
 
 /// How a proxy run ended.
@@ -67,7 +93,15 @@ impl StdioProxy {
             dedup,
             scope,
             config: InterceptorConfig::default(),
+            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
         }
+    }
+
+    /// Longest client line (without its line ending) read (default [`DEFAULT_MAX_LINE_BYTES`]);
+    /// a longer one is discarded without being held whole and answered with a JSON-RPC error.
+    pub fn max_line_bytes(mut self, max: usize) -> Self {
+        self.max_line_bytes = max;
+        self
     }
 
     /// Interceptor settings (key forwarding, cancellation policy).
@@ -101,16 +135,16 @@ impl StdioProxy {
         let renew = self.renew_leases(&state);
 
         let pumps = async {
-            let client_to_client = to_client.clone();
+            let to_client = ToClient::new(to_client);
             let client_pump = async {
                 let result = self
-                    .client_to_server(&state, client_in, server_in, client_to_client, &server_gone)
+                    .client_to_server(&state, client_in, server_in, &to_client, &server_gone)
                     .await;
                 if let Err(err) = result {
                     tracing::debug!(error = %err, "client stream ended with an error");
                 }
             };
-            let server_pump = self.server_to_client(&state, server_out, to_client.clone());
+            let server_pump = self.server_to_client(&state, server_out, &to_client);
             tokio::pin!(client_pump, server_pump);
             // The server pump decides when the run is over; the client pump ending (EOF) only
             // closes the server's input. Once the server's output has ended, the client pump
@@ -130,7 +164,6 @@ impl StdioProxy {
             // Only now is no call on its way to the server: whatever is still in flight (also a
             // call the client pump claimed but could not deliver) will never be answered.
             let orphaned_calls = self.orphan_calls_in_flight(&state, &to_client).await;
-            drop(to_client);
             ended.map(|()| ProxyExit { orphaned_calls })
         };
         let (result, write_result) = tokio::select! {
@@ -148,7 +181,7 @@ impl StdioProxy {
         state: &Mutex<Interceptor>,
         client_in: CR,
         mut server_in: SW,
-        to_client: mpsc::Sender<Vec<u8>>,
+        to_client: &ToClient,
         server_gone: &Notify,
     ) -> io::Result<()>
     where
@@ -158,15 +191,34 @@ impl StdioProxy {
         let mut lines = BufReader::new(client_in);
         let mut line = Vec::new();
         loop {
-            line.clear();
             let read = tokio::select! {
                 biased;
                 // Nobody is left to read what the client sends.
                 () = server_gone.notified() => return Ok(()),
-                read = lines.read_until(b'\n', &mut line) => read?,
+                read = read_line(&mut lines, &mut line, self.max_line_bytes) => read?,
             };
-            if read == 0 {
-                break;
+            match read {
+                Line::Eof => break,
+                Line::Whole => {}
+                Line::TooLong => {
+                    let skipped = skip_rest(&mut lines).await?;
+                    let id = id_in_prefix(&line);
+                    let length = line.len() as u64 + skipped;
+                    tracing::warn!(
+                        length,
+                        limit = self.max_line_bytes,
+                        id = id.as_deref().unwrap_or("null"),
+                        "discarded a client message longer than the line limit"
+                    );
+                    let message = format!(
+                        "a line of {length} bytes is longer than the line limit of {} bytes; it was discarded, not forwarded",
+                        self.max_line_bytes
+                    );
+                    let response =
+                        error_response(id.as_deref().unwrap_or("null"), INVALID_REQUEST, &message);
+                    send(to_client, response.into_bytes()).await;
+                    continue;
+                }
             }
             let action = match message_text(&line) {
                 Some(text) => lock(state).on_client_message(text),
@@ -177,7 +229,7 @@ impl StdioProxy {
                     write_line(&mut server_in, std::mem::take(&mut line)).await?
                 }
                 ClientAction::Absorb => {}
-                ClientAction::Respond(response) => send(&to_client, response.into_bytes()).await,
+                ClientAction::Respond(response) => send(to_client, response.into_bytes()).await,
                 ClientAction::Decide(call) => {
                     let decision = self.dedup.decide(&self.scope, &call.tool_call()).await;
                     let decided = lock(state).on_decision(call, decision);
@@ -186,7 +238,7 @@ impl StdioProxy {
                             write_line(&mut server_in, request.into_bytes()).await?;
                         }
                         Decided::Respond(response) => {
-                            send(&to_client, response.into_bytes()).await;
+                            send(to_client, response.into_bytes()).await;
                         }
                     }
                 }
@@ -203,7 +255,7 @@ impl StdioProxy {
         &self,
         state: &Mutex<Interceptor>,
         server_out: SR,
-        to_client: mpsc::Sender<Vec<u8>>,
+        to_client: &ToClient,
     ) -> io::Result<()>
     where
         SR: AsyncRead + Unpin,
@@ -211,18 +263,22 @@ impl StdioProxy {
         let mut lines = BufReader::new(server_out);
         let mut line = Vec::new();
         loop {
-            line.clear();
-            if lines.read_until(b'\n', &mut line).await? == 0 {
-                return Ok(());
+            match read_line(&mut lines, &mut line, MAX_SERVER_LINE_BYTES).await? {
+                Line::Eof => return Ok(()),
+                Line::Whole => {}
+                Line::TooLong => {
+                    pass_long_line(&mut lines, &mut line, to_client).await?;
+                    continue;
+                }
             }
             let action = match message_text(&line) {
                 Some(text) => lock(state).on_server_message(text),
                 None => ServerAction::Forward,
             };
             match action {
-                ServerAction::Forward => send(&to_client, std::mem::take(&mut line)).await,
+                ServerAction::Forward => send(to_client, std::mem::take(&mut line)).await,
                 ServerAction::ForwardRewritten(message) => {
-                    send(&to_client, message.into_bytes()).await
+                    send(to_client, message.into_bytes()).await
                 }
                 ServerAction::Record {
                     claim,
@@ -231,7 +287,7 @@ impl StdioProxy {
                 } => {
                     self.record(&claim, outcome).await;
                     if forward {
-                        send(&to_client, std::mem::take(&mut line)).await;
+                        send(to_client, std::mem::take(&mut line)).await;
                     }
                 }
             }
@@ -243,7 +299,7 @@ impl StdioProxy {
     async fn orphan_calls_in_flight(
         &self,
         state: &Mutex<Interceptor>,
-        to_client: &mpsc::Sender<Vec<u8>>,
+        to_client: &ToClient,
     ) -> usize {
         let orphans = lock(state).on_server_gone("the MCP server exited");
         let orphaned_calls = orphans.len();
@@ -358,9 +414,44 @@ async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, mut line: Vec<u8>) -> io
     out.flush().await
 }
 
-async fn send(to_client: &mpsc::Sender<Vec<u8>>, message: Vec<u8>) {
-    if to_client.send(message).await.is_err() {
+/// Sends one message to the client as one line.
+async fn send(to_client: &ToClient, mut message: Vec<u8>) {
+    if !message.ends_with(b"\n") {
+        message.push(b'\n');
+    }
+    if to_client.lock().await.send(message).await.is_err() {
         tracing::debug!("client output is closed; dropping a message");
+    }
+}
+
+/// Sends a server line longer than [`MAX_SERVER_LINE_BYTES`] to the client piece by piece, `line`
+/// (its start) first; no other message goes out in between.
+async fn pass_long_line<R: tokio::io::AsyncBufRead + Unpin>(
+    server_out: &mut R,
+    line: &mut Vec<u8>,
+    to_client: &ToClient,
+) -> io::Result<()> {
+    tracing::warn!(
+        limit = MAX_SERVER_LINE_BYTES,
+        "passing a server message longer than the line limit to the client unread; a call it answered is not recorded"
+    );
+    let to_client = to_client.lock().await;
+    let mut piece = std::mem::take(line);
+    let mut closed = false;
+    loop {
+        if !closed && to_client.send(std::mem::take(&mut piece)).await.is_err() {
+            tracing::debug!("client output is closed; dropping a message");
+            closed = true;
+        }
+        if next_piece(server_out, &mut piece).await? {
+            if !piece.ends_with(b"\n") {
+                piece.push(b'\n');
+            }
+            if !closed {
+                let _ = to_client.send(piece).await;
+            }
+            return Ok(());
+        }
     }
 }
 
@@ -369,7 +460,8 @@ async fn write_lines<W: AsyncWrite + Unpin>(
     mut out: W,
 ) -> io::Result<()> {
     while let Some(message) = messages.recv().await {
-        write_line(&mut out, message).await?;
+        out.write_all(&message).await?;
+        out.flush().await?;
     }
     Ok(())
 }

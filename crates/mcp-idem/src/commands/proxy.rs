@@ -17,6 +17,8 @@ use http::{Request, Response};
 use mcp_idempotency::http::ResponseBody;
 use tower::{Layer, Service};
 
+mod conn;
+
 use super::engine_args::{purge_periodically, EngineArgs};
 use super::scope_args::ScopeArgs;
 use crate::upstream::{bad_gateway, Upstream, UpstreamUrl};
@@ -46,6 +48,19 @@ pub(crate) struct ProxyArgs {
     /// Longest a request body may take to arrive; slower ones get 408 and are not forwarded.
     #[arg(long, env = "MCP_IDEM_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     body_timeout: std::time::Duration,
+
+    /// Longest a client may take to send a request's head (from the connection's start, or on a
+    /// kept-alive connection from the request's first byte); a slower one is disconnected.
+    #[arg(long, env = "MCP_IDEM_HEADER_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    header_timeout: std::time::Duration,
+
+    /// How long a kept-alive client connection may wait for its next request before it is closed.
+    #[arg(long, env = "MCP_IDEM_IDLE_TIMEOUT", default_value = "120s", value_parser = humantime::parse_duration)]
+    idle_timeout: std::time::Duration,
+
+    /// Most client connections open at once; more wait (unaccepted) until one closes.
+    #[arg(long, env = "MCP_IDEM_MAX_CONNECTIONS", default_value = "512", value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 
     #[command(flatten)]
     scope: ScopeArgs,
@@ -94,9 +109,13 @@ impl ProxyArgs {
             .local_addr()
             .context("cannot read the bound address")?;
         eprintln!("mcp-idem proxy: listening on http://{local}");
-        let serve = axum::serve(listener, router).with_graceful_shutdown(shutdown_signal());
+        let limits = conn::Limits {
+            max_connections: self.max_connections as usize,
+            header_timeout: self.header_timeout,
+            idle_timeout: self.idle_timeout,
+        };
         tokio::select! {
-            result = serve => result.context("the HTTP server failed")?,
+            () = conn::serve(listener, router, limits, shutdown_signal()) => {}
             never = purge_periodically(dedup) => match never {},
         }
         Ok(())

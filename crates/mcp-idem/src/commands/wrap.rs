@@ -34,9 +34,36 @@ pub(crate) struct WrapArgs {
     #[arg(long, env = "MCP_IDEM_CANCEL", default_value = "absorb", value_parser = parse_cancel)]
     cancel: CancelPolicy,
 
+    /// Longest client message (one line) read, e.g. 4MiB, 512KiB; a longer one is discarded
+    /// without being held in memory whole and answered with a JSON-RPC error.
+    #[arg(long, env = "MCP_IDEM_MAX_LINE_BYTES", default_value = "4MiB", value_parser = parse_bytes)]
+    max_line_bytes: usize,
+
     /// The MCP server to run, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<String>,
+}
+
+/// A size: a number of bytes, optionally with a `KiB`, `MiB` or `GiB` suffix.
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => s.split_at(at),
+        None => (s, ""),
+    };
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "KiB" => 10,
+        "MiB" => 20,
+        "GiB" => 30,
+        other => return Err(format!("unknown unit {other:?}; expected KiB, MiB or GiB")),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("expected a size such as 4MiB, got {s:?}"))?;
+    n.checked_mul(1 << shift)
+        .filter(|&bytes| bytes > 0)
+        .ok_or_else(|| format!("size {s:?} out of range"))
 }
 
 fn parse_cancel(s: &str) -> Result<CancelPolicy, String> {
@@ -93,11 +120,13 @@ impl WrapArgs {
         let child_out = child.stdout.take().context("child stdout")?;
 
         let purge = purge_periodically(dedup.clone());
-        let proxy = StdioProxy::new(dedup, scope).interceptor_config(
-            InterceptorConfig::default()
-                .forward_key(self.forward_key)
-                .cancel_policy(self.cancel),
-        );
+        let proxy = StdioProxy::new(dedup, scope)
+            .interceptor_config(
+                InterceptorConfig::default()
+                    .forward_key(self.forward_key)
+                    .cancel_policy(self.cancel),
+            )
+            .max_line_bytes(self.max_line_bytes);
         // Non-blocking pipes when the client launched us with pipes (the usual case): no thread
         // hand-off per message.
         let (client_in, client_out) = rmcp::transport::stdio_pipes();
@@ -157,5 +186,15 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, c);
         assert_eq!(a, namespace_for(&["python".into(), "server.py".into()]));
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_units() {
+        assert_eq!(parse_bytes("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_bytes("512 KiB"), Ok(512 << 10));
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert!(parse_bytes("0").is_err());
+        assert!(parse_bytes("4MB").is_err());
+        assert!(parse_bytes("MiB").is_err());
     }
 }

@@ -258,3 +258,46 @@ pub(crate) fn wait_for_ledger(path: &Path, lines: usize) -> Vec<Value> {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A private `redis-server` on `127.0.0.1:PORT` (no persistence), killed on drop, for tests that
+/// stop and restart their store.
+pub(crate) struct PrivateRedis {
+    child: Child,
+}
+
+impl PrivateRedis {
+    /// Starts it and waits until it accepts connections; `None` if `redis-server` cannot run.
+    pub(crate) fn start(port: u16) -> Option<Self> {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let redis = Self { child };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(redis)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A loopback port nothing listens on (just released).
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port")
+}
