@@ -61,7 +61,7 @@ const P_SLOW: f64 = 0.02;
 /// Probability that the client drops an answer it received.
 const P_DROP: f64 = 0.08;
 /// The killer waits a random time in this range (milliseconds) between two kills.
-const KILL_EVERY_MS: std::ops::Range<u64> = 100..400;
+const KILL_EVERY_MS: std::ops::Range<u64> = 200..800;
 
 /// One client's `wrap` process, as the killer sees it.
 struct Slot {
