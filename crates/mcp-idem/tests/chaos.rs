@@ -499,6 +499,26 @@ async fn chaos_run(store_url: &str, store: &str, after_crash: AfterCrash, kills:
         });
     }
 
+    // A line per tenth of the calls done, so that a long run shows how far it got.
+    let progress = tokio::spawn({
+        let done = Arc::clone(&done);
+        async move {
+            let mut reported = 0;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let tenths = done.load(Ordering::Relaxed) as u64 * 10 / calls.max(1);
+                if tenths > reported {
+                    reported = tenths;
+                    eprintln!(
+                        "chaos: {} of {calls} calls done after {:.0} s",
+                        done.load(Ordering::Relaxed),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+    });
+
     // Kill a proxy each time another 1/(kills + 1) of the calls are done; restart it on the same
     // port. What was in flight on it at the kill may run twice with `reexecute`.
     let mut in_flight_at_kills: HashMap<u64, u64> = HashMap::new();
@@ -542,6 +562,7 @@ async fn chaos_run(store_url: &str, store: &str, after_crash: AfterCrash, kills:
     while let Some(joined) = clients.join_next().await {
         results.extend(joined.expect("a client task panicked"));
     }
+    progress.abort();
     assert_eq!(results.len() as u64, calls);
 
     // Compare with the ledger: the amount names the logical call.

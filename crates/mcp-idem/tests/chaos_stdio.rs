@@ -43,9 +43,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use chaos_support::{
-    executions, size_and_seed, unix_ms, verify, AfterCrash, CallResult, Outcome,
-};
+use chaos_support::{executions, size_and_seed, unix_ms, verify, AfterCrash, CallResult, Outcome};
 use common::TIMEOUT;
 use wrap_support::{charge, is_running, EXE};
 
@@ -409,11 +407,17 @@ fn orphans_left(servers: &[u32], dir: &Path) -> Vec<u32> {
         std::thread::sleep(Duration::from_millis(20));
     }
     let marker = dir.to_string_lossy().into_owned();
-    let left: Vec<u32> = servers.iter().copied().filter(|&pid| is_running(pid)).collect();
+    let left: Vec<u32> = servers
+        .iter()
+        .copied()
+        .filter(|&pid| is_running(pid))
+        .collect();
     for &pid in &left {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         if String::from_utf8_lossy(&cmdline).contains(&marker) {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
         }
     }
     left
