@@ -1,17 +1,20 @@
-//! A CI-sized chaos run. 16 client tasks send keyed `charge_payment` calls (each logical call has
-//! one key and a unique amount, and is retried with the same key until it gets a definitive
-//! answer) to three `mcp-idem proxy` instances sharing one store (Redis, then PostgreSQL; a
-//! namespace of their own) in front of one `demo-server --http`. Between the clients and each
-//! proxy sits a TCP fault injector that, per connection and from a seeded RNG, drops the answer
-//! after the proxy gave it, delays it past the client's timeout, or cuts the request off before
-//! it is complete. One proxy is killed (SIGKILL) once mid-run and restarted on the same port with
-//! the same arguments.
+//! A CI-sized chaos run over Streamable HTTP. 16 client tasks send keyed `charge_payment` calls
+//! (each logical call has one key and a unique amount, and is retried with the same key until it
+//! gets a definitive answer) to three `mcp-idem proxy` instances sharing one store (Redis, then
+//! PostgreSQL; a namespace of their own) in front of one `demo-server --http`. Between the clients
+//! and each proxy sits a TCP fault injector that, per connection and from a seeded RNG, drops the
+//! answer after the proxy gave it, delays it past the client's timeout, or cuts the request off
+//! before it is complete. It also knows which calls are in flight on its proxy (each request names
+//! its call in an `x-chaos-call` header; the proxy's side of a connection stays open until the
+//! proxy closed it). Proxies are killed (SIGKILL) mid-run and restarted on the same port with the
+//! same arguments: once with `--after-crash reject`, three times with `reexecute`.
 //!
 //! At the end the demo server's ledger (one line per execution; the amount names the logical
-//! call) is compared with what the clients saw: no logical call executed twice; every call the
-//! client saw succeed executed exactly once, with the charge id the client got; calls answered
-//! `idempotency_outcome_unknown` (possible for calls in flight at the SIGKILL) executed at most
-//! once.
+//! call) is compared with what the clients saw (see `chaos_support::verify`). With `reject`: no
+//! logical call executed twice; every call the client saw succeed executed exactly once, with the
+//! charge id the client got; calls answered `idempotency_outcome_unknown` (possible for calls in
+//! flight at the SIGKILL) executed at most once. With `reexecute`: a call executed at most once
+//! more per kill it was in flight at, and the charge id a client got is in the ledger.
 //!
 //! `CHAOS_CALLS` sets the number of logical calls (default 500), `CHAOS_SEED` the seed (default:
 //! from the clock; printed either way). Run with `--nocapture` to see the report.
