@@ -1,22 +1,26 @@
-//! A CI-sized chaos run. 16 client tasks send keyed `charge_payment` calls (each logical call has
-//! one key and a unique amount, and is retried with the same key until it gets a definitive
-//! answer) to three `mcp-idem proxy` instances sharing one store (Redis, then PostgreSQL; a
-//! namespace of their own) in front of one `demo-server --http`. Between the clients and each
-//! proxy sits a TCP fault injector that, per connection and from a seeded RNG, drops the answer
-//! after the proxy gave it, delays it past the client's timeout, or cuts the request off before
-//! it is complete. One proxy is killed (SIGKILL) once mid-run and restarted on the same port with
-//! the same arguments.
+//! A CI-sized chaos run over Streamable HTTP. 16 client tasks send keyed `charge_payment` calls
+//! (each logical call has one key and a unique amount, and is retried with the same key until it
+//! gets a definitive answer) to three `mcp-idem proxy` instances sharing one store (Redis, then
+//! PostgreSQL; a namespace of their own) in front of one `demo-server --http`. Between the clients
+//! and each proxy sits a TCP fault injector that, per connection and from a seeded RNG, drops the
+//! answer after the proxy gave it, delays it past the client's timeout, or cuts the request off
+//! before it is complete. It also knows which calls are in flight on its proxy (each request names
+//! its call in an `x-chaos-call` header; the proxy's side of a connection stays open until the
+//! proxy closed it). Proxies are killed (SIGKILL) mid-run and restarted on the same port with the
+//! same arguments: once with `--after-crash reject`, three times with `reexecute`.
 //!
 //! At the end the demo server's ledger (one line per execution; the amount names the logical
-//! call) is compared with what the clients saw: no logical call executed twice; every call the
-//! client saw succeed executed exactly once, with the charge id the client got; calls answered
-//! `idempotency_outcome_unknown` (possible for calls in flight at the SIGKILL) executed at most
-//! once.
+//! call) is compared with what the clients saw (see `chaos_support::verify`). With `reject`: no
+//! logical call executed twice; every call the client saw succeed executed exactly once, with the
+//! charge id the client got; calls answered `idempotency_outcome_unknown` (possible for calls in
+//! flight at the SIGKILL) executed at most once. With `reexecute`: a call executed at most once
+//! more per kill it was in flight at, and the charge id a client got is in the ledger.
 //!
 //! `CHAOS_CALLS` sets the number of logical calls (default 500), `CHAOS_SEED` the seed (default:
 //! from the clock; printed either way). Run with `--nocapture` to see the report.
 #![cfg(unix)]
 
+mod chaos_support;
 mod common;
 mod http_support;
 
@@ -25,7 +29,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -36,7 +40,8 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use common::{ledger_lines, TIMEOUT};
+use chaos_support::{executions, size_and_seed, verify, AfterCrash, CallResult, Outcome};
+use common::TIMEOUT;
 use http_support::{charge, ledger_in, unique_namespace, Answer, HttpDemo, Raw, SharedStore};
 
 const INSTANCES: usize = 3;
@@ -128,12 +133,46 @@ struct FaultCounts {
     refused: AtomicU64,
 }
 
+/// The connections one injector relays to its proxy, so that a kill can tell which calls were in
+/// flight on the proxy.
+#[derive(Default)]
+struct Relayed {
+    /// Set while the proxy is being killed and restarted: new connections are refused.
+    down: bool,
+    next: u64,
+    /// Connections open to the proxy: the request bytes forwarded so far. A connection stays
+    /// here until the proxy has closed it (after its whole answer), even if the client is gone.
+    open: HashMap<u64, Arc<Mutex<Vec<u8>>>>,
+}
+
+/// The header naming the logical call of a request, for the injector.
+const CALL_HEADER: &str = "x-chaos-call";
+
+impl Relayed {
+    /// Marks the proxy down and returns what was in flight on it: the logical calls whose request
+    /// head reached it on a connection it has not closed yet. Call it before the kill and read
+    /// the bytes after it ([`call_in`]), so a request forwarded meanwhile is not missed.
+    fn go_down(&mut self) -> Vec<Arc<Mutex<Vec<u8>>>> {
+        self.down = true;
+        self.open.values().cloned().collect()
+    }
+}
+
+/// The logical call named by the [`CALL_HEADER`] in forwarded request bytes, if they got that far.
+fn call_in(bytes: &[u8]) -> Option<u64> {
+    let text = String::from_utf8_lossy(bytes).to_ascii_lowercase();
+    let (_, rest) = text.split_once(&format!("\r\n{CALL_HEADER}:"))?;
+    let (value, _) = rest.split_once("\r\n")?;
+    value.trim().parse().ok()
+}
+
 /// A TCP forwarder on loopback in front of `target`, injecting faults per connection. Returns the
 /// address it listens on.
 async fn start_injector(
     target: String,
     rng: Arc<Mutex<StdRng>>,
     counts: Arc<FaultCounts>,
+    relayed: Arc<Mutex<Relayed>>,
 ) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -153,9 +192,27 @@ async fn start_injector(
             } else {
                 Fault::None
             };
-            let (target, counts) = (target.clone(), Arc::clone(&counts));
+            let registered = {
+                let mut relayed = relayed.lock().unwrap();
+                if relayed.down {
+                    None
+                } else {
+                    relayed.next += 1;
+                    let id = relayed.next;
+                    let bytes = Arc::new(Mutex::new(Vec::new()));
+                    relayed.open.insert(id, Arc::clone(&bytes));
+                    Some((id, bytes))
+                }
+            };
+            let Some((id, bytes)) = registered else {
+                counts.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let (target, counts, relayed) =
+                (target.clone(), Arc::clone(&counts), Arc::clone(&relayed));
             tokio::spawn(async move {
-                let _ = relay(client, &target, fault, &counts).await;
+                let _ = relay(client, &target, fault, &counts, bytes).await;
+                relayed.lock().unwrap().open.remove(&id);
             });
         }
     });
@@ -167,6 +224,7 @@ async fn relay(
     target: &str,
     fault: Fault,
     counts: &FaultCounts,
+    forwarded: Arc<Mutex<Vec<u8>>>,
 ) -> std::io::Result<()> {
     let upstream = match TcpStream::connect(target).await {
         Ok(upstream) => upstream,
@@ -180,17 +238,44 @@ async fn relay(
     if fault == Fault::Reset {
         let mut buf = vec![0; 64 * 1024];
         let n = client_read.read(&mut buf).await?;
+        forwarded.lock().unwrap().extend_from_slice(&buf[..n / 2]);
         upstream_write.write_all(&buf[..n / 2]).await?;
         counts.reset.fetch_add(1, Ordering::Relaxed);
         return Ok(()); // dropping both sides closes them
     }
+    // Client to proxy. When the client is done (or gone, after its timeout) the proxy's side
+    // stays open, so the proxy finishes the call as if the client still waited, and the
+    // connection counts as in flight until the proxy closes it.
     let requests = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_read, &mut upstream_write).await;
+        let mut buf = vec![0; 16 * 1024];
+        loop {
+            match client_read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    forwarded.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if upstream_write.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        std::future::pending::<()>().await;
     });
     let result = async {
         match fault {
             Fault::None | Fault::Reset => {
-                tokio::io::copy(&mut upstream_read, &mut client_write).await?;
+                // Relay the answer; a client that left stops the relaying, not the reading.
+                let mut buf = vec![0; 16 * 1024];
+                let mut client_there = true;
+                loop {
+                    let n = upstream_read.read(&mut buf).await?;
+                    if n == 0 {
+                        break;
+                    }
+                    if client_there {
+                        client_there = client_write.write_all(&buf[..n]).await.is_ok();
+                    }
+                }
             }
             Fault::DropResponse | Fault::Delay => {
                 // The clients send `connection: close`, so the proxy closes after its answer.
@@ -214,26 +299,12 @@ async fn relay(
     result
 }
 
-/// How a logical call ended, from its client's point of view.
-#[derive(Debug, Clone)]
-enum Outcome {
-    Charged(String),
-    ToolError(String),
-    Unknown,
-    GaveUp(String),
-}
-
-struct CallResult {
-    amount: u64,
-    outcome: Outcome,
-    attempts: u32,
-}
-
 /// One attempt: `None` when no whole answer came (connection error or timeout).
-async fn attempt(raw: &Raw, message: &serde_json::Value) -> Option<Answer> {
+async fn attempt(raw: &Raw, amount: u64, message: &serde_json::Value) -> Option<Answer> {
     let request = raw
         .post(message)
         .header(http::header::CONNECTION, "close")
+        .header(CALL_HEADER, amount)
         .body(Full::new(Bytes::from(message.to_string())))
         .unwrap();
     let exchange = async {
@@ -280,7 +351,7 @@ async fn logical_call(raws: &[Raw], amount: u64, key: &str, rng: &mut StdRng) ->
         let raw = &raws[rng.gen_range(0..raws.len())];
         let message = charge(u64::from(attempts), amount, Some(key));
         let mut pause = Duration::from_millis(50);
-        match attempt(raw, &message).await {
+        match attempt(raw, amount, &message).await {
             None => last = "no answer".into(),
             Some(answer) if answer.status != http::StatusCode::OK => {
                 last = format!("HTTP {}: {}", answer.status, answer.body);
@@ -340,27 +411,16 @@ async fn logical_call(raws: &[Raw], amount: u64, key: &str, rng: &mut StdRng) ->
     }
 }
 
-async fn chaos_run(store_url: &str, store: &str) {
-    let calls: u64 = std::env::var("CHAOS_CALLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(500);
-    let seed: u64 = std::env::var("CHAOS_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos() as u64
-        });
-    eprintln!("chaos ({store}): {calls} logical calls, CHAOS_SEED={seed}");
+async fn chaos_run(store_url: &str, store: &str, after_crash: AfterCrash, kills: usize) {
+    let (calls, seed) = size_and_seed(500);
+    let name = format!("{store}, {}", after_crash.arg());
+    eprintln!("chaos ({name}): {calls} logical calls, CHAOS_SEED={seed}");
     let started = std::time::Instant::now();
 
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
-    let namespace = unique_namespace(&format!("chaos-{store}"));
+    let namespace = unique_namespace(&format!("chaos-{store}-{}", after_crash.arg()));
     let args: Vec<String> = [
         "--upstream",
         &server.base_url(),
@@ -370,6 +430,8 @@ async fn chaos_run(store_url: &str, store: &str) {
         &namespace,
         "--lease",
         "2s",
+        "--after-crash",
+        after_crash.arg(),
         // Every logical call leaves a record: lift the quotas (default 10,000 per principal) so
         // that a long run (CHAOS_CALLS) is not throttled by them; short retention keeps the shared
         // stores from holding the run's records for a day.
@@ -390,9 +452,18 @@ async fn chaos_run(store_url: &str, store: &str) {
     let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
     let counts = Arc::new(FaultCounts::default());
     let mut fronts = Vec::new();
+    let mut relayed = Vec::new();
     for proxy in &proxies {
-        let front = start_injector(proxy.addr.clone(), Arc::clone(&rng), Arc::clone(&counts)).await;
+        let front_relayed = Arc::new(Mutex::new(Relayed::default()));
+        let front = start_injector(
+            proxy.addr.clone(),
+            Arc::clone(&rng),
+            Arc::clone(&counts),
+            Arc::clone(&front_relayed),
+        )
+        .await;
         fronts.push(format!("http://{front}/mcp"));
+        relayed.push(front_relayed);
     }
     let client = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(0)
@@ -431,118 +502,93 @@ async fn chaos_run(store_url: &str, store: &str) {
         });
     }
 
-    // Kill one proxy once a third of the calls are done; restart it on the same port.
-    while (done.load(Ordering::Relaxed) as u64) < calls / 3 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // A line per tenth of the calls done, so that a long run shows how far it got.
+    let progress = tokio::spawn({
+        let done = Arc::clone(&done);
+        async move {
+            let mut reported = 0;
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let tenths = done.load(Ordering::Relaxed) as u64 * 10 / calls.max(1);
+                if tenths > reported {
+                    reported = tenths;
+                    eprintln!(
+                        "chaos: {} of {calls} calls done after {:.0} s",
+                        done.load(Ordering::Relaxed),
+                        started.elapsed().as_secs_f64()
+                    );
+                }
+            }
+        }
+    });
+
+    // Kill a proxy each time another 1/(kills + 1) of the calls are done; restart it on the same
+    // port. What was in flight on it at the kill may run twice with `reexecute`.
+    let mut in_flight_at_kills: HashMap<u64, u64> = HashMap::new();
+    for kill in 0..kills {
+        let due = calls * (kill as u64 + 1) / (kills as u64 + 1);
+        while (done.load(Ordering::Relaxed) as u64) < due {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let victim = (kill + 1) % INSTANCES;
+        let addr = proxies[victim].addr.clone();
+        let open = relayed[victim].lock().unwrap().go_down();
+        proxies[victim].kill();
+        let mut in_flight: Vec<u64> = open
+            .iter()
+            .filter_map(|bytes| call_in(&bytes.lock().unwrap()))
+            .collect();
+        in_flight.sort_unstable();
+        in_flight.dedup();
+        eprintln!(
+            "chaos: SIGKILLed proxy {victim} ({addr}) after {} calls, {} calls in flight on it",
+            done.load(Ordering::Relaxed),
+            in_flight.len()
+        );
+        for amount in in_flight {
+            *in_flight_at_kills.entry(amount).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let restarted = tokio::task::spawn_blocking({
+            let (addr, args) = (addr.clone(), args.clone());
+            move || ProxyProcess::spawn(&addr, &args)
+        })
+        .await
+        .expect("restart the proxy");
+        assert_eq!(restarted.addr, addr, "restarted on the same port");
+        proxies[victim] = restarted;
+        relayed[victim].lock().unwrap().down = false;
+        eprintln!("chaos: restarted proxy {victim} on {addr}");
     }
-    let victim = 1;
-    let addr = proxies[victim].addr.clone();
-    proxies[victim].kill();
-    eprintln!(
-        "chaos: SIGKILLed proxy {victim} ({addr}) after {} calls",
-        done.load(Ordering::Relaxed)
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let restarted = tokio::task::spawn_blocking({
-        let (addr, args) = (addr.clone(), args.clone());
-        move || ProxyProcess::spawn(&addr, &args)
-    })
-    .await
-    .expect("restart the proxy");
-    assert_eq!(restarted.addr, addr, "restarted on the same port");
-    proxies[victim] = restarted;
-    eprintln!("chaos: restarted proxy {victim} on {addr}");
 
     let mut results = Vec::new();
     while let Some(joined) = clients.join_next().await {
         results.extend(joined.expect("a client task panicked"));
     }
+    progress.abort();
     assert_eq!(results.len() as u64, calls);
 
     // Compare with the ledger: the amount names the logical call.
-    let lines = ledger_lines(&ledger);
-    let mut executions: HashMap<u64, Vec<String>> = HashMap::new();
-    for line in &lines {
-        let amount = line["amount"]
-            .as_u64()
-            .unwrap_or_else(|| panic!("ledger line without an integer amount: {line}"));
-        assert!(
-            (1..=calls).contains(&amount),
-            "ledger line of no logical call: {line}"
-        );
-        let id = line["chargeId"].as_str().unwrap_or_default().to_owned();
-        executions.entry(amount).or_default().push(id);
-    }
-    let (mut charged, mut tool_errors, mut unknown, mut gave_up, mut attempts) = (0, 0, 0, 0, 0);
-    let mut problems = Vec::new();
-    for result in &results {
-        attempts += u64::from(result.attempts);
-        let ids = executions
-            .get(&result.amount)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        if ids.len() > 1 {
-            problems.push(format!(
-                "call {} executed {} times: {ids:?} ({:?})",
-                result.amount,
-                ids.len(),
-                result.outcome
-            ));
-        }
-        match &result.outcome {
-            Outcome::Charged(id) => {
-                charged += 1;
-                if ids != [id.clone()] {
-                    problems.push(format!(
-                        "call {} got {id} but the ledger has {ids:?}",
-                        result.amount
-                    ));
-                }
-            }
-            Outcome::ToolError(body) => {
-                tool_errors += 1;
-                eprintln!(
-                    "chaos: call {} ended in a tool error: {body}",
-                    result.amount
-                );
-            }
-            Outcome::Unknown => unknown += 1,
-            Outcome::GaveUp(last) => {
-                gave_up += 1;
-                eprintln!(
-                    "chaos: call {} gave up after {MAX_ATTEMPTS} attempts; last: {last}",
-                    result.amount
-                );
-            }
-        }
-    }
-    let duplicates = executions.values().filter(|ids| ids.len() > 1).count();
-    let unknown_executed = results
-        .iter()
-        .filter(|r| matches!(r.outcome, Outcome::Unknown) && executions.contains_key(&r.amount))
-        .count();
+    let executions = executions(&ledger, calls);
+    let verdict = verify(&results, &executions, after_crash, &in_flight_at_kills);
     eprintln!(
-        "chaos report ({store}, seed {seed}, {:.1} s):\n  \
-         logical calls {calls}: {charged} charged, {tool_errors} tool errors, \
-         {unknown} outcome unknown ({unknown_executed} of them executed), {gave_up} gave up\n  \
-         attempts {attempts}; connections {}\n  \
-         faults: {} answers dropped, {} delayed past the timeout, {} requests cut off, \
-         {} connections refused (proxy down), 1 proxy SIGKILLed and restarted\n  \
-         executions (ledger lines) {}, duplicates {duplicates}",
+        "chaos report ({name}, seed {seed}, {:.1} s):\n  {}\n  \
+         connections {}; faults: {} answers dropped, {} delayed past the timeout, \
+         {} requests cut off, {} connections refused (proxy down), \
+         {kills} proxy SIGKILLs and restarts ({} calls in flight on them)",
         started.elapsed().as_secs_f64(),
+        verdict.summary(calls),
         counts.connections.load(Ordering::Relaxed),
         counts.dropped.load(Ordering::Relaxed),
         counts.delayed.load(Ordering::Relaxed),
         counts.reset.load(Ordering::Relaxed),
         counts.refused.load(Ordering::Relaxed),
-        lines.len(),
+        verdict.in_flight_at_kills,
     );
-    assert!(
-        problems.is_empty(),
-        "chaos ({store}, CHAOS_SEED={seed}):\n{}",
-        problems.join("\n")
-    );
-    assert_eq!(duplicates, 0);
+    verdict.assert_ok(&name, seed);
+    if after_crash == AfterCrash::Reject {
+        assert_eq!(verdict.duplicated_calls, 0);
+    }
     drop(server);
 }
 
@@ -551,7 +597,7 @@ async fn chaos_three_proxies_sharing_redis() {
     let Some(url) = SharedStore::Redis.url() else {
         return;
     };
-    chaos_run(&url, "redis").await;
+    chaos_run(&url, "redis", AfterCrash::Reject, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -559,5 +605,21 @@ async fn chaos_three_proxies_sharing_postgres() {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
-    chaos_run(&url, "postgres").await;
+    chaos_run(&url, "postgres", AfterCrash::Reject, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_three_proxies_sharing_redis_reexecute() {
+    let Some(url) = SharedStore::Redis.url() else {
+        return;
+    };
+    chaos_run(&url, "redis", AfterCrash::Reexecute, 3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_three_proxies_sharing_postgres_reexecute() {
+    let Some(url) = SharedStore::Postgres.url() else {
+        return;
+    };
+    chaos_run(&url, "postgres", AfterCrash::Reexecute, 3).await;
 }
