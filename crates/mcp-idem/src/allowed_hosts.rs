@@ -4,10 +4,23 @@
 //! keeps one) can no longer see what the browser asked for: the proxy must check it itself. A web
 //! page that rebinds its own name to 127.0.0.1 sends `Host: evil.example` and is refused here.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use http::header::{HOST, ORIGIN};
-use http::HeaderMap;
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HOST, ORIGIN};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use mcp_idempotency::http::ResponseBody;
+use mcp_idempotency::interceptor::error_response;
+use tower::Service;
+
+/// JSON-RPC "Invalid Request".
+const INVALID_REQUEST: i64 = -32600;
 
 /// The host names a request may address, without ports.
 #[derive(Debug, Clone)]
@@ -86,6 +99,59 @@ impl AllowedHosts {
         }
         Ok(())
     }
+}
+
+/// Answers `403 Forbidden` to requests whose `Host` or `Origin` is not allowed, before `S` sees
+/// them (so before any record is read or anything is forwarded).
+#[derive(Debug, Clone)]
+pub(crate) struct GuardHosts<S> {
+    inner: S,
+    hosts: Arc<AllowedHosts>,
+}
+
+impl<S> GuardHosts<S> {
+    pub(crate) fn new(inner: S, hosts: AllowedHosts) -> Self {
+        Self {
+            inner,
+            hosts: Arc::new(hosts),
+        }
+    }
+}
+
+impl<S, B> Service<Request<B>> for GuardHosts<S>
+where
+    S: Service<Request<B>, Response = Response<ResponseBody>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<ResponseBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        if let Err(refusal) = self.hosts.check(request.headers()) {
+            tracing::warn!(%refusal, "request refused");
+            return Box::pin(std::future::ready(Ok(forbidden(&refusal.to_string()))));
+        }
+        Box::pin(self.inner.call(request))
+    }
+}
+
+fn forbidden(message: &str) -> Response<ResponseBody> {
+    let body = error_response("null", INVALID_REQUEST, message);
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = StatusCode::FORBIDDEN;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
 
 /// `example.com:8080` → `example.com`, `[::1]:8080` → `::1`, `::1` → `::1`.

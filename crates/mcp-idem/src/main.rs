@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+mod allowed_hosts;
 mod cli;
 mod commands;
 mod ledger;

@@ -21,6 +21,7 @@ mod conn;
 
 use super::engine_args::{purge_periodically, EngineArgs};
 use super::scope_args::ScopeArgs;
+use crate::allowed_hosts::{AllowedHosts, GuardHosts};
 use crate::upstream::{bad_gateway, Upstream, UpstreamUrl};
 
 /// Options of `mcp-idem proxy`.
@@ -62,6 +63,16 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "MCP_IDEM_MAX_CONNECTIONS", default_value = "512", value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
 
+    /// A host name clients may address this proxy by (repeatable), besides localhost, 127.0.0.1,
+    /// ::1 and the listen address: requests whose Host or Origin names another host get 403, so
+    /// that a web page cannot reach the proxy by DNS rebinding.
+    #[arg(long = "allowed-host", env = "MCP_IDEM_ALLOWED_HOSTS", value_name = "NAME", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
+
+    /// Accept any Host and Origin (behind a front proxy that checks them itself).
+    #[arg(long, env = "MCP_IDEM_ALLOW_ANY_HOST", conflicts_with = "allowed_hosts")]
+    allow_any_host: bool,
+
     #[command(flatten)]
     scope: ScopeArgs,
 
@@ -99,7 +110,15 @@ impl ProxyArgs {
                     .forward_key(self.forward_key)
                     .cancel_policy(CancelPolicy::Absorb),
             );
-        let service = AnswerErrors(layer.layer(Upstream::new(upstream_url)));
+        let hosts = if self.allow_any_host {
+            AllowedHosts::any()
+        } else {
+            AllowedHosts::new(self.listen, &self.allowed_hosts)
+        };
+        let service = GuardHosts::new(
+            AnswerErrors(layer.layer(Upstream::new(upstream_url))),
+            hosts,
+        );
         let router = axum::Router::new().fallback_service(service);
 
         let listener = tokio::net::TcpListener::bind(self.listen)
