@@ -10,6 +10,7 @@ mod config_file;
 mod ledger;
 mod line_client;
 mod ops;
+mod progress;
 mod upstream;
 
 fn main() -> ExitCode {
