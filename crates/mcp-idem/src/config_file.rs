@@ -73,25 +73,80 @@ pub(crate) fn parse(command: Command, args: Vec<OsString>) -> anyhow::Result<Inv
     };
     let table = read(&path)?;
     let sections = sections(&command, &table, &path)?;
-    let mut command = command;
-    let mut file_ids = Vec::new();
-    if let Some(name) = subcommand_path(&args).last() {
-        let values = sections.get(name.as_str()).cloned().unwrap_or_default();
-        file_ids = values.keys().cloned().collect();
-        let configure = |sub: Command| with_file_defaults(sub, &values);
-        command = match subcommand_path(&args).as_slice() {
-            [one] => command.mut_subcommand(one, configure),
-            [outer, inner] => {
-                command.mut_subcommand(outer, |outer| outer.mut_subcommand(inner, configure))
-            }
-            _ => command,
-        };
+    let route = subcommand_path(&args);
+    let mut values = route
+        .last()
+        .and_then(|name| sections.get(name.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    loop {
+        let matches = configured(command.clone(), &route, &values).get_matches_from(args.clone());
+        // A file value loses to an explicit value of an option it conflicts with (a file's
+        // `jwt-key` to `--jwt-hmac-secret`): parse again without it.
+        let overridden = overridden(&command, &route, &matches, &values);
+        if overridden.is_empty() {
+            return Ok(Invocation {
+                matches,
+                file: Some(path),
+                file_ids: values.into_keys().collect(),
+            });
+        }
+        for id in overridden {
+            values.remove(&id);
+        }
     }
-    Ok(Invocation {
-        matches: command.get_matches_from(args),
-        file: Some(path),
-        file_ids,
-    })
+}
+
+/// `command` with the file's `values` as the defaults of the subcommand at `route`.
+fn configured(command: Command, route: &[String], values: &BTreeMap<String, String>) -> Command {
+    let configure = |sub: Command| with_file_defaults(sub, values);
+    match route {
+        [one] => command.mut_subcommand(one, configure),
+        [outer, inner] => {
+            command.mut_subcommand(outer, |outer| outer.mut_subcommand(inner, configure))
+        }
+        _ => command,
+    }
+}
+
+/// The ids among `values` that conflict with an option given on the command line or in the
+/// environment.
+fn overridden(
+    command: &Command,
+    route: &[String],
+    matches: &ArgMatches,
+    values: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut sub = command;
+    let mut sub_matches = matches;
+    for name in route {
+        match (
+            sub.find_subcommand(name),
+            sub_matches.subcommand_matches(name),
+        ) {
+            (Some(next), Some(next_matches)) => {
+                sub = next;
+                sub_matches = next_matches;
+            }
+            _ => return Vec::new(),
+        }
+    }
+    values
+        .keys()
+        .filter(|id| {
+            sub.get_arguments()
+                .find(|arg| arg.get_id() == id.as_str())
+                .is_some_and(|arg| {
+                    sub.get_arg_conflicts_with(arg).iter().any(|other| {
+                        matches!(
+                            sub_matches.value_source(other.get_id().as_str()),
+                            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                        )
+                    })
+                })
+        })
+        .cloned()
+        .collect()
 }
 
 /// `["wrap"]`, `["proxy"]`, `["config-check", "wrap"]`, ...: the configurable command being run.
@@ -150,7 +205,8 @@ fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Resu
             if value.is_table() && CONFIGURABLE.contains(&key.as_str()) {
                 continue;
             }
-            // Top-level keys must suit every command they apply to: the one being run.
+            // A top-level key applies where it is an option; one that is an option nowhere is
+            // reported below.
             if let Some(id) = option_id(sub, key) {
                 values.insert(id, scalar(key, value, path)?);
             }

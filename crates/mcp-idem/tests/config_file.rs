@@ -126,6 +126,36 @@ fn flags_beat_environment_beat_file_beat_defaults() {
 }
 
 #[test]
+fn a_flag_overrides_a_conflicting_file_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "jwt.toml",
+        "jwt-key = \"/etc/mcp-idem/jwks.json\"\n",
+    );
+    let report = stdout(&run(
+        &[
+            "config-check",
+            "proxy",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--jwt-hmac-secret",
+            "/run/secrets/hmac",
+        ],
+        &[],
+    ));
+    assert_eq!(
+        line(&report, "jwt-hmac-secret"),
+        r#"jwt-hmac-secret = "/run/secrets/hmac"  # command line"#
+    );
+    assert!(report.contains("# jwt-key = (unset)"), "{report}");
+}
+
+#[test]
 fn passwords_are_redacted() {
     let dir = tempfile::tempdir().unwrap();
     let file = write(
