@@ -170,16 +170,33 @@ pub(crate) fn on_outcome_recorded(kind: OutcomeKind) {
 /// A [`Store`] that times every operation of the store it wraps and counts its failures.
 ///
 /// Emits [`STORE_OPERATION_DURATION_SECONDS`], [`STORE_ERRORS_TOTAL`] and
-/// [`STORE_NOT_OWNER_TOTAL`]; answers are passed through unchanged.
+/// [`STORE_NOT_OWNER_TOTAL`]; answers are passed through unchanged. Install the recorder before
+/// creating it: the latency histograms are registered once, here.
 #[derive(Debug)]
 pub struct MeteredStore {
     inner: Arc<dyn Store>,
+    /// One histogram per entry of [`STORE_OPERATIONS`], in that order.
+    latency: Vec<metrics::Histogram>,
 }
 
 impl MeteredStore {
     /// Measures `inner`.
     pub fn new(inner: Arc<dyn Store>) -> Self {
-        Self { inner }
+        let latency = STORE_OPERATIONS
+            .iter()
+            .map(
+                |&operation| histogram!(STORE_OPERATION_DURATION_SECONDS, "operation" => operation),
+            )
+            .collect();
+        Self { inner, latency }
+    }
+
+    fn latency(&self, operation: &'static str) -> &metrics::Histogram {
+        let index = STORE_OPERATIONS
+            .iter()
+            .position(|&known| known == operation)
+            .unwrap_or(0);
+        &self.latency[index]
     }
 
     /// The measured store.
@@ -189,13 +206,13 @@ impl MeteredStore {
 }
 
 async fn timed<T>(
+    latency: &metrics::Histogram,
     operation: &'static str,
     future: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let started = Instant::now();
     let result = future.await;
-    histogram!(STORE_OPERATION_DURATION_SECONDS, "operation" => operation)
-        .record(started.elapsed().as_secs_f64());
+    latency.record(started.elapsed().as_secs_f64());
     if let Err(err) = &result {
         let error = match err {
             StoreError::Unavailable { .. } | StoreError::InvalidUrl { .. } => "unavailable",
@@ -208,10 +225,11 @@ async fn timed<T>(
 }
 
 async fn fenced(
+    latency: &metrics::Histogram,
     operation: &'static str,
     future: impl Future<Output = Result<Fenced, StoreError>>,
 ) -> Result<Fenced, StoreError> {
-    let result = timed(operation, future).await;
+    let result = timed(latency, operation, future).await;
     if let Ok(Fenced::NotOwner) = result {
         counter!(STORE_NOT_OWNER_TOTAL, "operation" => operation).increment(1);
     }
@@ -220,15 +238,23 @@ async fn fenced(
 
 impl Store for MeteredStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(timed("claim", self.inner.claim(req)))
+        Box::pin(timed(self.latency("claim"), "claim", self.inner.claim(req)))
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        Box::pin(fenced("complete", self.inner.complete(req)))
+        Box::pin(fenced(
+            self.latency("complete"),
+            "complete",
+            self.inner.complete(req),
+        ))
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
-        Box::pin(fenced("take_over", self.inner.take_over(req)))
+        Box::pin(fenced(
+            self.latency("take_over"),
+            "take_over",
+            self.inner.take_over(req),
+        ))
     }
 
     fn renew<'a>(
@@ -238,25 +264,34 @@ impl Store for MeteredStore {
         lease_expires_at: Timestamp,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(fenced(
+            self.latency("renew"),
             "renew",
             self.inner.renew(id, owner, lease_expires_at),
         ))
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
-        Box::pin(fenced("release", self.inner.release(id, owner)))
+        Box::pin(fenced(
+            self.latency("release"),
+            "release",
+            self.inner.release(id, owner),
+        ))
     }
 
     fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
-        Box::pin(timed("get", self.inner.get(id, now)))
+        Box::pin(timed(self.latency("get"), "get", self.inner.get(id, now)))
     }
 
     fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
-        Box::pin(timed("purge_expired", self.inner.purge_expired(now)))
+        Box::pin(timed(
+            self.latency("purge_expired"),
+            "purge_expired",
+            self.inner.purge_expired(now),
+        ))
     }
 
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
-        Box::pin(timed("stats", self.inner.stats(now)))
+        Box::pin(timed(self.latency("stats"), "stats", self.inner.stats(now)))
     }
 }
 
