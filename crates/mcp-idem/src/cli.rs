@@ -1,14 +1,16 @@
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::commands::call::CallArgs;
 use crate::commands::check::CheckArgs;
+use crate::commands::config_check::ConfigCheckArgs;
 use crate::commands::demo::DemoArgs;
 use crate::commands::demo_server::DemoServerArgs;
 use crate::commands::inspect::InspectArgs;
 use crate::commands::proxy::ProxyArgs;
 use crate::commands::wrap::WrapArgs;
+use crate::config_file::Invocation;
 
 /// SEP-3182 request idempotency for MCP servers: replay lost `tools/call` outcomes instead of
 /// running side effects twice.
@@ -50,10 +52,23 @@ pub(crate) enum Command {
     /// stored outcome, count them, purge expired ones, or delete one so that its key runs again:
     /// `mcp-idem inspect --store URL (list|show KEY|stats|purge|delete KEY) [--json]`.
     Inspect(InspectArgs),
+    /// Print the configuration `wrap` or `proxy` would run with, and where each value came from
+    /// (command line, environment, config file, default): `mcp-idem config-check proxy --config
+    /// FILE [OPTIONS]`. Passwords in URLs are redacted. Exit status 2 if it is invalid.
+    ConfigCheck(ConfigCheckArgs),
+}
+
+/// The command-line interface; `config-check wrap` needs no server command.
+pub(crate) fn command() -> clap::Command {
+    Cli::command().mut_subcommand("config-check", |check| {
+        check.mut_subcommand("wrap", |wrap| {
+            wrap.mut_arg("command", |arg| arg.required(false))
+        })
+    })
 }
 
 impl Command {
-    pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
+    pub(crate) fn exec(self, invocation: &Invocation) -> anyhow::Result<ExitCode> {
         match self {
             Self::Demo(args) => args.exec(),
             Self::Wrap(args) => args.exec(),
@@ -62,6 +77,7 @@ impl Command {
             Self::Call(args) => args.exec(),
             Self::Check(args) => args.exec(),
             Self::Inspect(args) => args.exec(),
+            Self::ConfigCheck(args) => args.exec(invocation),
         }
     }
 }

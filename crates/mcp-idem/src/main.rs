@@ -2,19 +2,29 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::FromArgMatches;
 
 mod allowed_hosts;
 mod cli;
 mod commands;
+mod config_file;
 mod ledger;
 mod line_client;
+mod ops;
+mod progress;
 mod upstream;
 
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse();
+    let invocation = match config_file::parse(cli::command(), std::env::args_os().collect()) {
+        Ok(invocation) => invocation,
+        Err(err) => {
+            eprintln!("mcp-idem: error: {err:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let cli = cli::Cli::from_arg_matches(&invocation.matches).unwrap_or_else(|err| err.exit());
     init_logging();
-    match cli.command.exec() {
+    match cli.command.exec(&invocation) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("mcp-idem: error: {err:#}");

@@ -1,7 +1,8 @@
 //! Claim + complete throughput of each store, on one core (a current-thread runtime).
 //!
-//! `cargo bench -p mcp-idempotency --bench stores` (add `--features redis` for the Redis store at
-//! `REDIS_URL`, sequential round trips: a latency figure); criterion prints the throughput as elements
+//! `cargo bench -p mcp-idempotency --bench stores`; add `--features redis` for the Redis store at
+//! `REDIS_URL` (sequential round trips: a latency figure) and `--features metrics` for the memory
+//! store behind `MeteredStore` with a Prometheus recorder installed. Criterion prints the throughput as elements
 //! (claim+complete pairs) per second. Each pair claims a fresh key, as every new call does, and the
 //! timing includes building the requests and the fencing token, but not key validation or
 //! fingerprinting, which happen before a store is asked.
@@ -98,6 +99,24 @@ fn stores(c: &mut Criterion) {
     group.bench_function("memory", |b| {
         b.iter_custom(|iters| on_bounded_stores(iters, || Arc::new(MemoryStore::new())))
     });
+    // The same, measured by `MeteredStore` into a Prometheus recorder (what `--metrics-listen`
+    // does): the cost of the metrics per claim+complete pair.
+    #[cfg(feature = "metrics")]
+    {
+        let _handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .expect("install the recorder");
+        mcp_idempotency::metrics::describe();
+        group.bench_function("memory_metered", |b| {
+            b.iter_custom(|iters| {
+                on_bounded_stores(iters, || {
+                    Arc::new(mcp_idempotency::metrics::MeteredStore::new(Arc::new(
+                        MemoryStore::new(),
+                    )))
+                })
+            })
+        });
+    }
     let dir = tempfile::tempdir().unwrap();
     let sqlite: Arc<dyn Store> =
         Arc::new(SqliteStore::open_blocking(&dir.path().join("bench.sqlite3")).unwrap());

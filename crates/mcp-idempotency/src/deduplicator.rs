@@ -71,9 +71,9 @@ impl Deduplicator {
         let mut step = self
             .engine
             .begin(scope, call, FencingToken::random(), Timestamp::now());
-        loop {
+        let decision = loop {
             step = match step {
-                Step::Done(decision) => return decision,
+                Step::Done(decision) => break decision,
                 Step::Claim(req) => {
                     let answer = self.store.claim(&req).await;
                     self.engine.on_claim(req, answer)
@@ -83,14 +83,23 @@ impl Deduplicator {
                     self.engine.on_take_over(req, answer)
                 }
             };
-        }
+        };
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_decision(&decision);
+        decision
     }
 
     /// Records the outcome of an executed call. [`Fenced::NotOwner`] means the lease was lost and
     /// someone else owns the record now; the outcome was not written.
     pub async fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Fenced, StoreError> {
         let req = self.engine.completion(claim, outcome, Timestamp::now());
+        #[cfg(feature = "metrics")]
+        let kind = req.outcome.kind();
         let fenced = self.store.complete(req).await?;
+        #[cfg(feature = "metrics")]
+        if fenced == Fenced::Applied {
+            crate::metrics::on_outcome_recorded(kind);
+        }
         if fenced == Fenced::NotOwner {
             tracing::warn!(key = %claim.id().key, "outcome not recorded: the claim was taken over");
         }

@@ -25,7 +25,10 @@
 //!   layer for rmcp's `StreamableHttpService` and `mcp-idem proxy`, with principal extraction).
 //! - `client` (feature `client`): a client on rmcp's that retries with the same key.
 //!
-//! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `client`.
+//! - `metrics` (feature `metrics`): counters of every decision and a store decorator that times
+//!   each operation, through the `metrics` facade.
+//!
+//! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `client`, `metrics`.
 //!
 //! # Example
 //!
@@ -65,6 +68,8 @@ pub mod fingerprint;
 pub mod http;
 pub mod interceptor;
 pub mod key;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 mod record;
 mod rejection;
 pub mod sse;

@@ -1,5 +1,6 @@
 pub(crate) mod call;
 pub(crate) mod check;
+pub(crate) mod config_check;
 pub(crate) mod demo;
 pub(crate) mod demo_server;
 mod demo_server_http;

@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
@@ -22,6 +23,7 @@ mod conn;
 use super::engine_args::{purge_periodically, EngineArgs};
 use super::scope_args::ScopeArgs;
 use crate::allowed_hosts::{AllowedHosts, GuardHosts};
+use crate::ops::{self, OpsArgs};
 use crate::upstream::{bad_gateway, Upstream, UpstreamUrl};
 
 /// Options of `mcp-idem proxy`.
@@ -78,6 +80,9 @@ pub(crate) struct ProxyArgs {
 
     #[command(flatten)]
     engine: EngineArgs,
+
+    #[command(flatten)]
+    ops: OpsArgs,
 }
 
 impl ProxyArgs {
@@ -93,7 +98,7 @@ impl ProxyArgs {
     async fn run(self) -> anyhow::Result<()> {
         let upstream_url = UpstreamUrl::parse(&self.upstream)?;
         let scope_by = self.scope.scope_by()?;
-        let store = self.engine.open_store().await?;
+        let store = self.ops.start(self.engine.open_store().await?).await?;
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
         let namespace = self
             .namespace
@@ -119,7 +124,7 @@ impl ProxyArgs {
             AnswerErrors(layer.layer(Upstream::new(upstream_url))),
             hosts,
         );
-        let router = axum::Router::new().fallback_service(service);
+        let router = ops::health_routes(Arc::clone(dedup.store())).fallback_service(service);
 
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await

@@ -10,11 +10,15 @@ use mcp_idempotency::{Deduplicator, Scope};
 use sha2::{Digest, Sha256};
 
 use super::engine_args::{purge_periodically, EngineArgs};
+use crate::ops::OpsArgs;
 
 #[derive(Debug, Args)]
 pub(crate) struct WrapArgs {
     #[command(flatten)]
     engine: EngineArgs,
+
+    #[command(flatten)]
+    ops: OpsArgs,
 
     /// Namespace of this server's records [default: derived from the command line, so two
     /// different wrapped servers never share records].
@@ -93,7 +97,7 @@ impl WrapArgs {
     }
 
     async fn run(self) -> anyhow::Result<ExitCode> {
-        let store = self.engine.open_store().await?;
+        let store = self.ops.start(self.engine.open_store().await?).await?;
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
         let namespace = self
             .namespace

@@ -269,6 +269,8 @@ impl Interceptor {
             return ClientAction::Forward;
         };
         let Some(raw_key) = params.get("idempotencyKey") else {
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_decision(&crate::Decision::Bypass(crate::BypassReason::NoKey));
             return ClientAction::Forward;
         };
         if self.pending.contains(&id) {

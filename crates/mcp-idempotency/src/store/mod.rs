@@ -37,7 +37,7 @@ pub use memory::MemoryStore;
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
-pub use url::{open, StoreUrl};
+pub use url::{open, redact_password, StoreUrl};
 
 use crate::fingerprint::Fingerprint;
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState};

@@ -69,8 +69,9 @@ impl fmt::Display for StoreUrl {
     }
 }
 
-/// `scheme://user:secret@host/...` becomes `scheme://user:***@host/...`.
-pub(crate) fn redact_password(url: &str) -> String {
+/// `scheme://user:secret@host/...` becomes `scheme://user:***@host/...`, for logs and reports;
+/// anything else is returned as it is.
+pub fn redact_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

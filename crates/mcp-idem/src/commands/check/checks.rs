@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use super::report::{abridge, Evidence, Level, Outcome, Status};
 use super::session::{Key, Reply, Session};
+use crate::progress::Progress;
 
 /// The tools and arguments the checks use.
 #[derive(Clone, Debug)]
@@ -47,7 +48,11 @@ pub(crate) struct Checker<'a> {
     /// Why the server cannot be reached any more, once it cannot.
     gone: Option<String>,
     pub(crate) outcomes: Vec<Outcome>,
+    progress: Progress,
 }
+
+/// How many checks [`Checker::run`] settles, for the progress line.
+const CHECKS: usize = 12;
 
 /// How long the in-progress check waits between the original and the duplicate.
 pub(super) const DUPLICATE_AFTER: Duration = Duration::from_millis(250);
@@ -61,6 +66,7 @@ impl<'a> Checker<'a> {
             witness_varies: None,
             gone: None,
             outcomes: Vec::new(),
+            progress: Progress::new("mcp-idem check", CHECKS),
         }
     }
 
@@ -109,6 +115,8 @@ impl<'a> Checker<'a> {
         names: &[(&'static str, Level)],
         result: anyhow::Result<Vec<Outcome>>,
     ) {
+        self.progress
+            .step(names.first().map_or("", |&(name, _)| name));
         if let Some(gone) = &self.gone {
             for &(name, level) in names {
                 let detail = format!("not run: the server stopped answering earlier ({gone})");

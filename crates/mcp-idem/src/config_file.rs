@@ -1,0 +1,346 @@
+//! `--config FILE` (or `MCP_IDEM_CONFIG`): option values for `wrap` and `proxy` from a TOML file.
+//!
+//! Keys are the long option names (`store = "redis://..."`, `max-key-bytes = 128`). A top-level key
+//! applies to each of `wrap` and `proxy` that has the option (`listen` only to `proxy`); a `[wrap]`
+//! or `[proxy]` table applies to that command only and wins over the top level. A key that is an
+//! option of neither (or, in a table, not of its command) is an error naming it.
+//!
+//! Precedence: command line > environment > file > built-in default. The file's values become the
+//! options' defaults before the command line is parsed, so clap keeps the first two rules, and
+//! [`Invocation::source`] tells a file value from a built-in default.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::builder::Resettable;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Command};
+
+/// The commands a config file configures.
+pub(crate) const CONFIGURABLE: [&str; 2] = ["wrap", "proxy"];
+
+/// Option ids a file may not set: the file itself, and the wrapped command line.
+const NOT_IN_FILE: [&str; 4] = ["config", "command", "help", "version"];
+
+/// The parsed command line, and which option values came from the config file.
+#[derive(Debug)]
+pub(crate) struct Invocation {
+    /// Everything clap parsed.
+    pub(crate) matches: ArgMatches,
+    /// The config file read, if any.
+    pub(crate) file: Option<PathBuf>,
+    /// Option ids whose default the file replaced.
+    file_ids: Vec<String>,
+}
+
+/// Where an option's effective value came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    CommandLine,
+    Environment,
+    File,
+    Default,
+    Unset,
+}
+
+impl Invocation {
+    /// Where the value of option `id` of `matches` (a subcommand's matches) came from.
+    pub(crate) fn source(&self, matches: &ArgMatches, id: &str) -> Source {
+        match matches.value_source(id) {
+            Some(ValueSource::CommandLine) => Source::CommandLine,
+            Some(ValueSource::EnvVariable) => Source::Environment,
+            Some(ValueSource::DefaultValue) if self.file_ids.iter().any(|f| f == id) => {
+                Source::File
+            }
+            Some(_) => Source::Default,
+            None => Source::Unset,
+        }
+    }
+}
+
+/// Parses `args` with `command`, after reading the config file that `--config` or
+/// `MCP_IDEM_CONFIG` names for `wrap`, `proxy` and `config-check wrap|proxy`. Command-line
+/// errors exit the process as clap does; config file errors are returned.
+pub(crate) fn parse(command: Command, args: Vec<OsString>) -> anyhow::Result<Invocation> {
+    let Some(path) = which_file(&args) else {
+        return Ok(Invocation {
+            matches: command.get_matches_from(args),
+            file: None,
+            file_ids: Vec::new(),
+        });
+    };
+    let table = read(&path)?;
+    let sections = sections(&command, &table, &path)?;
+    let route = subcommand_path(&args);
+    let mut values = route
+        .last()
+        .and_then(|name| sections.get(name.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    loop {
+        let matches = configured(command.clone(), &route, &values).get_matches_from(args.clone());
+        // A file value loses to an explicit value of an option it conflicts with (a file's
+        // `jwt-key` to `--jwt-hmac-secret`): parse again without it.
+        let overridden = overridden(&command, &route, &matches, &values);
+        if overridden.is_empty() {
+            return Ok(Invocation {
+                matches,
+                file: Some(path),
+                file_ids: values.into_keys().collect(),
+            });
+        }
+        for id in overridden {
+            values.remove(&id);
+        }
+    }
+}
+
+/// `command` with the file's `values` as the defaults of the subcommand at `route`.
+fn configured(command: Command, route: &[String], values: &BTreeMap<String, String>) -> Command {
+    let configure = |sub: Command| with_file_defaults(sub, values);
+    match route {
+        [one] => command.mut_subcommand(one, configure),
+        [outer, inner] => {
+            command.mut_subcommand(outer, |outer| outer.mut_subcommand(inner, configure))
+        }
+        _ => command,
+    }
+}
+
+/// The ids among `values` that conflict with an option given on the command line or in the
+/// environment.
+fn overridden(
+    command: &Command,
+    route: &[String],
+    matches: &ArgMatches,
+    values: &BTreeMap<String, String>,
+) -> Vec<String> {
+    let mut sub = command;
+    let mut sub_matches = matches;
+    for name in route {
+        match (
+            sub.find_subcommand(name),
+            sub_matches.subcommand_matches(name),
+        ) {
+            (Some(next), Some(next_matches)) => {
+                sub = next;
+                sub_matches = next_matches;
+            }
+            _ => return Vec::new(),
+        }
+    }
+    values
+        .keys()
+        .filter(|id| {
+            sub.get_arguments()
+                .find(|arg| arg.get_id() == id.as_str())
+                .is_some_and(|arg| {
+                    sub.get_arg_conflicts_with(arg).iter().any(|other| {
+                        matches!(
+                            sub_matches.value_source(other.get_id().as_str()),
+                            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+                        )
+                    })
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+/// `["wrap"]`, `["proxy"]`, `["config-check", "wrap"]`, ...: the configurable command being run.
+fn subcommand_path(args: &[OsString]) -> Vec<String> {
+    let words: Vec<&str> = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_str().unwrap_or(""))
+        .collect();
+    match words.as_slice() {
+        [first, ..] if CONFIGURABLE.contains(first) => vec![(*first).to_owned()],
+        ["config-check", second, ..] if CONFIGURABLE.contains(second) => {
+            vec!["config-check".to_owned(), (*second).to_owned()]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// The file named by `--config` (before any `--`), else by `MCP_IDEM_CONFIG`.
+fn which_file(args: &[OsString]) -> Option<PathBuf> {
+    if subcommand_path(args).is_empty() {
+        return None;
+    }
+    let mut words = args.iter().skip(1).take_while(|a| *a != "--");
+    while let Some(word) = words.next() {
+        if word == "--config" {
+            return words.next().map(PathBuf::from);
+        }
+        if let Some(path) = word.to_str().and_then(|w| w.strip_prefix("--config=")) {
+            return Some(PathBuf::from(path));
+        }
+    }
+    std::env::var_os("MCP_IDEM_CONFIG")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+fn read(path: &Path) -> anyhow::Result<toml::Table> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    text.parse::<toml::Table>()
+        .with_context(|| format!("invalid TOML in the config file {}", path.display()))
+}
+
+/// Option id -> value, per configurable command, checked against that command's options.
+type Sections = BTreeMap<&'static str, BTreeMap<String, String>>;
+
+fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Result<Sections> {
+    let mut sections = Sections::new();
+    for name in CONFIGURABLE {
+        let sub = command
+            .find_subcommand(name)
+            .with_context(|| format!("no `{name}` command"))?;
+        let mut values = BTreeMap::new();
+        for (key, value) in table {
+            if value.is_table() && CONFIGURABLE.contains(&key.as_str()) {
+                continue;
+            }
+            // A top-level key applies where it is an option; one that is an option nowhere is
+            // reported below.
+            if let Some(id) = option_id(sub, key) {
+                values.insert(id, scalar(key, value, path)?);
+            }
+        }
+        if let Some(section) = table.get(name) {
+            let section = section.as_table().with_context(|| {
+                format!("[{name}] in {} must be a table of options", path.display())
+            })?;
+            for (key, value) in section {
+                let id = option_id(sub, key).with_context(|| unknown_key(sub, key, path))?;
+                values.insert(id, scalar(key, value, path)?);
+            }
+        }
+        for (id, value) in &values {
+            check_value(sub, id, value).with_context(|| {
+                format!(
+                    "invalid value for `{}` in {}",
+                    long_name(sub, id),
+                    path.display()
+                )
+            })?;
+        }
+        sections.insert(name, values);
+    }
+    for (key, value) in table {
+        if value.is_table() && CONFIGURABLE.contains(&key.as_str()) {
+            continue;
+        }
+        let known = CONFIGURABLE
+            .iter()
+            .filter_map(|name| command.find_subcommand(name))
+            .any(|sub| option_id(sub, key).is_some());
+        if !known {
+            let mut keys: Vec<&str> = CONFIGURABLE
+                .iter()
+                .filter_map(|name| command.find_subcommand(name))
+                .flat_map(file_keys)
+                .collect();
+            keys.sort_unstable();
+            keys.dedup();
+            bail!(
+                "unknown key `{key}` in the config file {} (not an option of `mcp-idem wrap` or \
+                 `mcp-idem proxy`; keys are long option names: {})",
+                path.display(),
+                keys.join(", ")
+            );
+        }
+    }
+    Ok(sections)
+}
+
+/// The id of the option whose long name is `key`, if a file may set it.
+fn option_id(sub: &Command, key: &str) -> Option<String> {
+    sub.get_arguments()
+        .filter(|arg| !NOT_IN_FILE.contains(&arg.get_id().as_str()))
+        .find(|arg| arg.get_long() == Some(key))
+        .map(|arg| arg.get_id().as_str().to_owned())
+}
+
+fn long_name(sub: &Command, id: &str) -> String {
+    sub.get_arguments()
+        .find(|arg| arg.get_id() == id)
+        .and_then(|arg| arg.get_long())
+        .unwrap_or(id)
+        .to_owned()
+}
+
+/// The keys `sub` accepts from a file.
+pub(crate) fn file_keys(sub: &Command) -> Vec<&str> {
+    sub.get_arguments()
+        .filter(|arg| !NOT_IN_FILE.contains(&arg.get_id().as_str()))
+        .filter_map(|arg| arg.get_long())
+        .collect()
+}
+
+fn unknown_key(sub: &Command, key: &str, path: &Path) -> String {
+    format!(
+        "unknown key `{key}` in the config file {} (not an option of `mcp-idem {}`; keys are \
+         long option names: {})",
+        path.display(),
+        sub.get_name(),
+        file_keys(sub).join(", ")
+    )
+}
+
+fn scalar(key: &str, value: &toml::Value, path: &Path) -> anyhow::Result<String> {
+    Ok(match value {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Integer(n) => n.to_string(),
+        toml::Value::Float(x) => x.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        _ => bail!(
+            "`{key}` in {} must be a string, a number or a boolean",
+            path.display()
+        ),
+    })
+}
+
+/// Runs the option's own parser on `value`, so a bad value is reported against the file.
+fn check_value(sub: &Command, id: &str, value: &str) -> anyhow::Result<()> {
+    let arg = sub
+        .get_arguments()
+        .find(|arg| arg.get_id() == id)
+        .with_context(|| format!("no option {id}"))?;
+    if !arg.get_action().takes_values() {
+        return match value {
+            "true" | "false" => Ok(()),
+            _ => bail!("expected true or false, got {value:?}"),
+        };
+    }
+    let long = arg.get_long().unwrap_or(id);
+    let probe = Command::new("config").arg(
+        arg.clone()
+            .env(None)
+            .default_value(None)
+            .required(false)
+            .conflicts_with(Resettable::Reset)
+            .requires(Resettable::Reset)
+            .overrides_with(Resettable::Reset),
+    );
+    probe
+        .try_get_matches_from(["config", &format!("--{long}"), value])
+        .map(drop)
+        .map_err(|err| {
+            let rendered = err.render().to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            anyhow::anyhow!("{}", first.trim_start_matches("error: "))
+        })
+}
+
+fn with_file_defaults(mut sub: Command, values: &BTreeMap<String, String>) -> Command {
+    for (id, value) in values {
+        let value = value.clone();
+        sub = sub.mut_arg(id, |arg| arg.default_value(value).required(false));
+    }
+    sub
+}

@@ -1,0 +1,325 @@
+//! Counters, a latency histogram and gauges through the [`metrics`] facade (feature `metrics`).
+//!
+//! The library only emits; the application picks the exporter (`mcp-idem` serves Prometheus text
+//! on `--metrics-listen`). Without an installed recorder every emission is a no-op.
+//!
+//! - [`Deduplicator::decide`](crate::Deduplicator::decide) counts every [`Decision`] and
+//!   [`Deduplicator::complete`](crate::Deduplicator::complete) every recorded outcome; the
+//!   [`interceptor`](crate::interceptor) counts the `tools/call`s without a key, which it forwards
+//!   without asking for a decision.
+//! - [`MeteredStore`] wraps any [`Store`] and times each operation, so every backend is measured
+//!   without code of its own.
+//! - [`set_record_counts`] publishes what [`Store::stats`] counted.
+//!
+//! The names below are stable. Counters end in `_total`, durations are in seconds.
+//!
+//! # Example
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mcp_idempotency::metrics::MeteredStore;
+//! use mcp_idempotency::store::MemoryStore;
+//! use mcp_idempotency::{Deduplicator, EngineConfig};
+//!
+//! mcp_idempotency::metrics::describe();
+//! let store = Arc::new(MeteredStore::new(Arc::new(MemoryStore::new())));
+//! let dedup = Deduplicator::new(EngineConfig::default(), store);
+//! # drop(dedup);
+//! ```
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+
+use crate::engine::{BypassReason, Decision, Replay};
+use crate::record::{FencingToken, OutcomeKind, Record, RecordId};
+use crate::rejection::RejectionKind;
+use crate::store::{
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, Store, StoreError,
+    StoreFuture, StoreStats, TakeOverRequest,
+};
+use crate::time::Timestamp;
+
+/// Keyed calls claimed and handed to the server to run. Counter.
+pub const EXECUTIONS_TOTAL: &str = "mcp_idem_executions_total";
+/// Retries answered with a recorded outcome, by `outcome` (`result`, `error`). Counter.
+pub const REPLAYS_TOTAL: &str = "mcp_idem_replays_total";
+/// Calls refused, by `type`: the `error.data.type` sent (`idempotency_key_conflict`,
+/// `idempotency_key_in_progress`, ...). Counter.
+pub const REJECTIONS_TOTAL: &str = "mcp_idem_rejections_total";
+/// Calls passed through untouched, by `reason` (`no_key`, `mrtr_continuation`). Counter.
+pub const BYPASSES_TOTAL: &str = "mcp_idem_bypasses_total";
+/// Outcomes written to the store, by `outcome` (`success`, `error`, `not_retained`, `unknown`).
+/// Counter.
+pub const OUTCOMES_RECORDED_TOTAL: &str = "mcp_idem_outcomes_recorded_total";
+/// Store operations that failed, by `operation` and `error` (`unavailable`, `backend`, `corrupt`).
+/// Counter.
+pub const STORE_ERRORS_TOTAL: &str = "mcp_idem_store_errors_total";
+/// Fenced writes refused because the caller no longer owned the record, by `operation`. Counter.
+pub const STORE_NOT_OWNER_TOTAL: &str = "mcp_idem_store_not_owner_total";
+/// Time each store operation took, errors included, by `operation`. Histogram, seconds.
+pub const STORE_OPERATION_DURATION_SECONDS: &str = "mcp_idem_store_operation_duration_seconds";
+/// Records in the store, by `state` (`in_progress`, `completed`, `expired`), as of the last
+/// [`set_record_counts`]. Gauge.
+pub const RECORDS: &str = "mcp_idem_records";
+
+/// The store operations [`MeteredStore`] measures, as their `operation` label.
+pub const STORE_OPERATIONS: [&str; 10] = [
+    "claim",
+    "complete",
+    "take_over",
+    "renew",
+    "release",
+    "get",
+    "purge_expired",
+    "stats",
+    "list",
+    "delete",
+];
+
+const REPLAY_OUTCOMES: [&str; 2] = ["result", "error"];
+const BYPASS_REASONS: [&str; 2] = ["no_key", "mrtr_continuation"];
+const OUTCOME_KINDS: [OutcomeKind; 4] = [
+    OutcomeKind::Success,
+    OutcomeKind::Error,
+    OutcomeKind::NotRetained,
+    OutcomeKind::Unknown,
+];
+const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "backend", "corrupt"];
+
+/// Describes every metric to the installed recorder and creates each counter series at zero, so
+/// that a scrape shows them (and rates work) before the first event.
+pub fn describe() {
+    describe_counter!(
+        EXECUTIONS_TOTAL,
+        "Keyed calls claimed and handed to the server to run"
+    );
+    describe_counter!(REPLAYS_TOTAL, "Retries answered with a recorded outcome");
+    describe_counter!(REJECTIONS_TOTAL, "Calls refused, by error.data.type");
+    describe_counter!(BYPASSES_TOTAL, "Calls passed through without idempotency");
+    describe_counter!(OUTCOMES_RECORDED_TOTAL, "Outcomes written to the store");
+    describe_counter!(STORE_ERRORS_TOTAL, "Store operations that failed");
+    describe_counter!(
+        STORE_NOT_OWNER_TOTAL,
+        "Fenced store writes refused because the caller no longer owned the record"
+    );
+    describe_histogram!(
+        STORE_OPERATION_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "Time each store operation took"
+    );
+    describe_gauge!(RECORDS, "Records in the store, by state");
+
+    counter!(EXECUTIONS_TOTAL).increment(0);
+    for outcome in REPLAY_OUTCOMES {
+        counter!(REPLAYS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for kind in RejectionKind::ALL {
+        counter!(REJECTIONS_TOTAL, "type" => kind.as_str()).increment(0);
+    }
+    for reason in BYPASS_REASONS {
+        counter!(BYPASSES_TOTAL, "reason" => reason).increment(0);
+    }
+    for kind in OUTCOME_KINDS {
+        counter!(OUTCOMES_RECORDED_TOTAL, "outcome" => kind.as_str()).increment(0);
+    }
+    for operation in STORE_OPERATIONS {
+        for error in STORE_ERROR_KINDS {
+            counter!(STORE_ERRORS_TOTAL, "operation" => operation, "error" => error).increment(0);
+        }
+    }
+    for operation in ["complete", "take_over", "renew", "release"] {
+        counter!(STORE_NOT_OWNER_TOTAL, "operation" => operation).increment(0);
+    }
+}
+
+/// Publishes the counts of [`Store::stats`] as the [`RECORDS`] gauge.
+pub fn set_record_counts(stats: &StoreStats) {
+    gauge!(RECORDS, "state" => "in_progress").set(stats.in_progress as f64);
+    gauge!(RECORDS, "state" => "completed").set(stats.completed as f64);
+    gauge!(RECORDS, "state" => "expired").set(stats.expired as f64);
+}
+
+pub(crate) fn on_decision(decision: &Decision) {
+    match decision {
+        Decision::Execute(_) => counter!(EXECUTIONS_TOTAL).increment(1),
+        Decision::Replay(replay) => {
+            let outcome = match replay {
+                Replay::Result(_) => "result",
+                Replay::Error(_) => "error",
+            };
+            counter!(REPLAYS_TOTAL, "outcome" => outcome).increment(1);
+        }
+        Decision::Reject(rejection) => {
+            counter!(REJECTIONS_TOTAL, "type" => rejection.kind().as_str()).increment(1);
+        }
+        Decision::Bypass(reason) => {
+            let reason = match reason {
+                BypassReason::NoKey => "no_key",
+                BypassReason::MrtrContinuation => "mrtr_continuation",
+            };
+            counter!(BYPASSES_TOTAL, "reason" => reason).increment(1);
+        }
+    }
+}
+
+pub(crate) fn on_outcome_recorded(kind: OutcomeKind) {
+    counter!(OUTCOMES_RECORDED_TOTAL, "outcome" => kind.as_str()).increment(1);
+}
+
+/// A [`Store`] that times every operation of the store it wraps and counts its failures.
+///
+/// Emits [`STORE_OPERATION_DURATION_SECONDS`], [`STORE_ERRORS_TOTAL`] and
+/// [`STORE_NOT_OWNER_TOTAL`]; answers are passed through unchanged. Install the recorder before
+/// creating it: the latency histograms are registered once, here.
+#[derive(Debug)]
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    /// One histogram per entry of [`STORE_OPERATIONS`], in that order.
+    latency: Vec<metrics::Histogram>,
+}
+
+impl MeteredStore {
+    /// Measures `inner`.
+    pub fn new(inner: Arc<dyn Store>) -> Self {
+        let latency = STORE_OPERATIONS
+            .iter()
+            .map(
+                |&operation| histogram!(STORE_OPERATION_DURATION_SECONDS, "operation" => operation),
+            )
+            .collect();
+        Self { inner, latency }
+    }
+
+    fn latency(&self, operation: &'static str) -> &metrics::Histogram {
+        let index = STORE_OPERATIONS
+            .iter()
+            .position(|&known| known == operation)
+            .unwrap_or(0);
+        &self.latency[index]
+    }
+
+    /// The measured store.
+    pub fn inner(&self) -> &Arc<dyn Store> {
+        &self.inner
+    }
+}
+
+async fn timed<T>(
+    latency: &metrics::Histogram,
+    operation: &'static str,
+    future: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let started = Instant::now();
+    let result = future.await;
+    latency.record(started.elapsed().as_secs_f64());
+    if let Err(err) = &result {
+        let error = match err {
+            StoreError::Unavailable { .. } | StoreError::InvalidUrl { .. } => "unavailable",
+            StoreError::Backend { .. } => "backend",
+            StoreError::Corrupt(_) => "corrupt",
+        };
+        counter!(STORE_ERRORS_TOTAL, "operation" => operation, "error" => error).increment(1);
+    }
+    result
+}
+
+async fn fenced(
+    latency: &metrics::Histogram,
+    operation: &'static str,
+    future: impl Future<Output = Result<Fenced, StoreError>>,
+) -> Result<Fenced, StoreError> {
+    let result = timed(latency, operation, future).await;
+    if let Ok(Fenced::NotOwner) = result {
+        counter!(STORE_NOT_OWNER_TOTAL, "operation" => operation).increment(1);
+    }
+    result
+}
+
+impl Store for MeteredStore {
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
+        Box::pin(timed(self.latency("claim"), "claim", self.inner.claim(req)))
+    }
+
+    fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
+        Box::pin(fenced(
+            self.latency("complete"),
+            "complete",
+            self.inner.complete(req),
+        ))
+    }
+
+    fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
+        Box::pin(fenced(
+            self.latency("take_over"),
+            "take_over",
+            self.inner.take_over(req),
+        ))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        id: &'a RecordId,
+        owner: FencingToken,
+        lease_expires_at: Timestamp,
+    ) -> StoreFuture<'a, Fenced> {
+        Box::pin(fenced(
+            self.latency("renew"),
+            "renew",
+            self.inner.renew(id, owner, lease_expires_at),
+        ))
+    }
+
+    fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
+        Box::pin(fenced(
+            self.latency("release"),
+            "release",
+            self.inner.release(id, owner),
+        ))
+    }
+
+    fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
+        Box::pin(timed(self.latency("get"), "get", self.inner.get(id, now)))
+    }
+
+    fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
+        Box::pin(timed(
+            self.latency("purge_expired"),
+            "purge_expired",
+            self.inner.purge_expired(now),
+        ))
+    }
+
+    fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
+        Box::pin(timed(self.latency("stats"), "stats", self.inner.stats(now)))
+    }
+
+    fn list<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> StoreFuture<'a, Vec<Record>> {
+        Box::pin(timed(
+            self.latency("list"),
+            "list",
+            self.inner.list(filter, now, limit),
+        ))
+    }
+
+    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
+        Box::pin(timed(self.latency("delete"), "delete", self.inner.delete(id)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+
+    crate::store_test_suite!(|| async {
+        Arc::new(MeteredStore::new(Arc::new(MemoryStore::new()))) as Arc<dyn Store>
+    });
+}
