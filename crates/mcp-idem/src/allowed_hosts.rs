@@ -168,7 +168,9 @@ fn strip_port(authority: &str) -> &str {
 }
 
 fn normalize(host: &str) -> String {
-    strip_port(host.trim()).trim_end_matches('.').to_ascii_lowercase()
+    strip_port(host.trim())
+        .trim_end_matches('.')
+        .to_ascii_lowercase()
 }
 
 #[cfg(test)]
@@ -196,7 +198,11 @@ mod tests {
             "[::1]:8080",
             "LOCALHOST.",
         ] {
-            assert_eq!(loopback().check(&headers(&[("host", host)])), Ok(()), "{host}");
+            assert_eq!(
+                loopback().check(&headers(&[("host", host)])),
+                Ok(()),
+                "{host}"
+            );
         }
     }
 

@@ -129,7 +129,9 @@ fn stores(c: &mut Criterion) {
         let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
         let runtime = current_thread_runtime();
         let prefix = format!("bench-{}", std::process::id());
-        match runtime.block_on(mcp_idempotency::store::RedisStore::open_with_prefix(&url, &prefix)) {
+        match runtime.block_on(mcp_idempotency::store::RedisStore::open_with_prefix(
+            &url, &prefix,
+        )) {
             Ok(redis) => {
                 let redis: Arc<dyn Store> = Arc::new(redis);
                 group.bench_function("redis", |b| {

@@ -310,7 +310,11 @@ impl Store for MeteredStore {
     }
 
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
-        Box::pin(timed(self.latency("delete"), "delete", self.inner.delete(id)))
+        Box::pin(timed(
+            self.latency("delete"),
+            "delete",
+            self.inner.delete(id),
+        ))
     }
 }
 

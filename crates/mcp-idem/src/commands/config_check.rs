@@ -23,9 +23,9 @@ pub(crate) struct ConfigCheckArgs {
 #[derive(Debug, Subcommand)]
 enum Target {
     /// The configuration `mcp-idem wrap` would run with (the server command is optional here).
-    Wrap(WrapArgs),
+    Wrap(Box<WrapArgs>),
     /// The configuration `mcp-idem proxy` would run with.
-    Proxy(ProxyArgs),
+    Proxy(Box<ProxyArgs>),
 }
 
 impl ConfigCheckArgs {

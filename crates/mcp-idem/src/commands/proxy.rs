@@ -68,11 +68,20 @@ pub(crate) struct ProxyArgs {
     /// A host name clients may address this proxy by (repeatable), besides localhost, 127.0.0.1,
     /// ::1 and the listen address: requests whose Host or Origin names another host get 403, so
     /// that a web page cannot reach the proxy by DNS rebinding.
-    #[arg(long = "allowed-host", env = "MCP_IDEM_ALLOWED_HOSTS", value_name = "NAME", value_delimiter = ',')]
+    #[arg(
+        long = "allowed-host",
+        env = "MCP_IDEM_ALLOWED_HOSTS",
+        value_name = "NAME",
+        value_delimiter = ','
+    )]
     allowed_hosts: Vec<String>,
 
     /// Accept any Host and Origin (behind a front proxy that checks them itself).
-    #[arg(long, env = "MCP_IDEM_ALLOW_ANY_HOST", conflicts_with = "allowed_hosts")]
+    #[arg(
+        long,
+        env = "MCP_IDEM_ALLOW_ANY_HOST",
+        conflicts_with = "allowed_hosts"
+    )]
     allow_any_host: bool,
 
     #[command(flatten)]
