@@ -3,7 +3,8 @@
 //! a conflict and a duplicate of a running call is refused at once, that discovery results carry
 //! `capabilities.tools.idempotency`, that SSE answers are streamed through and recorded, that calls
 //! without a key are not deduplicated, that an unreachable upstream (502) leaves the key free, that
-//! unusable arguments get -32602, and that a call that charged and then failed replays its error.
+//! unusable arguments get -32602, that a call that charged and then failed replays its error, and
+//! that a request naming a foreign Host or Origin (DNS rebinding) is refused before anything runs.
 //! The demo server's ledger counts the charges that really happened.
 #![cfg(unix)]
 
@@ -13,9 +14,9 @@ mod http_support;
 use common::ledger_lines;
 use http_support::{
     await_ledger, call_until_settled, charge, closed_port_url, discover, initialize, ledger_in,
-    slow_charge, sqlite_in, tool_call, HttpDemo, Proxy, Raw,
+    slow_charge, sqlite_in, tool_call, Answer, HttpDemo, Proxy, Raw,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// Demo server + one proxy with `--store STORE`, and the ledger.
 struct Setup {
@@ -281,4 +282,75 @@ async fn a_call_that_charged_then_failed_replays_its_error() {
     );
     assert_eq!(retry.charge_id(), Some(charge_id));
     assert_eq!(ledger_lines(&s.ledger).len(), 1);
+}
+
+/// POSTs `message` with `Host` replaced and the extra `headers`.
+async fn call_as_host(
+    raw: &Raw,
+    message: Value,
+    host: &str,
+    headers: &[(&'static str, &str)],
+) -> Answer {
+    let mut request = raw.post(&message);
+    let map = request.headers_mut().unwrap();
+    map.insert(http::header::HOST, host.parse().unwrap());
+    for (name, value) in headers {
+        map.insert(*name, value.parse().unwrap());
+    }
+    raw.send(request, &message).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_host_or_origin_is_refused_before_anything_runs() {
+    let s = setup(Store::Memory, &[], &[]);
+
+    // A page that rebound evil.example.com to 127.0.0.1 sends its own name as Host.
+    let rebound = call_as_host(&s.raw, charge(1, 25, Some("k-1")), "evil.example.com", &[]).await;
+    assert_eq!(rebound.status, 403, "{}", rebound.body);
+    assert!(rebound.body.contains("DNS rebinding"), "{}", rebound.body);
+    let origin = call_as_host(
+        &s.raw,
+        charge(2, 25, Some("k-1")),
+        "127.0.0.1",
+        &[("origin", "http://evil.example.com")],
+    )
+    .await;
+    assert_eq!(origin.status, 403, "{}", origin.body);
+    assert!(ledger_lines(&s.ledger).is_empty(), "nothing ran");
+
+    // Loopback names and a loopback Origin pass.
+    let local = call_as_host(
+        &s.raw,
+        charge(3, 25, Some("k-1")),
+        "localhost:1234",
+        &[("origin", "http://localhost:3000")],
+    )
+    .await;
+    assert_eq!(local.status, 200, "{}", local.body);
+    assert_eq!(ledger_lines(&s.ledger).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_hosts_extend_the_loopback_names() {
+    let s = setup(Store::Memory, &[], &["--allowed-host", "mcp.example.com"]);
+    let named = call_as_host(
+        &s.raw,
+        charge(1, 25, Some("k-1")),
+        "MCP.example.com:443",
+        &[],
+    )
+    .await;
+    assert_eq!(named.status, 200, "{}", named.body);
+    let other = call_as_host(&s.raw, charge(2, 25, Some("k-2")), "other.example.com", &[]).await;
+    assert_eq!(other.status, 403, "{}", other.body);
+
+    let any = setup(Store::Memory, &[], &["--allow-any-host"]);
+    let anything = call_as_host(
+        &any.raw,
+        charge(1, 25, Some("k-1")),
+        "anything.example",
+        &[],
+    )
+    .await;
+    assert_eq!(anything.status, 200, "{}", anything.body);
 }

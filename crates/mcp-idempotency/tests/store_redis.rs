@@ -96,13 +96,30 @@ async fn raw_connection() -> redis::aio::MultiplexedConnection {
         .expect("raw connection to REDIS_URL")
 }
 
+/// Every key of the store with this prefix. SCAN in steps rather than one KEYS, which blocks a
+/// server that holds many other keys long enough to time out.
 async fn keys_under(conn: &mut redis::aio::MultiplexedConnection, prefix: &str) -> Vec<String> {
-    let mut keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{{{prefix}}}:*"))
-        .query_async(conn)
-        .await
-        .expect("KEYS");
+    let pattern = format!("{{{prefix}}}:*");
+    let mut keys = Vec::new();
+    let mut cursor = 0_u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await
+            .expect("SCAN");
+        keys.extend(batch);
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
     keys.sort();
+    keys.dedup();
     keys
 }
 
