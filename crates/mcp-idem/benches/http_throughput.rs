@@ -33,7 +33,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
 mod support;
-use support::{load_average, mcp_idem_bin};
+use support::{load_average, mcp_idem_bin, Progress};
 
 struct Options {
     concurrency: usize,
@@ -337,10 +337,12 @@ fn run() -> Result<(), String> {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build_http();
     let started = Instant::now();
+    let mut progress = Progress::new("http_throughput", options.rounds * configs.len());
     for round in 0..options.rounds {
         let n = configs.len();
         for i in 0..n {
             let config = &mut configs[(i + round) % n];
+            progress.step(&format!("round {}: {}", round + 1, config.label));
             // A short warm-up fills the connection pool and the proxy's caches.
             runtime.block_on(load(&client, &config.url, &options, 0.3, round))?;
             let before = config.store.read();
@@ -357,6 +359,7 @@ fn run() -> Result<(), String> {
             }
         }
     }
+    drop(progress);
     print_table(&configs, started.elapsed());
     Ok(())
 }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 mod support;
-use support::{load_average, mcp_idem_bin};
+use support::{load_average, mcp_idem_bin, Progress};
 
 const DEFAULT_CALLS: usize = 2000;
 const QUICK_CALLS: usize = 200;
@@ -210,12 +210,14 @@ fn run() -> Result<(), String> {
 
     let started = Instant::now();
     let rounds = options.rounds.clamp(1, options.calls.max(1));
+    let mut progress = Progress::new("stdio_latency", rounds * configs.len());
     for round in 0..rounds {
         // Split the calls evenly over the rounds (the first rounds take the remainder).
         let chunk = options.calls / rounds + usize::from(round < options.calls % rounds);
         let count = configs.len();
         for offset in 0..count {
             let config = &mut configs[(round + offset) % count];
+            progress.step(&format!("round {}", round + 1));
             let peer = peer_for(&mut peers, config.transport);
             for _ in 0..chunk {
                 let line = request_line(peer, config, &nonce, &mut key_counter);
@@ -227,6 +229,7 @@ fn run() -> Result<(), String> {
         }
     }
     let elapsed = started.elapsed();
+    drop(progress);
 
     for peer in peers {
         peer.finish();

@@ -2,6 +2,11 @@
 
 use std::path::{Path, PathBuf};
 
+// The binary's own step counter, shared by path: drawn only when stderr is a terminal.
+#[path = "../../src/progress.rs"]
+mod progress;
+pub(crate) use progress::Progress;
+
 /// The release binary to measure: `$MCP_IDEM_BIN`, default `target/release/mcp-idem`.
 pub(crate) fn mcp_idem_bin() -> Result<PathBuf, String> {
     let (bin, from_env) = match std::env::var_os("MCP_IDEM_BIN") {
