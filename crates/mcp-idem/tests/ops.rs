@@ -9,11 +9,10 @@ mod http_support;
 mod wrap_support;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{ledger_lines, TIMEOUT};
+use common::{free_port, ledger_lines, PrivateRedis, TIMEOUT};
 use http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
 use serde_json::json;
 use wrap_support::Sandbox;
@@ -201,46 +200,6 @@ fn wrap_serves_metrics_while_it_runs() {
     assert_eq!(get(&metrics, "/readyz").0, 200);
     assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
     assert_eq!(wrap.finish().code(), Some(0));
-}
-
-/// A private Redis server, killed on drop.
-struct PrivateRedis {
-    child: Child,
-}
-
-impl PrivateRedis {
-    fn start(port: u16) -> Option<Self> {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let redis = Self { child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(redis)
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// Polls `GET /readyz` until it answers `status`; panics after 30 s.

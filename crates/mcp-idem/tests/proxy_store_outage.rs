@@ -7,52 +7,10 @@
 mod common;
 mod http_support;
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::ledger_lines;
+use common::{free_port, ledger_lines, PrivateRedis};
 use http_support::{charge, discover, ledger_in, HttpDemo, Proxy, Raw};
-
-/// A private Redis server, killed on drop.
-struct PrivateRedis {
-    child: Child,
-}
-
-impl PrivateRedis {
-    fn start(port: u16) -> Option<Self> {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let redis = Self { child };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(redis)
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_fails_closed_and_the_proxy_recovers() {
