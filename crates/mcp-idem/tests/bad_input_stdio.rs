@@ -10,7 +10,9 @@ mod wrap_support;
 
 use common::{ledger_lines, meta_2026, StdioPeer, TIMEOUT};
 use serde_json::json;
-use wrap_support::{assert_rejected, call, charge, charge_id, sh_quote, Sandbox, EXE};
+use wrap_support::{
+    assert_rejected, call, charge, charge_id, padded_charge, peak_rss_kb, sh_quote, Sandbox, EXE,
+};
 
 /// A keyed charge still executes once and replays: the session survived what came before.
 fn assert_still_serving(wrap: &mut StdioPeer, id: u64, key: &str) {
@@ -47,28 +49,6 @@ fn malformed_json_and_invalid_utf8_lines_pass_through() {
     assert_eq!(wrap.finish().code(), Some(0));
 }
 
-/// Bytes of a keyed charge whose arguments carry a `pad` string of `pad` bytes.
-fn huge_keyed_charge(id: u64, key: &str, pad: usize) -> Vec<u8> {
-    let head = raw_keyed_charge(id, key, r#"{"amount":1,"currency":"EUR","pad":"@"}"#);
-    let (before, after) = head.split_once('@').unwrap();
-    let mut line = Vec::with_capacity(head.len() + pad + 1);
-    line.extend_from_slice(before.as_bytes());
-    line.resize(line.len() + pad, b'x');
-    line.extend_from_slice(after.as_bytes());
-    line.push(b'\n');
-    line
-}
-
-/// `VmHWM` (peak resident set) of process `pid`, in kB.
-fn peak_rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
-}
-
 #[test]
 fn a_3_mb_arguments_line_is_refused_as_too_large_and_wrap_survives() {
     let sandbox = Sandbox::new();
@@ -77,7 +57,7 @@ fn a_3_mb_arguments_line_is_refused_as_too_large_and_wrap_survives() {
 
     // Under the 4 MiB line limit (tests/limits_stdio.rs has lines over it), over the 1 MiB
     // arguments limit. The line is streamed while `wrap` reads it (the pipe holds 64 kB).
-    let line = huge_keyed_charge(3, "huge-1", 3 << 20);
+    let line = padded_charge(3, "huge-1", 3 << 20, false);
     let len = line.len();
     wrap.send_bytes(&line);
     drop(line);

@@ -11,9 +11,9 @@ mod wrap_support;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use common::{ledger_lines, meta_2026, StdioPeer, TIMEOUT};
+use common::{ledger_lines, StdioPeer, TIMEOUT};
 use serde_json::{json, Value};
-use wrap_support::{charge, charge_id, Sandbox, EXE};
+use wrap_support::{charge, charge_id, padded_charge, peak_rss_kb, Sandbox, EXE};
 
 /// A keyed charge still executes once and replays: the session survived what came before.
 fn assert_still_serving(wrap: &mut StdioPeer, id: u64, key: &str) {
@@ -21,37 +21,6 @@ fn assert_still_serving(wrap: &mut StdioPeer, id: u64, key: &str) {
     let first = charge_id(&wrap.request(charge(id, arguments.clone(), key)));
     let again = charge_id(&wrap.request(charge(id + 1, arguments, key)));
     assert_eq!(first, again);
-}
-
-/// A keyed `charge_payment` line (newline included) whose arguments carry a `pad` string of `pad`
-/// bytes; `id_last` puts the `id` member after `params`.
-fn padded_charge(id: u64, key: &str, pad: usize, id_last: bool) -> Vec<u8> {
-    let params = format!(
-        r#""params":{{"_meta":{},"name":"charge_payment","idempotencyKey":"{key}","arguments":{{"amount":1,"currency":"EUR","pad":"@"}}}}"#,
-        meta_2026()
-    );
-    let message = if id_last {
-        format!(r#"{{"jsonrpc":"2.0","method":"tools/call",{params},"id":{id}}}"#)
-    } else {
-        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call",{params}}}"#)
-    };
-    let (before, after) = message.split_once('@').unwrap();
-    let mut line = Vec::with_capacity(message.len() + pad + 1);
-    line.extend_from_slice(before.as_bytes());
-    line.resize(line.len() + pad, b'x');
-    line.extend_from_slice(after.as_bytes());
-    line.push(b'\n');
-    line
-}
-
-/// `VmHWM` (peak resident set) of process `pid`, in kB.
-fn peak_rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc/PID/status")
 }
 
 /// Asserts a `-32600` error naming the limit of `limit` bytes.

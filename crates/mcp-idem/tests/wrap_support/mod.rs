@@ -307,3 +307,34 @@ impl Drop for PidGuard {
         }
     }
 }
+
+/// A keyed `charge_payment` line (newline included) whose arguments carry a `pad` string of `pad`
+/// bytes; `id_last` puts the `id` member after `params`.
+pub(crate) fn padded_charge(id: u64, key: &str, pad: usize, id_last: bool) -> Vec<u8> {
+    let params = format!(
+        r#""params":{{"_meta":{},"name":"charge_payment","idempotencyKey":"{key}","arguments":{{"amount":1,"currency":"EUR","pad":"@"}}}}"#,
+        meta_2026()
+    );
+    let message = if id_last {
+        format!(r#"{{"jsonrpc":"2.0","method":"tools/call",{params},"id":{id}}}"#)
+    } else {
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call",{params}}}"#)
+    };
+    let (before, after) = message.split_once('@').unwrap();
+    let mut line = Vec::with_capacity(message.len() + pad + 1);
+    line.extend_from_slice(before.as_bytes());
+    line.resize(line.len() + pad, b'x');
+    line.extend_from_slice(after.as_bytes());
+    line.push(b'\n');
+    line
+}
+
+/// `VmHWM` (peak resident set) of process `pid`, in kB.
+pub(crate) fn peak_rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/PID/status")
+}
