@@ -40,7 +40,9 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use chaos_support::{executions, size_and_seed, verify, AfterCrash, CallResult, Outcome};
+use chaos_support::{
+    classify, executions, size_and_seed, verify, AfterCrash, AnswerMeans, CallResult, Outcome,
+};
 use common::TIMEOUT;
 use http_support::{charge, ledger_in, unique_namespace, Answer, HttpDemo, Raw, SharedStore};
 
@@ -362,43 +364,20 @@ async fn logical_call(raws: &[Raw], amount: u64, key: &str, rng: &mut StdRng) ->
                     tokio::time::sleep(pause).await;
                     continue;
                 };
-                if let Some(id) = json["result"]["structuredContent"]["chargeId"].as_str() {
-                    let outcome = if json["result"]["isError"] == true {
-                        Outcome::ToolError(answer.body.clone())
-                    } else {
-                        Outcome::Charged(id.to_owned())
-                    };
-                    return CallResult {
-                        amount,
-                        outcome,
-                        attempts,
-                    };
-                }
-                match json["error"]["data"]["type"].as_str() {
-                    Some("idempotency_outcome_unknown") => {
+                match classify(&json, &answer.body) {
+                    AnswerMeans::Final(outcome) => {
                         return CallResult {
                             amount,
-                            outcome: Outcome::Unknown,
+                            outcome,
                             attempts,
                         }
                     }
-                    Some("idempotency_key_in_progress") => {
-                        let wait = json["error"]["data"]["retryAfterMs"]
-                            .as_u64()
-                            .unwrap_or(100);
-                        pause = Duration::from_millis(wait.clamp(10, 500));
-                        last = "in progress".into();
+                    AnswerMeans::Retry { pause: wait, why } => {
+                        if let Some(wait) = wait {
+                            pause = wait;
+                        }
+                        last = why;
                     }
-                    Some("idempotency_store_unavailable") => last = "store unavailable".into(),
-                    _ if json.get("result").is_some() => {
-                        // A tool result without a charge id: definitive, but not a charge.
-                        return CallResult {
-                            amount,
-                            outcome: Outcome::ToolError(answer.body.clone()),
-                            attempts,
-                        };
-                    }
-                    _ => last = format!("unexpected: {}", answer.body),
                 }
             }
         }

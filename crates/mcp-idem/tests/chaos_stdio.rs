@@ -43,7 +43,10 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use chaos_support::{executions, size_and_seed, unix_ms, verify, AfterCrash, CallResult, Outcome};
+use chaos_support::{
+    classify, executions, size_and_seed, unix_ms, verify, AfterCrash, AnswerMeans, CallResult,
+    Outcome,
+};
 use common::TIMEOUT;
 use wrap_support::{charge, is_running, EXE};
 
@@ -280,47 +283,21 @@ impl Run {
                     last = "dropped".into();
                     pause = Duration::ZERO;
                 }
-                Got::Answer(answer) => {
-                    if let Some(id) = answer["result"]["structuredContent"]["chargeId"].as_str() {
-                        let outcome = if answer["result"]["isError"] == true {
-                            Outcome::ToolError(answer.to_string())
-                        } else {
-                            Outcome::Charged(id.to_owned())
-                        };
+                Got::Answer(answer) => match classify(&answer, &answer.to_string()) {
+                    AnswerMeans::Final(outcome) => {
                         return CallResult {
                             amount,
                             outcome,
                             attempts,
-                        };
+                        }
                     }
-                    match answer["error"]["data"]["type"].as_str() {
-                        Some("idempotency_outcome_unknown") => {
-                            return CallResult {
-                                amount,
-                                outcome: Outcome::Unknown,
-                                attempts,
-                            }
+                    AnswerMeans::Retry { pause: wait, why } => {
+                        if let Some(wait) = wait {
+                            pause = wait;
                         }
-                        Some("idempotency_key_in_progress") => {
-                            let wait = answer["error"]["data"]["retryAfterMs"]
-                                .as_u64()
-                                .unwrap_or(100);
-                            pause = Duration::from_millis(wait.clamp(10, 500));
-                            last = "in progress".into();
-                        }
-                        Some("idempotency_store_unavailable") => {
-                            last = "store unavailable".into();
-                        }
-                        _ if answer.get("result").is_some() => {
-                            return CallResult {
-                                amount,
-                                outcome: Outcome::ToolError(answer.to_string()),
-                                attempts,
-                            };
-                        }
-                        _ => last = format!("unexpected: {answer}"),
+                        last = why;
                     }
-                }
+                },
             }
             std::thread::sleep(pause);
         }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::ledger_lines;
 
@@ -60,6 +60,53 @@ pub(crate) enum Outcome {
     ToolError(String),
     Unknown,
     GaveUp(String),
+}
+
+/// What one answer to an attempt means for its logical call.
+pub(crate) enum AnswerMeans {
+    /// The call has its outcome.
+    Final(Outcome),
+    /// Retry with the same key after `pause`; `why` is kept for a call that gives up.
+    Retry {
+        pause: Option<Duration>,
+        why: String,
+    },
+}
+
+/// Classifies a JSON-RPC answer (`raw` is its text, kept for a tool error): a charge id or another
+/// tool result is final, and so is `idempotency_outcome_unknown`; `in progress` and `store
+/// unavailable` are retried (in progress after its `retryAfterMs`, 10 to 500 ms), and so is
+/// anything unexpected.
+pub(crate) fn classify(answer: &serde_json::Value, raw: &str) -> AnswerMeans {
+    if let Some(id) = answer["result"]["structuredContent"]["chargeId"].as_str() {
+        return AnswerMeans::Final(if answer["result"]["isError"] == true {
+            Outcome::ToolError(raw.to_owned())
+        } else {
+            Outcome::Charged(id.to_owned())
+        });
+    }
+    let retry = |pause, why: &str| AnswerMeans::Retry {
+        pause,
+        why: why.to_owned(),
+    };
+    match answer["error"]["data"]["type"].as_str() {
+        Some("idempotency_outcome_unknown") => AnswerMeans::Final(Outcome::Unknown),
+        Some("idempotency_key_in_progress") => {
+            let wait = answer["error"]["data"]["retryAfterMs"]
+                .as_u64()
+                .unwrap_or(100);
+            retry(
+                Some(Duration::from_millis(wait.clamp(10, 500))),
+                "in progress",
+            )
+        }
+        Some("idempotency_store_unavailable") => retry(None, "store unavailable"),
+        // A tool result without a charge id: definitive, but not a charge.
+        _ if answer.get("result").is_some() => {
+            AnswerMeans::Final(Outcome::ToolError(raw.to_owned()))
+        }
+        _ => retry(None, &format!("unexpected: {raw}")),
+    }
 }
 
 pub(crate) struct CallResult {
