@@ -63,7 +63,7 @@ where
     tracing::info!(%local, "demo server listening on HTTP");
     axum::serve(listener, router)
         .with_graceful_shutdown(async move {
-            stop_signal().await;
+            super::stop_signal().await;
             // Ends open SSE streams, so the graceful shutdown does not wait for them.
             shutdown.cancel();
         })
@@ -71,28 +71,4 @@ where
         .context("the HTTP server failed")?;
     tracing::info!("demo server stopped");
     Ok(())
-}
-
-/// Resolves on SIGINT or, on Unix, SIGTERM.
-async fn stop_signal() {
-    let interrupt = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
-    }
 }

@@ -148,7 +148,7 @@ impl ProxyArgs {
             idle_timeout: self.idle_timeout,
         };
         tokio::select! {
-            () = conn::serve(listener, router, limits, shutdown_signal()) => {}
+            () = conn::serve(listener, router, limits, super::stop_signal()) => {}
             never = purge_periodically(dedup) => match never {},
         }
         Ok(())
@@ -184,25 +184,4 @@ where
             }))
         })
     }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
