@@ -44,10 +44,7 @@ impl StoreError {
         matches!(self, Self::Unavailable { .. })
     }
 
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "redis", feature = "postgres")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "redis")), allow(dead_code))]
     pub(crate) fn unavailable(
         message: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,
@@ -58,10 +55,7 @@ impl StoreError {
         }
     }
 
-    #[cfg_attr(
-        not(any(feature = "sqlite", feature = "redis", feature = "postgres")),
-        allow(dead_code)
-    )]
+    #[cfg_attr(not(any(feature = "sqlite", feature = "redis")), allow(dead_code))]
     pub(crate) fn backend(
         message: impl Into<String>,
         source: impl StdError + Send + Sync + 'static,

@@ -20,6 +20,8 @@ mod memory;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql_list;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub mod testsuite;

@@ -140,9 +140,10 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
+use super::sql_list::{list_query, SqlParam};
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
-    Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, Store,
+    StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
@@ -569,58 +570,6 @@ fn counted_delete(s: &str, extra: &str) -> String {
 
 /// Parameters of a statement built at run time.
 type Params = Vec<Box<dyn ToSql + Sync + Send>>;
-
-/// `SELECT` of the records matching `filter`, latest expiry first, and its parameters. Only the
-/// conditions that are set appear in the statement, so that the planner can use the primary key
-/// for a scope and the `expires_at` index for states and the order.
-fn list_query(sql: &Sql, filter: &ListFilter, now: Timestamp, limit: usize) -> (String, Params) {
-    let mut conditions = Vec::new();
-    let mut params: Params = Vec::new();
-    let mut condition = |text: &str, param: Box<dyn ToSql + Sync + Send>| {
-        params.push(param);
-        conditions.push(text.replace('?', &format!("${}", params.len())));
-    };
-    if let Some(namespace) = &filter.namespace {
-        condition("namespace = ?", Box::new(namespace.clone()));
-    }
-    if let Some(principal) = &filter.principal {
-        condition("principal = ?", Box::new(principal.clone()));
-    }
-    if let Some(key) = &filter.key {
-        condition("key = ?", Box::new(key.clone()));
-    }
-    match filter.state {
-        Some(StateFilter::InProgress) => condition(
-            "expires_at > ? AND owner IS NOT NULL",
-            Box::new(sql_time(now)),
-        ),
-        Some(StateFilter::Completed) => {
-            condition("expires_at > ? AND owner IS NULL", Box::new(sql_time(now)))
-        }
-        Some(StateFilter::Expired) => condition("expires_at <= ?", Box::new(sql_time(now))),
-        None => {}
-    }
-    if let Some(t) = filter.created_at_or_before {
-        condition("created_at <= ?", Box::new(sql_time(t)));
-    }
-    if let Some(t) = filter.created_after {
-        condition("created_at > ?", Box::new(sql_time(t)));
-    }
-    let mut text = format!(
-        "SELECT namespace, principal, key, {RECORD_COLUMNS} FROM {}",
-        sql.records
-    );
-    if !conditions.is_empty() {
-        text.push_str(" WHERE ");
-        text.push_str(&conditions.join(" AND "));
-    }
-    params.push(Box::new(i64::try_from(limit).unwrap_or(i64::MAX)));
-    text.push_str(&format!(
-        " ORDER BY expires_at DESC LIMIT ${}",
-        params.len()
-    ));
-    (text, params)
-}
 
 impl Sql {
     fn new(s: &str) -> Self {
@@ -1644,7 +1593,20 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> StoreFuture<'a, Vec<Record>> {
         Box::pin(async move {
-            let (text, params) = list_query(&self.inner.sql, filter, now, limit);
+            let select = format!(
+                "SELECT namespace, principal, key, {RECORD_COLUMNS} FROM {}",
+                self.inner.sql.records
+            );
+            let (text, params) = list_query(&select, filter, now, limit, |n| format!("${n}"));
+            let params: Params = params
+                .into_iter()
+                .map(|param| -> Box<dyn ToSql + Sync + Send> {
+                    match param {
+                        SqlParam::Text(text) => Box::new(text),
+                        SqlParam::Integer(n) => Box::new(n),
+                    }
+                })
+                .collect();
             run!(self, "list", |client| list(&client, &text, &params).await)
         })
     }

@@ -8,9 +8,10 @@ use rusqlite::{
     params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
 };
 
+use super::sql_list::{list_query, SqlParam};
 use super::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
-    Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, Store,
+    StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
@@ -537,73 +538,22 @@ fn purge(tx: &Transaction<'_>, now: Timestamp) -> Result<u64, StoreError> {
     Ok(purged)
 }
 
-/// `SELECT` of the records matching `filter`, latest expiry first, and its parameters. Only the
-/// conditions that are set appear in the statement, so that SQLite can use the primary key for a
-/// scope and the `expires_at` index for states and the order.
-fn list_query(
-    filter: &ListFilter,
-    now: Timestamp,
-    limit: usize,
-) -> (String, Vec<rusqlite::types::Value>) {
-    use rusqlite::types::Value as V;
-    let mut conditions = Vec::new();
-    let mut values = Vec::new();
-    let mut condition = |sql: &str, value: V| {
-        values.push(value);
-        conditions.push(sql.replace('?', &format!("?{}", values.len())));
-    };
-    if let Some(namespace) = &filter.namespace {
-        condition("namespace = ?", V::Text(namespace.clone()));
-    }
-    if let Some(principal) = &filter.principal {
-        condition("principal = ?", V::Text(principal.clone()));
-    }
-    if let Some(key) = &filter.key {
-        condition("key = ?", V::Text(key.clone()));
-    }
-    match filter.state {
-        Some(StateFilter::InProgress) => condition(
-            "expires_at > ? AND owner IS NOT NULL",
-            V::Integer(sql_time(now)),
-        ),
-        Some(StateFilter::Completed) => condition(
-            "expires_at > ? AND owner IS NULL",
-            V::Integer(sql_time(now)),
-        ),
-        Some(StateFilter::Expired) => condition("expires_at <= ?", V::Integer(sql_time(now))),
-        None => {}
-    }
-    if let Some(t) = filter.created_at_or_before {
-        condition("created_at <= ?", V::Integer(sql_time(t)));
-    }
-    if let Some(t) = filter.created_after {
-        condition("created_at > ?", V::Integer(sql_time(t)));
-    }
-    let mut sql = concat!(
-        "SELECT namespace, principal, key, ",
-        record_columns!(),
-        " FROM idem_records"
-    )
-    .to_owned();
-    if !conditions.is_empty() {
-        sql.push_str(" WHERE ");
-        sql.push_str(&conditions.join(" AND "));
-    }
-    values.push(V::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
-    sql.push_str(&format!(
-        " ORDER BY expires_at DESC LIMIT ?{}",
-        values.len()
-    ));
-    (sql, values)
-}
-
 fn list(
     conn: &Connection,
     filter: &ListFilter,
     now: Timestamp,
     limit: usize,
 ) -> Result<Vec<Record>, StoreError> {
-    let (sql, values) = list_query(filter, now, limit);
+    let select = concat!(
+        "SELECT namespace, principal, key, ",
+        record_columns!(),
+        " FROM idem_records"
+    );
+    let (sql, params) = list_query(select, filter, now, limit, |n| format!("?{n}"));
+    let values = params.into_iter().map(|param| match param {
+        SqlParam::Text(text) => rusqlite::types::Value::Text(text),
+        SqlParam::Integer(n) => rusqlite::types::Value::Integer(n),
+    });
     let mut stmt = conn.prepare(&sql).map_err(sql_error)?;
     let rows = stmt
         .query_map(rusqlite::params_from_iter(values), |row| {

@@ -1,0 +1,63 @@
+//! The `SELECT` behind [`Store::list`](super::Store::list) for the SQL stores: one builder, each
+//! store spelling the placeholders and binding the parameters its own way.
+
+use super::{ListFilter, StateFilter};
+use crate::time::Timestamp;
+
+/// A parameter of the statement.
+pub(crate) enum SqlParam {
+    Text(String),
+    Integer(i64),
+}
+
+/// The records matching `filter`, latest expiry first, at most `limit`. `select` is `SELECT
+/// <columns> FROM <table>`; `placeholder(n)` spells parameter `n` (from 1). Only the conditions
+/// that are set appear, so that the planner can use the primary key for a scope and the
+/// `expires_at` index for states and the order.
+pub(crate) fn list_query(
+    select: &str,
+    filter: &ListFilter,
+    now: Timestamp,
+    limit: usize,
+    placeholder: fn(usize) -> String,
+) -> (String, Vec<SqlParam>) {
+    let millis = |t: Timestamp| SqlParam::Integer(i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+    let mut conditions = Vec::new();
+    let mut params = Vec::new();
+    let mut condition = |text: &str, param: SqlParam| {
+        params.push(param);
+        conditions.push(text.replace('?', &placeholder(params.len())));
+    };
+    if let Some(namespace) = &filter.namespace {
+        condition("namespace = ?", SqlParam::Text(namespace.clone()));
+    }
+    if let Some(principal) = &filter.principal {
+        condition("principal = ?", SqlParam::Text(principal.clone()));
+    }
+    if let Some(key) = &filter.key {
+        condition("key = ?", SqlParam::Text(key.clone()));
+    }
+    match filter.state {
+        Some(StateFilter::InProgress) => {
+            condition("expires_at > ? AND owner IS NOT NULL", millis(now));
+        }
+        Some(StateFilter::Completed) => condition("expires_at > ? AND owner IS NULL", millis(now)),
+        Some(StateFilter::Expired) => condition("expires_at <= ?", millis(now)),
+        None => {}
+    }
+    if let Some(t) = filter.created_at_or_before {
+        condition("created_at <= ?", millis(t));
+    }
+    if let Some(t) = filter.created_after {
+        condition("created_at > ?", millis(t));
+    }
+    let mut text = select.to_owned();
+    if !conditions.is_empty() {
+        text.push_str(" WHERE ");
+        text.push_str(&conditions.join(" AND "));
+    }
+    params.push(SqlParam::Integer(i64::try_from(limit).unwrap_or(i64::MAX)));
+    text.push_str(" ORDER BY expires_at DESC LIMIT ");
+    text.push_str(&placeholder(params.len()));
+    (text, params)
+}
