@@ -161,7 +161,10 @@ impl PaymentServer {
         ))
     }
 
-    #[tool(description = "Number of charges in the ledger and the sum per currency.")]
+    #[tool(
+        description = "Number of charges in the ledger and the sum per currency.",
+        annotations(read_only_hint = true)
+    )]
     async fn get_balance(&self) -> Result<CallToolResult, ErrorData> {
         let charges = ledger::read(self.ledger.path())
             .map_err(|err| ErrorData::internal_error(format!("{err:#}"), None))?;
