@@ -93,6 +93,9 @@ const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
 /// Messages on their way to the client's stdout.
 const OUTPUT_QUEUE: usize = 256;
+/// How long a notification or a response may take to be taken by the server before the next
+/// client message is read anyway.
+const INLINE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Where the bridge forwards to and how it retries.
 #[derive(Clone, Debug)]
@@ -342,7 +345,16 @@ impl Bridge {
             in_flight: HashMap::new(),
         };
         let result = relay.read_client(input, self.max_line_bytes).await;
-        while relay.tasks.join_next().await.is_some() {}
+        // The client is gone: its requests in flight get until their own deadline to be answered
+        // (a call that may not be re-issued has none, so the wait is bounded here).
+        let drain = async { while relay.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(shared.policy.get_max_elapsed(), drain)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the client's input ended; requests still unanswered are abandoned");
+            relay.tasks.abort_all();
+        }
         shared.end_session().await;
         drop(relay);
         drop(shared);
@@ -481,6 +493,15 @@ impl Relay {
     /// POSTs a notification or a response and waits for the server to take it, so that what
     /// the client sends next arrives after it.
     async fn post_inline(&self, message: &str) {
+        let sent = tokio::time::timeout(INLINE_TIMEOUT, self.post_and_read(message)).await;
+        if sent.is_err() {
+            tracing::warn!(
+                "the server took more than {INLINE_TIMEOUT:?} to take a notification or response"
+            );
+        }
+    }
+
+    async fn post_and_read(&self, message: &str) {
         let (headers, _) = self.shared.headers_for(message);
         match self.shared.endpoint.post(message, &headers).await {
             Ok(mut answer) => {
