@@ -358,10 +358,15 @@ fn reissues_every_lost_answer(sdk: Sdk, base: u64) {
         exchanges.len() - CALLS as usize,
         "{context}"
     );
+    let reasons: std::collections::BTreeSet<&str> = reissues
+        .iter()
+        .filter_map(|line| line.split_once("reason=").map(|(_, reason)| reason))
+        .collect();
     eprintln!(
-        "{sdk:?}: {CALLS} calls, {}; {} re-issues",
+        "{sdk:?}: {CALLS} calls, {}; {} re-issues, e.g.\n  {}\nreasons: {reasons:#?}",
         forwarder.summary(),
-        reissues.len()
+        reissues.len(),
+        reissues.first().map_or("", String::as_str)
     );
 }
 
@@ -463,6 +468,11 @@ fn no_capability_no_second_execution(sdk: Sdk, base: u64) {
             "call {i}: the message should say the call may have run: {message}"
         );
     }
+    eprintln!(
+        "{sdk:?}: {PLAIN_CALLS} calls, {}; a dropped call got {}",
+        forwarder.summary(),
+        report["calls"][dropped[0] as usize]
+    );
 }
 
 #[test]
