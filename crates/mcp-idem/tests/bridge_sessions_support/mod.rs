@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::StreamExt;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -398,13 +399,16 @@ impl Fault {
                 vec![Ok("data: this is not JSON\n\n")],
             ),
         };
-        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
-            .into_iter()
-            .map(|part| match part {
+        // A pause before the break, so that the head and the first bytes go out first.
+        let frames = futures_util::stream::iter(parts).then(|part| async move {
+            match part {
                 Ok(data) => Ok(Frame::data(Bytes::from(data.to_owned()))),
-                Err(why) => Err(BoxError::from(why)),
-            })
-            .collect();
+                Err(why) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Err(BoxError::from(why))
+                }
+            }
+        });
         let mut response = hyper::Response::builder()
             .status(200)
             .header(http::header::CONTENT_TYPE, content_type);
@@ -412,9 +416,7 @@ impl Fault {
             response = response.header(http::header::CONTENT_LENGTH, length);
         }
         response
-            .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
-                frames,
-            ))))
+            .body(BodyExt::boxed(StreamBody::new(frames)))
             .expect("a fault response")
     }
 }
