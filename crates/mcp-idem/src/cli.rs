@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+use crate::commands::bridge::BridgeArgs;
 use crate::commands::call::CallArgs;
 use crate::commands::check::CheckArgs;
 use crate::commands::config_check::ConfigCheckArgs;
@@ -41,6 +42,10 @@ pub(crate) enum Command {
     /// --listen ADDR --upstream URL`. Instances sharing a Redis or PostgreSQL store may serve the
     /// same server side by side.
     Proxy(ProxyArgs),
+    /// Give a stdio MCP client safe retries to a remote Streamable HTTP server: `mcp-idem bridge
+    /// [OPTIONS] URL`, launched by the client as its server. Every tools/call gets an
+    /// idempotency key, and a call whose answer was lost is re-issued with the same key.
+    Bridge(BridgeArgs),
     /// Call a tool with an idempotency key, retrying safely: `mcp-idem call --tool NAME --args
     /// JSON (--url URL | -- <command> [args...])`. Exit status: 0 success, 1 tool error, 2 no
     /// outcome (conflict, outcome unknown, connection failure, usage error).
@@ -75,6 +80,7 @@ impl Command {
             Self::Wrap(args) => args.exec(),
             Self::DemoServer(args) => args.exec(),
             Self::Proxy(args) => args.exec(),
+            Self::Bridge(args) => args.exec(),
             Self::Call(args) => args.exec(),
             Self::Check(args) => args.exec(),
             Self::Inspect(args) => args.exec(),
