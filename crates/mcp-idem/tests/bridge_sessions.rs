@@ -20,12 +20,13 @@ use std::time::{Duration, Instant};
 
 use bridge_sessions_support::{
     bridge, bridge_command, charge_id, initialize, initialized, legacy_call, legacy_charge,
-    run_until_exit, server_request, sessions_opened, spawn, tool_names, wait_for_sessions, Fault,
-    FaultyRemote, TestCa, TlsFront, EXE,
+    run_until_exit, server_request, sessions_opened, spawn, streams_opened, tool_names,
+    wait_for_sessions, Fault, FaultyRemote, TestCa, TlsFront, EXE,
 };
 use common::{count_charge, free_port, ledger_lines, StdioPeer, TIMEOUT};
 use http_support::{charge, closed_port_url, discover, ledger_in, tool_call, HttpDemo, Proxy};
 use serde_json::{json, Value};
+use wrap_support::wait_until;
 
 /// The tools of `demo-server --http-stateful`.
 const STATEFUL_TOOLS: [&str; 5] = [
@@ -75,9 +76,13 @@ fn an_initialize_era_client_keeps_one_session_and_sees_the_capability_through_th
         assert_eq!(count_charge(&ledger, &first), 1);
         assert_eq!(count_charge(&ledger, &second), 1);
 
-        // One session for the whole conversation: every POST carried its id.
+        // One session for the whole conversation: every POST carried its id, and the bridge
+        // opened the session's GET stream.
         let sessions = wait_for_sessions(&demo, 1);
         assert_eq!(sessions.len(), 1, "{version}: {}", demo.stderr());
+        wait_until("the GET stream of the session", TIMEOUT, || {
+            streams_opened(&demo).contains(&sessions[0])
+        });
         assert!(
             bridge.pending().is_empty(),
             "unexpected messages: {:?}",
@@ -120,9 +125,13 @@ fn session_renewed_after_a_restart(through_proxy: bool) {
     );
     assert_eq!(lines[1]["amount"], 21);
 
-    // The bridge opened one new session, and the client saw none of the re-initialization.
+    // The bridge opened one new session and its GET stream, and the client saw none of the
+    // re-initialization.
     let sessions = wait_for_sessions(&demo, 1);
     assert_eq!(sessions.len(), 1, "{}", demo.stderr());
+    wait_until("the GET stream of the new session", TIMEOUT, || {
+        streams_opened(&demo).contains(&sessions[0])
+    });
     assert!(
         bridge.pending().is_empty(),
         "the re-initialization reached the client: {:?}",
@@ -405,9 +414,22 @@ fn answers_to_malformed_lines(mut peer: StdioPeer) -> Vec<Value> {
     assert_no_panic(&peer);
     let mut others = Vec::new();
     while let Some(message) = peer.next_message(Duration::ZERO) {
-        others.push(message);
+        others.push(answer_shape(message));
     }
     others
+}
+
+/// What counts in an answer to a malformed line: an error's id (absent and `null` alike: the
+/// line had none that could be read) and code; the wording of the message may differ. Any other
+/// message is kept whole.
+fn answer_shape(message: Value) -> Value {
+    match message.get("error") {
+        Some(error) => json!({
+            "id": message.get("id").cloned().unwrap_or(Value::Null),
+            "code": error["code"],
+        }),
+        None => message,
+    }
 }
 
 #[test]

@@ -35,14 +35,19 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ClientHandler;
 use serde_json::{json, Value};
 
-/// The session ids the server reported opening (`session opened: ID` on stderr).
-fn sessions_opened(server: &HttpDemo) -> Vec<String> {
+/// The session ids after `prefix` in the server's stderr (`session opened: ID`,
+/// `stream opened: ID`).
+fn ids_after(server: &HttpDemo, prefix: &str) -> Vec<String> {
     server
         .stderr()
         .lines()
-        .filter_map(|line| line.strip_prefix("session opened: "))
+        .filter_map(|line| line.strip_prefix(prefix))
         .map(str::to_owned)
         .collect()
+}
+
+fn sessions_opened(server: &HttpDemo) -> Vec<String> {
+    ids_after(server, "session opened: ")
 }
 
 /// A POST of `message` as a 2025-06-18 client sends it: no per-request protocol metadata, the
@@ -140,6 +145,14 @@ async fn initialize_opens_a_session_that_later_posts_carry_and_a_restart_forgets
         .unwrap()
         .starts_with("text/event-stream"));
     drop(stream);
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while ids_after(&server, "stream opened: ").is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        ids_after(&server, "stream opened: "),
+        std::slice::from_ref(&session)
+    );
 
     // Without a session id, or with one the server never issued: refused.
     let missing = raw.send(legacy_post(&raw, None), &list).await;

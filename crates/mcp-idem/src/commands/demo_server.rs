@@ -71,7 +71,7 @@ pub(crate) struct DemoServerArgs {
     /// ids get 404); answers are text/event-stream; GET opens the session's server-to-client
     /// stream; DELETE ends it. Adds the tool `confirm_charge {amount, currency}`, which asks the
     /// client (elicitation/create) before charging. Each new session prints
-    /// `session opened: ID` on stderr.
+    /// `session opened: ID` on stderr, each GET stream `stream opened: ID`.
     #[arg(long, requires = "http", conflicts_with = "http_sse")]
     http_stateful: bool,
 }

@@ -13,8 +13,8 @@
 //!   opens the session's standalone SSE stream, and a DELETE ends the session. Server-to-client
 //!   requests (the `elicitation/create` of `confirm_charge`) go out on the stream of the POST that
 //!   caused them. Sessions live in memory only: after a restart every old id gets 404. Each new
-//!   session prints `session opened: ID` on stderr (and `session closed: ID` when it ends), so
-//!   tests can count sessions. A 2026-07-28 request (per-request `_meta` protocol version, or
+//!   session prints `session opened: ID` on stderr (and `session closed: ID` when it ends), and
+//!   each GET stream `stream opened: ID`, so tests can count sessions and streams. A 2026-07-28 request (per-request `_meta` protocol version, or
 //!   `server/discover`) is still served statelessly, as that revision has no sessions.
 //!
 //! rmcp checks the `Host` header against an allow-list (a defence against DNS rebinding):
@@ -113,8 +113,8 @@ where
     Ok(())
 }
 
-/// rmcp's [`LocalSessionManager`], printing `session opened: ID` and `session closed: ID` on
-/// stderr.
+/// rmcp's [`LocalSessionManager`], printing `session opened: ID`, `session closed: ID` and, for
+/// each GET stream, `stream opened: ID` on stderr.
 #[derive(Debug, Default)]
 struct LoggedSessions {
     inner: LocalSessionManager,
@@ -171,7 +171,9 @@ impl SessionManager for LoggedSessions {
         &self,
         id: &SessionId,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_standalone_stream(id).await
+        let stream = self.inner.create_standalone_stream(id).await?;
+        eprintln!("stream opened: {id}");
+        Ok(stream)
     }
 
     async fn resume(

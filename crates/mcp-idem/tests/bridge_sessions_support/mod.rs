@@ -193,10 +193,20 @@ pub(crate) fn tool_names(response: &Value) -> Vec<String> {
 /// The ids of the sessions a `demo-server --http-stateful` opened so far (its
 /// `session opened: ID` lines on stderr).
 pub(crate) fn sessions_opened(server: &HttpDemo) -> Vec<String> {
+    ids_after(server, "session opened: ")
+}
+
+/// The session ids of the GET streams a `demo-server --http-stateful` opened so far (its
+/// `stream opened: ID` lines on stderr).
+pub(crate) fn streams_opened(server: &HttpDemo) -> Vec<String> {
+    ids_after(server, "stream opened: ")
+}
+
+fn ids_after(server: &HttpDemo, prefix: &str) -> Vec<String> {
     server
         .stderr()
         .lines()
-        .filter_map(|line| line.strip_prefix("session opened: "))
+        .filter_map(|line| line.strip_prefix(prefix))
         .map(str::to_owned)
         .collect()
 }
