@@ -26,14 +26,15 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Walk through the SEP-3182 decisions on the embedded SQLite store and check each one.
     Demo(DemoArgs),
-    /// Run a small payment MCP server on stdio (or stateless Streamable HTTP with --http): the
-    /// upstream for demos, tests and benchmarks.
+    /// Run a small payment MCP server on stdio (or Streamable HTTP with --http, stateless unless
+    /// --http-stateful): the upstream for demos, tests and benchmarks.
     ///
     /// Built on rmcp (protocol 2026-07-28 and the legacy `initialize`), it knows nothing about
     /// idempotency: every executed charge_payment appends one line to the ledger. Tools:
     /// charge_payment {amount, currency, delay_ms?, fail_after_charge?}, get_balance, noop,
-    /// work_1ms. Logs go to stderr; on stdio, stdin EOF exits with status 0; over HTTP, SIGINT or
-    /// SIGTERM stops the server.
+    /// work_1ms; with --http-stateful also confirm_charge {amount, currency}, which asks the
+    /// client (elicitation/create) before charging. Logs go to stderr; on stdio, stdin EOF exits
+    /// with status 0; over HTTP, SIGINT or SIGTERM stops the server.
     DemoServer(DemoServerArgs),
     /// Run a stdio MCP server behind SEP-3182: `mcp-idem wrap [OPTIONS] -- <command> [args...]`.
     Wrap(WrapArgs),
