@@ -396,56 +396,61 @@ const MALFORMED_LINES: [&[u8]; 10] = [
     br#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":"oops"}"#,
 ];
 
-/// Sends every malformed line, each followed by a `noop` call (ids 1000 + n), closes stdin and
-/// returns what came back besides the `noop` answers, in order.
-fn answers_to_malformed_lines(mut peer: StdioPeer) -> Vec<Value> {
-    let sentinels: Vec<Value> = (0..MALFORMED_LINES.len())
-        .map(|n| json!(1000 + n as u64))
-        .collect();
-    for (line, id) in MALFORMED_LINES.iter().zip(&sentinels) {
+/// Sends every malformed line, each followed by a `noop` call (ids 1000 + n), and returns, per
+/// line, the error codes that came back for it (before the `noop`'s answer); then closes stdin.
+fn answers_to_malformed_lines(mut peer: StdioPeer) -> Vec<Vec<i64>> {
+    let mut answers = Vec::new();
+    for (n, line) in MALFORMED_LINES.iter().enumerate() {
         let mut bytes = line.to_vec();
         bytes.push(b'\n');
         peer.send_bytes(&bytes);
-        let noop = peer.request(tool_call(id.as_u64().unwrap(), "noop", json!({}), None));
+        let noop = peer.request(tool_call(1000 + n as u64, "noop", json!({}), None));
         assert!(noop["result"].is_object(), "{noop}");
+        let mut codes = Vec::new();
+        while let Some(message) = peer.next_message(Duration::ZERO) {
+            let code = message["error"]["code"].as_i64();
+            codes.push(code.unwrap_or_else(|| panic!("not an error answer: {message}")));
+        }
+        // A request with a readable id may be answered after the noop (the bridge sends both
+        // to the server at once): wait for its answer by id.
+        let id = serde_json::from_slice::<Value>(line)
+            .ok()
+            .and_then(|message| message.get("id").cloned());
+        if let (true, Some(id)) = (codes.is_empty(), id) {
+            if let Some(answer) = peer.try_response(&id, Duration::from_secs(5)) {
+                codes.push(answer["error"]["code"].as_i64().expect("an error answer"));
+            }
+        }
+        answers.push(codes);
     }
     peer.close_stdin();
     assert_eq!(peer.wait(TIMEOUT).code(), Some(0), "{}", peer.stderr());
     assert_no_panic(&peer);
-    let mut others = Vec::new();
-    while let Some(message) = peer.next_message(Duration::ZERO) {
-        others.push(answer_shape(message));
-    }
-    others
+    answers
 }
 
-/// What counts in an answer to a malformed line: an error's id (absent and `null` alike: the
-/// line had none that could be read) and code; the wording of the message may differ. Any other
-/// message is kept whole.
-fn answer_shape(message: Value) -> Value {
-    match message.get("error") {
-        Some(error) => json!({
-            "id": message.get("id").cloned().unwrap_or(Value::Null),
-            "code": error["code"],
-        }),
-        None => message,
-    }
-}
-
+/// The bridge answers a malformed line with the code `wrap` answers it with. Where `wrap` leaves
+/// the line to its server and rmcp drops it silently (not JSON, not UTF-8), the bridge, which has no
+/// server of its own to ask, answers what JSON-RPC 2.0 prescribes: a parse error, -32700, id null.
 #[test]
 fn malformed_client_lines_are_answered_as_wrap_answers_them() {
     let sandbox = wrap_support::Sandbox::new();
     let wrap = sandbox.wrap_demo(&[]);
-    let expected = answers_to_malformed_lines(wrap);
+    let by_wrap = answers_to_malformed_lines(wrap);
 
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let demo = HttpDemo::spawn(&ledger, &[]);
-    let got = answers_to_malformed_lines(bridge(&demo.url, &[], dir.path()));
-    assert_eq!(
-        got, expected,
-        "the bridge answers malformed lines as wrap does"
-    );
+    let by_bridge = answers_to_malformed_lines(bridge(&demo.url, &[], dir.path()));
+    for ((line, wrap), bridge) in MALFORMED_LINES.iter().zip(&by_wrap).zip(&by_bridge) {
+        let line = String::from_utf8_lossy(line);
+        let blank = line.trim().is_empty();
+        let expected = match wrap.as_slice() {
+            [] if !blank => vec![-32700],
+            _ => wrap.clone(),
+        };
+        assert_eq!(bridge, &expected, "line {line:?}: wrap answered {wrap:?}");
+    }
     assert!(ledger_lines(&ledger).is_empty());
 }
 

@@ -27,18 +27,34 @@ pub(crate) struct Endpoint {
     headers: HeaderMap,
 }
 
-/// A request that did not get an answer's head.
+/// A request that did not get an answer's head. Its message names every cause (hyper's own
+/// message alone, "client error (SendRequest)", would not say what happened).
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum SendError {
     /// No connection could be made: the server did not get the request.
-    #[error("cannot connect: {0}")]
+    #[error("cannot connect: {}", causes(.0))]
     NotSent(#[source] hyper_util::client::legacy::Error),
     /// The connection failed after the request was (perhaps) sent.
-    #[error("the connection failed: {0}")]
+    #[error("the connection failed: {}", causes(.0))]
     Failed(#[source] hyper_util::client::legacy::Error),
     /// The request could not be built (a header value the client gave).
     #[error("cannot build the request: {0}")]
     Build(#[from] http::Error),
+}
+
+/// `error` and its sources, joined by `: `, each said once.
+pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl SendError {

@@ -184,6 +184,18 @@ impl ServerMessage {
     }
 }
 
+/// Whether `text` is a JSON-RPC message (an object with `jsonrpc`) or a batch of them: the only
+/// things the bridge writes to the client's stdout.
+pub(crate) fn is_json_rpc(text: &str) -> bool {
+    let is_message = |raw: &str| RawObject::parse(raw).is_some_and(|o| o.contains("jsonrpc"));
+    if text.trim_start().starts_with('[') {
+        serde_json::from_str::<Vec<&serde_json::value::RawValue>>(text)
+            .is_ok_and(|batch| !batch.is_empty() && batch.iter().all(|m| is_message(m.get())))
+    } else {
+        is_message(text)
+    }
+}
+
 /// `error.data` of a JSON-RPC error response, if it is one.
 pub(crate) fn error_data(response: &str) -> Option<Value> {
     let value: Value = serde_json::from_str(response).ok()?;
@@ -454,6 +466,17 @@ mod tests {
             ("mcp-name", "=?base64?w7xuw68=?=".to_owned())
         );
         assert!(routing_headers(r#"{"jsonrpc":"2.0","id":1,"result":{}}"#).is_empty());
+    }
+
+    #[test]
+    fn only_json_rpc_messages_count_as_such() {
+        assert!(is_json_rpc(
+            r#"{"jsonrpc":"2.0","method":"notifications/progress"}"#
+        ));
+        assert!(is_json_rpc(r#"[{"jsonrpc":"2.0","id":1,"result":{}}]"#));
+        for text in ["this is not JSON", "42", "{}", "[]", "[1,2]", r#"{"id":1}"#] {
+            assert!(!is_json_rpc(text), "{text}");
+        }
     }
 
     #[test]

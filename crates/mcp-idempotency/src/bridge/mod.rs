@@ -504,14 +504,16 @@ impl Relay {
     async fn post_and_read(&self, message: &str) {
         let (headers, _) = self.shared.headers_for(message);
         match self.shared.endpoint.post(message, &headers).await {
-            Ok(mut answer) => {
-                if !answer.status.is_success() {
-                    tracing::warn!(status = %answer.status, "the server refused a notification or response");
-                }
+            Ok(mut answer) if answer.status.is_success() => {
                 while let Ok(Some(received)) = answer.next_message().await {
-                    self.shared.deliver(&received).await;
+                    self.shared.deliver_from_server(&received).await;
                 }
             }
+            // A notification or a response has nobody to tell; the log says it.
+            Ok(answer) => tracing::warn!(
+                status = %answer.status,
+                "the server refused a notification or response"
+            ),
             Err(error) => tracing::warn!(%error, "cannot send a notification or response"),
         }
     }
@@ -520,24 +522,30 @@ impl Relay {
 /// Sends a batch once and passes its answer on.
 async fn forward_batch(shared: &Shared, batch: &str) {
     let (headers, _) = shared.headers_for(batch);
-    match shared.endpoint.post(batch, &headers).await {
-        Ok(mut answer) => {
+    let (code, message, data) = match shared.endpoint.post(batch, &headers).await {
+        Ok(mut answer) if answer.status.is_success() => {
             while let Ok(Some(received)) = answer.next_message().await {
-                shared.deliver(&received).await;
+                shared.deliver_from_server(&received).await;
             }
+            return;
         }
-        Err(error) => {
-            let data =
-                json!({"type": ANSWER_LOST, "mayHaveRun": matches!(error, SendError::Failed(_))});
-            let message = format!("the batch could not be sent: {error}");
-            shared
-                .deliver(&error_response_with_data(
-                    "null",
-                    crate::INTERNAL_ERROR,
-                    &message,
-                    Some(data),
-                ))
-                .await;
-        }
-    }
+        Ok(answer) => (
+            INVALID_REQUEST,
+            format!("the server refused the batch (HTTP {})", answer.status),
+            json!({"httpStatus": answer.status.as_u16(), "mayHaveRun": answer.status.is_server_error()}),
+        ),
+        Err(error) => (
+            crate::INTERNAL_ERROR,
+            format!("the batch could not be sent: {error}"),
+            json!({"type": ANSWER_LOST, "mayHaveRun": matches!(error, SendError::Failed(_))}),
+        ),
+    };
+    shared
+        .deliver(&error_response_with_data(
+            "null",
+            code,
+            &message,
+            Some(data),
+        ))
+        .await;
 }

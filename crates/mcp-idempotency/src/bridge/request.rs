@@ -16,6 +16,9 @@ use crate::client::GaveUp;
 use crate::interceptor::error_response_with_data;
 use crate::INTERNAL_ERROR;
 
+/// JSON-RPC "Invalid Request".
+const INVALID_REQUEST: i64 = -32600;
+
 /// `error.data.type` of the error a client gets when the answer to its request was lost and the
 /// bridge could not, or may not, get it by re-issuing the request.
 pub const ANSWER_LOST: &str = "mcp_idem_answer_lost";
@@ -189,31 +192,29 @@ async fn send(shared: &Arc<Shared>, method: &str, message: &str, id: &str) -> At
         };
     }
     if !status.is_success() {
-        // The server refused the request; its JSON-RPC error, if it sent one, says why.
+        // The server refused the request (4xx: it did not run) or failed (5xx: it may have run);
+        // its JSON-RPC error, if it sent one, says why.
         let body = answer.next_message().await.ok().flatten();
-        return match body {
-            Some(response)
-                if matches!(
-                    ServerMessage::parse(&response),
-                    ServerMessage::Response { .. }
-                ) =>
-            {
-                AttemptEnd::Final(response)
-            }
-            body => AttemptEnd::Final(error_response_with_data(
-                id,
-                INTERNAL_ERROR,
-                &format!(
-                    "the server answered HTTP {status}{}",
-                    body.map(|b| format!(": {}", b.chars().take(200).collect::<String>()))
-                        .unwrap_or_default()
-                ),
-                // A server error may come after the request took effect.
-                Some(
-                    json!({"httpStatus": status.as_u16(), "mayHaveRun": status.is_server_error()}),
-                ),
-            )),
+        if let Some(response) = body
+            .as_deref()
+            .filter(|b| matches!(ServerMessage::parse(b), ServerMessage::Response { .. }))
+        {
+            return AttemptEnd::Final(response.to_owned());
+        }
+        let (code, what) = if status.is_client_error() {
+            (INVALID_REQUEST, "the server refused the request")
+        } else {
+            (INTERNAL_ERROR, "the server failed")
         };
+        let detail = body
+            .map(|b| format!(": {}", b.chars().take(200).collect::<String>()))
+            .unwrap_or_default();
+        return AttemptEnd::Final(error_response_with_data(
+            id,
+            code,
+            &format!("{what} (HTTP {status}){detail}"),
+            Some(json!({"httpStatus": status.as_u16(), "mayHaveRun": status.is_server_error()})),
+        ));
     }
     loop {
         match answer.next_message().await {
@@ -227,7 +228,7 @@ async fn send(shared: &Arc<Shared>, method: &str, message: &str, id: &str) -> At
                         sent: true,
                     }
                 }
-                _ => shared.deliver(&received).await,
+                _ => shared.deliver_from_server(&received).await,
             },
             Ok(None) => {
                 return AttemptEnd::Lost {

@@ -76,6 +76,17 @@ impl Shared {
         let _ = self.out.send(message::one_line(message).into_owned()).await;
     }
 
+    /// Passes a message from the server on to the client, if it is JSON-RPC: stdout carries
+    /// nothing else.
+    pub(crate) async fn deliver_from_server(&self, message: &str) {
+        if message::is_json_rpc(message) {
+            self.deliver(message).await;
+        } else {
+            let start: String = message.chars().take(120).collect();
+            tracing::warn!(message = %start, "dropped a message from the server that is not JSON-RPC");
+        }
+    }
+
     /// A JSON-RPC id (JSON text) the client never uses, for re-issues and the bridge's own
     /// requests.
     pub(crate) fn fresh_id(&self, purpose: &str) -> String {
@@ -186,7 +197,7 @@ impl Shared {
             match self.endpoint.get_stream(&headers).await {
                 Ok(mut answer) if answer.status.is_success() && answer.is_sse() => {
                     while let Ok(Some(message)) = answer.next_message().await {
-                        self.deliver(&message).await;
+                        self.deliver_from_server(&message).await;
                     }
                 }
                 Ok(answer) => {
