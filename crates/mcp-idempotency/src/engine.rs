@@ -101,20 +101,42 @@ impl Replay {
     }
 }
 
+impl AsRef<Claim> for Claim {
+    fn as_ref(&self) -> &Claim {
+        self
+    }
+}
+
 /// What to do with a `tools/call`.
+///
+/// The engine decides with a plain [`Claim`] (`Decision<Claim>`); the
+/// [`Deduplicator::begin`](crate::Deduplicator::begin) hands the caller a
+/// [`RunningClaim`](crate::RunningClaim) instead, which renews its own lease.
 #[must_use]
 #[derive(Clone, Debug, PartialEq)]
-pub enum Decision {
+pub enum Decision<C = Claim> {
     /// Forward the request as it is; record nothing.
     Bypass(BypassReason),
     /// Forward the request: the key is now owned by the caller, who must renew the lease while the
     /// call runs and then record the outcome ([`Engine::completion`]), or release the claim if the
     /// call certainly did not run.
-    Execute(Claim),
+    Execute(C),
     /// Do not forward: answer with the recorded outcome under the new request's id.
     Replay(Replay),
     /// Do not forward: answer with this error.
     Reject(Rejection),
+}
+
+impl<C> Decision<C> {
+    /// The same decision, with the claim of an [`Execute`](Self::Execute) turned into `f(claim)`.
+    pub fn map_claim<D>(self, f: impl FnOnce(C) -> D) -> Decision<D> {
+        match self {
+            Self::Bypass(reason) => Decision::Bypass(reason),
+            Self::Execute(claim) => Decision::Execute(f(claim)),
+            Self::Replay(replay) => Decision::Replay(replay),
+            Self::Reject(rejection) => Decision::Reject(rejection),
+        }
+    }
 }
 
 /// The next thing the caller must do.

@@ -76,6 +76,7 @@ pub mod key;
 pub mod metrics;
 mod record;
 mod rejection;
+mod running_claim;
 pub mod sse;
 pub mod stdio;
 pub mod store;
@@ -90,4 +91,5 @@ pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
 pub use rejection::{Rejection, RejectionKind, INTERNAL_ERROR, INVALID_PARAMS};
-pub use time::Timestamp;
+pub use running_claim::RunningClaim;
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};
