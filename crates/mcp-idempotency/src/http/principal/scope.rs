@@ -13,7 +13,7 @@ use super::jwt::{JwtConfig, JwtValidator};
 /// Longest bearer token accepted, in bytes.
 const MAX_TOKEN_BYTES: usize = 16 * 1024;
 
-/// How the principal of an HTTP request is found. See the [module docs](self).
+/// How the principal of an HTTP request is found. See the [module docs](super).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum ScopeBy {
