@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
                 let now = Timestamp::from_millis(1_000);
                 let step =
                     match engine.begin(&scope, &call.tool_call(), FencingToken::random(), now) {
-                        Step::Claim(req) => engine.on_claim(req, Ok(ClaimOutcome::Claimed)),
+                        Step::TryClaim(req) => engine.on_claim(req, Ok(ClaimOutcome::Claimed)),
                         step => step,
                     };
                 if let Step::Done(decision) = step {

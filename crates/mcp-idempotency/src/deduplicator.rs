@@ -114,7 +114,7 @@ impl Deduplicator {
         let decision = loop {
             step = match step {
                 Step::Done(decision) => break decision,
-                Step::Claim(req) => {
+                Step::TryClaim(req) => {
                     let answer = self.store.claim(&req).await;
                     self.engine.on_claim(req, answer)
                 }

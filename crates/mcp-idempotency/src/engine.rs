@@ -4,7 +4,7 @@
 //! The caller feeds it the request and the store's answers, and it says what to do next:
 //!
 //! ```text
-//!   begin(scope, call, token, now) ──► Step::Claim(req) ──store.claim──► on_claim(req, answer)
+//!   begin(scope, call, token, now) ──► Step::TryClaim(req) ──store.claim──► on_claim(req, answer)
 //!        │                                                                    │
 //!        ▼                                                                    ▼
 //!   Step::Done(Decision)  ◄── on_take_over(req, answer) ◄──store.take_over── Step::TakeOver(req)
@@ -146,7 +146,7 @@ pub enum Step {
     /// The decision is made.
     Done(Decision),
     /// Run this claim against the store, then pass the answer to [`Engine::on_claim`].
-    Claim(ClaimRequest),
+    TryClaim(ClaimRequest),
     /// Run this take-over against the store, then pass the answer to [`Engine::on_take_over`].
     TakeOver(TakeOverRequest),
 }
@@ -213,7 +213,7 @@ impl Engine {
             Ok(fingerprint) => fingerprint,
             Err(err) => return reject(arguments_invalid(&err, &key)),
         };
-        Step::Claim(ClaimRequest {
+        Step::TryClaim(ClaimRequest {
             id: RecordId {
                 scope: scope.clone(),
                 key,

@@ -46,7 +46,7 @@
 //!     mrtr_continuation: false,
 //! };
 //! let now = Timestamp::from_millis(1_000);
-//! let Step::Claim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {
+//! let Step::TryClaim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {
 //!     unreachable!()
 //! };
 //! // A real caller now runs `store.claim(&req)`; here the key was free.

@@ -65,7 +65,7 @@ impl Harness {
             .begin(&scope(), &call.tool_call(), FencingToken::random(), now())
         {
             Step::Done(decision) => decision,
-            Step::Claim(req) => {
+            Step::TryClaim(req) => {
                 let answer = answer(&req);
                 match self.engine.on_claim(req, answer) {
                     Step::Done(decision) => decision,
