@@ -141,13 +141,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{NoTls, Row};
 
 use super::sql_list::{list_query, SqlParam};
+use super::sql_row::{self, decode, sql_time, sql_token, ClaimColumns, RECORD_COLUMNS};
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, Store,
     StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
-use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
-use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
+use crate::record::{CorruptRecord, FencingToken, Record, RecordId};
 use crate::time::Timestamp;
 
 /// The schema version this build creates and understands.
@@ -520,10 +519,6 @@ struct Sql {
     drop_empty_scopes: String,
     stats: String,
 }
-
-/// Columns of a record, in the order [`decode`] reads them.
-const RECORD_COLUMNS: &str = "fingerprint, tool_name, owner, lease_expires_at, outcome_kind, \
-                              outcome_body, completed_at, created_at, expires_at";
 
 /// Inserts a record, or replaces an expired one (keeping its shard), returning whether it was a
 /// fresh insert; returns nothing when a live record holds the key. Parameters as for
@@ -1023,69 +1018,8 @@ fn describe(config: &tokio_postgres::Config) -> String {
     format!("postgres://{user}{host}:{port}/{db}{more}")
 }
 
-/// Times are stored as signed milliseconds; instants past year 292 million are clamped.
-fn sql_time(t: Timestamp) -> i64 {
-    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
-}
-
 fn sql_limit(limit: u64) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
-}
-
-/// Tokens are `u64`; stored as `bigint`, bit for bit.
-fn sql_token(token: FencingToken) -> i64 {
-    i64::from_ne_bytes(token.as_u64().to_ne_bytes())
-}
-
-/// Reads a record from `row`'s columns `at..at + 9` ([`RECORD_COLUMNS`]).
-fn decode(id: &RecordId, row: &Row, at: usize) -> Result<Record, CorruptRecord> {
-    let corrupt = |what: &str| CorruptRecord(format!("{what} of {:?}", id.key));
-    let fingerprint: &[u8] = row
-        .try_get::<_, Option<&[u8]>>(at)
-        .ok()
-        .flatten()
-        .ok_or_else(|| corrupt("unreadable fingerprint"))?;
-    let fingerprint = Fingerprint::from_bytes(
-        fingerprint
-            .try_into()
-            .map_err(|_| corrupt("fingerprint length"))?,
-    );
-    let text = |i: usize| -> Result<Option<String>, CorruptRecord> {
-        row.try_get(at + i)
-            .map_err(|_| corrupt("unreadable text column"))
-    };
-    let int = |i: usize| -> Result<Option<i64>, CorruptRecord> {
-        row.try_get(at + i)
-            .map_err(|_| corrupt("unreadable integer column"))
-    };
-    let time = |i: usize| -> Result<Timestamp, CorruptRecord> {
-        let millis = int(i)?.ok_or_else(|| corrupt("missing time"))?;
-        u64::try_from(millis)
-            .map(Timestamp::from_millis)
-            .map_err(|_| corrupt("negative time"))
-    };
-    let state = match (int(2)?, text(4)?) {
-        (Some(owner), None) => RecordState::InProgress {
-            owner: FencingToken::from_u64(u64::from_ne_bytes(owner.to_ne_bytes())),
-            lease_expires_at: time(3)?,
-        },
-        (None, Some(kind)) => RecordState::Completed {
-            outcome: Outcome::from_parts(
-                kind.parse()?,
-                text(5)?.ok_or_else(|| corrupt("missing outcome body"))?,
-            )?,
-            completed_at: time(6)?,
-        },
-        _ => return Err(corrupt("state columns")),
-    };
-    Ok(Record {
-        id: id.clone(),
-        fingerprint,
-        tool_name: text(1)?.ok_or_else(|| corrupt("missing tool name"))?,
-        state,
-        created_at: time(7)?,
-        expires_at: time(8)?,
-    })
 }
 
 /// The two counters a new record is counted in.
@@ -1162,48 +1096,19 @@ fn capacities(counts: &[i64], shard: usize, limit: i64) -> Option<Vec<i64>> {
         .collect()
 }
 
-/// The columns of a claimed record, as the SQL values of parameters `$1` to `$9` of the claim and
-/// insert statements.
-struct NewRecord<'a> {
-    namespace: &'a str,
-    principal: &'a str,
-    key: &'a str,
-    fingerprint: &'a [u8],
-    tool_name: &'a str,
-    owner: i64,
-    lease_expires_at: i64,
-    now: i64,
-    expires_at: i64,
-}
-
-impl<'a> NewRecord<'a> {
-    fn of(req: &'a ClaimRequest) -> Self {
-        Self {
-            namespace: req.id.scope.namespace(),
-            principal: req.id.scope.principal(),
-            key: req.id.key.as_str(),
-            fingerprint: &req.fingerprint.as_bytes()[..],
-            tool_name: &req.tool_name,
-            owner: sql_token(req.owner),
-            lease_expires_at: sql_time(req.lease_expires_at),
-            now: sql_time(req.now),
-            expires_at: sql_time(req.expires_at),
-        }
-    }
-
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        vec![
-            &self.namespace,
-            &self.principal,
-            &self.key,
-            &self.fingerprint,
-            &self.tool_name,
-            &self.owner,
-            &self.lease_expires_at,
-            &self.now,
-            &self.expires_at,
-        ]
-    }
+/// The claim's columns as parameters `$1` to `$9` of the claim and insert statements.
+fn claim_params<'a>(c: &'a ClaimColumns<'a>) -> Vec<&'a (dyn ToSql + Sync)> {
+    vec![
+        &c.namespace,
+        &c.principal,
+        &c.key,
+        &c.fingerprint,
+        &c.tool_name,
+        &c.owner,
+        &c.lease_expires_at,
+        &c.now,
+        &c.expires_at,
+    ]
 }
 
 async fn claim_once(
@@ -1213,12 +1118,12 @@ async fn claim_once(
     shard: i16,
 ) -> Result<Attempt, OpError> {
     let stmt = client.prepare_cached(&sql.claim).await?;
-    let record = NewRecord::of(req);
+    let record = ClaimColumns::of(req);
     let limits = (
         sql_limit(req.limits.max_records_per_scope),
         sql_limit(req.limits.max_records_total),
     );
-    let mut params = record.params();
+    let mut params = claim_params(&record);
     params.extend([&limits.0 as &(dyn ToSql + Sync), &limits.1, &shard]);
     let rows = match client.query(&stmt, &params).await {
         Ok(rows) => rows,
@@ -1254,8 +1159,8 @@ async fn claim_exact(
 ) -> Result<Attempt, OpError> {
     let tx = client.transaction().await?;
     let stmt = tx.prepare_cached(&sql.insert_record).await?;
-    let record = NewRecord::of(req);
-    let mut params = record.params();
+    let record = ClaimColumns::of(req);
+    let mut params = claim_params(&record);
     params.push(&shard);
     let Some(row) = tx.query_opt(&stmt, &params).await? else {
         // A live record holds the key: the one-statement claim returns it.
@@ -1593,10 +1498,7 @@ impl Store for PostgresStore {
         limit: usize,
     ) -> StoreFuture<'a, Vec<Record>> {
         Box::pin(async move {
-            let select = format!(
-                "SELECT namespace, principal, key, {RECORD_COLUMNS} FROM {}",
-                self.inner.sql.records
-            );
+            let select = sql_row::listed_select(&self.inner.sql.records);
             let (text, params) = list_query(&select, filter, now, limit, |n| format!("${n}"));
             let params: Params = params
                 .into_iter()
@@ -1637,22 +1539,9 @@ async fn list(client: &ClientWrapper, text: &str, params: &Params) -> Result<Vec
         .map(|param| &**param as &(dyn ToSql + Sync))
         .collect();
     let rows = client.query(&stmt, &params).await?;
-    let mut records = Vec::with_capacity(rows.len());
-    for row in rows {
-        let part = |i: usize| -> Result<String, CorruptRecord> {
-            row.try_get(i)
-                .map_err(|err| CorruptRecord(format!("unreadable record id: {}", explain(&err))))
-        };
-        let key = part(2)?;
-        let key = IdempotencyKey::new(&key, usize::MAX)
-            .map_err(|err| CorruptRecord(format!("stored key {key:?}: {err}")))?;
-        let id = RecordId {
-            scope: Scope::new(part(0)?, part(1)?),
-            key,
-        };
-        records.push(decode(&id, &row, 3)?);
-    }
-    Ok(records)
+    let records: Result<Vec<Record>, CorruptRecord> =
+        rows.iter().map(sql_row::decode_listed).collect();
+    Ok(records?)
 }
 
 async fn get(

@@ -5,17 +5,16 @@ use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use rusqlite::{
-    params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
+    params, Connection, ErrorCode, OptionalExtension, Transaction, TransactionBehavior,
 };
 
 use super::sql_list::{list_query, SqlParam};
+use super::sql_row::{self, decode, record_columns, sql_time, sql_token, ClaimColumns};
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, Store,
     StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
-use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
-use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
+use crate::record::{FencingToken, Record, RecordId, Scope};
 use crate::time::Timestamp;
 
 const SCHEMA_VERSION: i64 = 1;
@@ -50,14 +49,6 @@ CREATE TABLE IF NOT EXISTS idem_totals (
 );
 INSERT OR IGNORE INTO idem_totals (id, records) VALUES (1, 0);
 ";
-
-/// The columns of a record, in the order [`decode`] reads them.
-macro_rules! record_columns {
-    () => {
-        "fingerprint, tool_name, owner, lease_expires_at, outcome_kind, outcome_body, \
-         completed_at, created_at, expires_at"
-    };
-}
 
 const SELECT_RECORD: &str = concat!(
     "SELECT ",
@@ -330,15 +321,6 @@ fn sql_error(err: rusqlite::Error) -> StoreError {
     }
 }
 
-/// SQLite integers are signed; instants far in the future are clamped.
-fn sql_time(t: Timestamp) -> i64 {
-    i64::try_from(t.as_millis()).unwrap_or(i64::MAX)
-}
-
-fn sql_token(token: FencingToken) -> i64 {
-    token.as_u64() as i64
-}
-
 fn immediate(conn: &mut Connection) -> Result<Transaction<'_>, StoreError> {
     conn.transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(sql_error)
@@ -349,70 +331,11 @@ fn read_record(tx: &Connection, id: &RecordId) -> Result<Option<Record>, StoreEr
     let row = stmt
         .query_row(
             params![id.scope.namespace(), id.scope.principal(), id.key.as_str()],
-            |row| Ok(decode(id, row)),
+            |row| Ok(decode(id, row, 0)),
         )
         .optional()
         .map_err(sql_error)?;
     row.transpose().map_err(StoreError::from)
-}
-
-fn decode(id: &RecordId, row: &Row<'_>) -> Result<Record, CorruptRecord> {
-    decode_at(id, row, 0)
-}
-
-/// The id of a record as its columns hold it.
-fn stored_id(namespace: String, principal: String, key: &str) -> Result<RecordId, CorruptRecord> {
-    let key = IdempotencyKey::new(key, usize::MAX)
-        .map_err(|err| CorruptRecord(format!("stored key {key:?}: {err}")))?;
-    Ok(RecordId {
-        scope: Scope::new(namespace, principal),
-        key,
-    })
-}
-
-/// Reads a record from `row`'s columns `at..at + 9` ([`record_columns!`]).
-fn decode_at(id: &RecordId, row: &Row<'_>, at: usize) -> Result<Record, CorruptRecord> {
-    let corrupt = |what: &str| CorruptRecord(format!("{what} of {:?}", id.key));
-    let column = |i: usize| -> Result<rusqlite::types::Value, CorruptRecord> {
-        row.get(at + i).map_err(|_| corrupt("unreadable column"))
-    };
-    use rusqlite::types::Value as V;
-    let fingerprint = match column(0)? {
-        V::Blob(bytes) => Fingerprint::from_bytes(
-            bytes
-                .try_into()
-                .map_err(|_| corrupt("fingerprint length"))?,
-        ),
-        _ => return Err(corrupt("fingerprint type")),
-    };
-    let text = |v: V| match v {
-        V::Text(s) => Ok(s),
-        _ => Err(corrupt("text column")),
-    };
-    let int = |v: V| match v {
-        V::Integer(i) => Ok(i),
-        _ => Err(corrupt("integer column")),
-    };
-    let time = |v: V| int(v).map(|i| Timestamp::from_millis(i.max(0) as u64));
-    let state = match (column(2)?, column(4)?) {
-        (V::Integer(owner), V::Null) => RecordState::InProgress {
-            owner: FencingToken::from_u64(owner as u64),
-            lease_expires_at: time(column(3)?)?,
-        },
-        (V::Null, V::Text(kind)) => RecordState::Completed {
-            outcome: Outcome::from_parts(kind.parse()?, text(column(5)?)?)?,
-            completed_at: time(column(6)?)?,
-        },
-        _ => return Err(corrupt("state columns")),
-    };
-    Ok(Record {
-        id: id.clone(),
-        fingerprint,
-        tool_name: text(column(1)?)?,
-        state,
-        created_at: time(column(7)?)?,
-        expires_at: time(column(8)?)?,
-    })
 }
 
 fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
@@ -444,16 +367,17 @@ fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOutcome, Stor
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, ?8, ?9)",
     )
     .and_then(|mut stmt| {
+        let c = ClaimColumns::of(req);
         stmt.execute(params![
-            scope.namespace(),
-            scope.principal(),
-            req.id.key.as_str(),
-            &req.fingerprint.as_bytes()[..],
-            &*req.tool_name,
-            sql_token(req.owner),
-            sql_time(req.lease_expires_at),
-            sql_time(req.now),
-            sql_time(req.expires_at),
+            c.namespace,
+            c.principal,
+            c.key,
+            c.fingerprint,
+            c.tool_name,
+            c.owner,
+            c.lease_expires_at,
+            c.now,
+            c.expires_at,
         ])
     })
     .map_err(sql_error)?;
@@ -544,12 +468,8 @@ fn list(
     now: Timestamp,
     limit: usize,
 ) -> Result<Vec<Record>, StoreError> {
-    let select = concat!(
-        "SELECT namespace, principal, key, ",
-        record_columns!(),
-        " FROM idem_records"
-    );
-    let (sql, params) = list_query(select, filter, now, limit, |n| format!("?{n}"));
+    let select = sql_row::listed_select("idem_records");
+    let (sql, params) = list_query(&select, filter, now, limit, |n| format!("?{n}"));
     let values = params.into_iter().map(|param| match param {
         SqlParam::Text(text) => rusqlite::types::Value::Text(text),
         SqlParam::Integer(n) => rusqlite::types::Value::Integer(n),
@@ -557,10 +477,7 @@ fn list(
     let mut stmt = conn.prepare(&sql).map_err(sql_error)?;
     let rows = stmt
         .query_map(rusqlite::params_from_iter(values), |row| {
-            let namespace: String = row.get(0)?;
-            let principal: String = row.get(1)?;
-            let key: String = row.get(2)?;
-            Ok(stored_id(namespace, principal, &key).and_then(|id| decode_at(&id, row, 3)))
+            Ok(sql_row::decode_listed(row))
         })
         .map_err(sql_error)?;
     let mut records = Vec::new();
