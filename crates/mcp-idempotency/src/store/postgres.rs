@@ -255,7 +255,7 @@ impl PostgresStore {
 
     async fn connect(url: &str, schema: &str) -> Result<Self, StoreError> {
         let invalid = |reason: String| StoreError::InvalidUrl {
-            url: redact_url(url),
+            url: super::redact_password(url),
             reason,
         };
         validate_schema_name(schema).map_err(invalid)?;
@@ -954,7 +954,7 @@ fn split_schema_param(url: &str) -> Result<(String, Option<String>), StoreError>
             Some(name) => {
                 if schema.replace(name.to_owned()).is_some() {
                     return Err(StoreError::InvalidUrl {
-                        url: redact_url(url),
+                        url: super::redact_password(url),
                         reason: "the schema parameter is given twice".into(),
                     });
                 }
@@ -968,28 +968,6 @@ fn split_schema_param(url: &str) -> Result<(String, Option<String>), StoreError>
         format!("{base}?{}", kept.join("&"))
     };
     Ok((url, schema))
-}
-
-/// The URL with any password replaced by `***`: for error messages. Errs on the side of hiding
-/// too much when the URL is malformed.
-fn redact_url(url: &str) -> String {
-    let mut out = url.to_owned();
-    if let Some(scheme_end) = out.find("://").map(|i| i + 3) {
-        let rest = &out[scheme_end..];
-        if let (Some(colon), Some(at)) = (rest.find(':'), rest.rfind('@')) {
-            if colon < at {
-                out.replace_range(scheme_end + colon + 1..scheme_end + at, "***");
-            }
-        }
-    }
-    let mut search_from = 0;
-    while let Some(found) = out[search_from..].find("password=") {
-        let start = search_from + found + "password=".len();
-        let end = out[start..].find('&').map_or(out.len(), |i| start + i);
-        out.replace_range(start..end, "***");
-        search_from = start + 3;
-    }
-    out
 }
 
 /// `postgres://user@host:port/db` for the first host (and `+N` for more), without the password.
@@ -1580,6 +1558,7 @@ mod tests {
     use super::*;
     use crate::record::Scope;
 
+    /// The store shows URLs through the one redactor, [`super::super::redact_password`].
     #[test]
     fn redacts_passwords() {
         for (url, shown) in [
@@ -1597,7 +1576,7 @@ mod tests {
             ),
             ("postgres://me@db/app", "postgres://me@db/app"),
         ] {
-            assert_eq!(redact_url(url), shown);
+            assert_eq!(super::super::redact_password(url), shown);
         }
     }
 

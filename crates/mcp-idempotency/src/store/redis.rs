@@ -164,7 +164,7 @@ impl RedisStore {
     /// characters), to keep several stores apart on one server. The prefix is also the Redis
     /// Cluster hash tag: one store lives in one slot.
     pub async fn open_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let shown = redact_url(url);
+        let shown = super::redact_password(url);
         let invalid = |reason: String| StoreError::InvalidUrl {
             url: shown.clone(),
             reason,
@@ -328,21 +328,6 @@ fn is_unavailable(err: &RedisError) -> bool {
                 )
         )
         || err.code() == Some("BUSY")
-}
-
-/// `url` without its user information or query string, which may hold a password.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparsable Redis URL>".to_owned();
-    };
-    let rest = match rest.rfind('@') {
-        Some(at) => format!("***@{}", &rest[at + 1..]),
-        None => rest.to_owned(),
-    };
-    match rest.split_once('?') {
-        Some((base, _)) => format!("{scheme}://{base}?***"),
-        None => format!("{scheme}://{rest}"),
-    }
 }
 
 /// The names of one store's keys.
@@ -847,21 +832,23 @@ mod tests {
         }
     }
 
+    /// The store shows its URL through the one redactor, [`super::super::redact_password`].
     #[test]
     fn urls_are_shown_without_secrets() {
-        assert_eq!(
-            redact_url("redis://user:s3cret@db.example:6380/2"),
-            "redis://***@db.example:6380/2"
-        );
-        assert_eq!(
-            redact_url("redis://:p@ss@127.0.0.1"),
-            "redis://***@127.0.0.1"
-        );
-        assert_eq!(
-            redact_url("redis+unix:///run/redis.sock?pass=s3cret"),
-            "redis+unix:///run/redis.sock?***"
-        );
-        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
+        for (url, shown) in [
+            (
+                "redis://user:s3cret@db.example:6380/2",
+                "redis://user:***@db.example:6380/2",
+            ),
+            ("redis://:p@ss@127.0.0.1", "redis://:***@127.0.0.1"),
+            (
+                "redis+unix:///run/redis.sock?pass=s3cret",
+                "redis+unix:///run/redis.sock?pass=***",
+            ),
+            ("redis://h:1/0", "redis://h:1/0"),
+        ] {
+            assert_eq!(super::super::redact_password(url), shown);
+        }
     }
 
     #[test]
