@@ -28,6 +28,7 @@ macro_rules! record_columns {
          completed_at, created_at, expires_at"
     };
 }
+#[cfg(feature = "sqlite")]
 pub(crate) use record_columns;
 
 /// [`record_columns!`] as a constant.
@@ -337,7 +338,9 @@ mod tests {
     #[test]
     fn every_other_corruption_is_reported() {
         use Value::*;
-        let cases: Vec<(fn() -> Vec<Value>, usize, Value, &str)> = vec![
+        /// Starting from these columns, set this one to this value: the error names this.
+        type Case = (fn() -> Vec<Value>, usize, Value, &'static str);
+        let cases: Vec<Case> = vec![
             (completed, 0, Null, "missing fingerprint"),
             (completed, 0, Blob(vec![7; 31]), "fingerprint of 31 bytes"),
             (completed, 0, Text("fp"), "unreadable fingerprint"),
