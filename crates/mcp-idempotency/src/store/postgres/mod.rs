@@ -5,7 +5,7 @@
 //! `(namespace, principal, key)`, and the counters that enforce the quotas, split over 16 rows
 //! ("shards") per scope and 16 for the store so that claims of distinct keys neither wait for
 //! each other nor for each other's commit. Times are the caller's milliseconds, never the
-//! database clock; records are encoded as in SQLite ([`sql_row`](crate::store::sql_row)).
+//! database clock; records are encoded as in SQLite ([`sql_row`]).
 //!
 //! Claims run under READ COMMITTED; the common case is one statement (one round trip). A claim
 //! whose counter shard has no room (near a limit, for the first claim of a scope, or under another

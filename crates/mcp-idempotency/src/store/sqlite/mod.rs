@@ -7,7 +7,7 @@
 //! | `connection` | taking SQLite's write lock without blocking async tasks, WAL mode and its checkpoints, errors |
 //! | this file | [`SqliteStore`] and its [`Store`] operations |
 //!
-//! Records are encoded as in PostgreSQL ([`sql_row`](crate::store::sql_row)).
+//! Records are encoded as in PostgreSQL ([`sql_row`]).
 
 mod connection;
 mod quota;
