@@ -10,7 +10,8 @@ pub enum StoreError {
     /// The store URL could not be understood.
     #[error("invalid store URL {url:?}: {reason}")]
     InvalidUrl {
-        /// The URL as given.
+        /// The URL as given, with any password replaced by `***`
+        /// ([`redact_password`](super::redact_password)).
         url: String,
         /// What is wrong with it.
         reason: String,

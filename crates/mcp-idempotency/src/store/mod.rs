@@ -22,6 +22,8 @@ mod postgres;
 mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod sql_list;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql_row;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 pub mod testsuite;

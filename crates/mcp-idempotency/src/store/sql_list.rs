@@ -1,6 +1,7 @@
 //! The `SELECT` behind [`Store::list`](super::Store::list) for the SQL stores: one builder, each
 //! store spelling the placeholders and binding the parameters its own way.
 
+use super::sql_row::sql_time;
 use super::{ListFilter, StateFilter};
 use crate::time::Timestamp;
 
@@ -21,7 +22,7 @@ pub(crate) fn list_query(
     limit: usize,
     placeholder: fn(usize) -> String,
 ) -> (String, Vec<SqlParam>) {
-    let millis = |t: Timestamp| SqlParam::Integer(i64::try_from(t.as_millis()).unwrap_or(i64::MAX));
+    let millis = |t: Timestamp| SqlParam::Integer(sql_time(t));
     let mut conditions = Vec::new();
     let mut params = Vec::new();
     let mut condition = |text: &str, param: SqlParam| {

@@ -1,23 +1,31 @@
 //! The Redis store: records shared by every instance of a server, one Lua script per operation.
+//!
+//! | module | holds |
+//! | --- | --- |
+//! | `keys` | the names of a store's keys and the encoding of record names |
+//! | `record` | a record as a hash, and decoding it |
+//! | `server` | the Lua scripts (the `.lua` files here), bounded exchanges, errors |
+//! | this file | [`RedisStore`] and its [`Store`] operations |
+
+mod keys;
+mod record;
+mod server;
 
 use std::fmt;
-use std::future::Future;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    Client, ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation,
-    ServerErrorKind,
-};
+use redis::{Client, RedisError};
 
+use self::keys::{member_id, wanted_part, Keys};
+use self::record::{decode, FIELDS};
+use self::server::{OPERATION_TIMEOUT, SCRIPTS};
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
     Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
-use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
+use crate::record::{CorruptRecord, FencingToken, Record, RecordId, Scope};
 use crate::time::Timestamp;
 
 /// How long one connection attempt may take.
@@ -26,54 +34,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connection attempts after the first one, before an operation fails.
 const RECONNECT_RETRIES: usize = 2;
-/// Upper bound on one whole operation, reconnection included: a dead server never hangs a call.
-const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Records deleted per purge script, so that no script blocks the server for long.
 const PURGE_BATCH: u64 = 256;
 /// Index members read per list script, for the same reason.
 const LIST_BATCH: usize = 256;
-
-/// The fields of a record hash, in the order the scripts and `get` return them.
-const FIELDS: [&str; 9] = [
-    "fp", "tool", "owner", "lease", "kind", "body", "done", "created", "expires",
-];
-
-macro_rules! lua {
-    ($file:literal) => {
-        concat!(include_str!("redis/common.lua"), include_str!($file))
-    };
-}
-
-const CLAIM: &str = lua!("redis/claim.lua");
-const COMPLETE: &str = lua!("redis/complete.lua");
-const RENEW: &str = lua!("redis/renew.lua");
-const RELEASE: &str = lua!("redis/release.lua");
-const TAKE_OVER: &str = lua!("redis/take_over.lua");
-const PURGE: &str = lua!("redis/purge.lua");
-const LIST: &str = lua!("redis/list.lua");
-const DELETE: &str = lua!("redis/delete.lua");
-
-struct Scripts {
-    claim: Script,
-    complete: Script,
-    renew: Script,
-    release: Script,
-    take_over: Script,
-    purge: Script,
-    list: Script,
-    delete: Script,
-}
-
-static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: Script::new(CLAIM),
-    complete: Script::new(COMPLETE),
-    renew: Script::new(RENEW),
-    release: Script::new(RELEASE),
-    take_over: Script::new(TAKE_OVER),
-    purge: Script::new(PURGE),
-    list: Script::new(LIST),
-    delete: Script::new(DELETE),
-});
 
 /// Records in Redis, shared by every process that opens the same server with the same prefix.
 ///
@@ -164,7 +128,7 @@ impl RedisStore {
     /// characters), to keep several stores apart on one server. The prefix is also the Redis
     /// Cluster hash tag: one store lives in one slot.
     pub async fn open_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
-        let shown = redact_url(url);
+        let shown = super::redact_password(url);
         let invalid = |reason: String| StoreError::InvalidUrl {
             url: shown.clone(),
             reason,
@@ -209,9 +173,7 @@ impl RedisStore {
         // makes a server without scripting a startup error rather than a failure of every call.
         let mut startup = redis::pipe();
         startup.cmd("PING");
-        for source in [
-            CLAIM, COMPLETE, RENEW, RELEASE, TAKE_OVER, PURGE, LIST, DELETE,
-        ] {
+        for source in server::ALL {
             startup.cmd("SCRIPT").arg("LOAD").arg(source);
         }
         let mut conn = store.conn.clone();
@@ -227,62 +189,6 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// Runs one Redis exchange, bounded by [`OPERATION_TIMEOUT`], mapping its errors.
-    async fn bounded<T>(
-        &self,
-        operation: &'static str,
-        exchange: impl Future<Output = RedisResult<T>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(OPERATION_TIMEOUT, exchange).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(self.error(operation, err)),
-            Err(elapsed) => Err(StoreError::unavailable(
-                format!(
-                    "the Redis store {} did not answer {operation} within {OPERATION_TIMEOUT:?}",
-                    self.url
-                ),
-                elapsed,
-            )),
-        }
-    }
-
-    async fn invoke<T: FromRedisValue>(
-        &self,
-        operation: &'static str,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
-        let mut conn = self.conn.clone();
-        self.bounded(operation, invocation.invoke_async(&mut conn))
-            .await
-    }
-
-    fn error(&self, operation: &str, err: RedisError) -> StoreError {
-        if is_unavailable(&err) {
-            StoreError::unavailable(
-                format!("the Redis store {} is unavailable ({operation})", self.url),
-                err,
-            )
-        } else {
-            StoreError::backend(
-                format!("the Redis store {} failed {operation}", self.url),
-                err,
-            )
-        }
-    }
-
-    /// A script invocation on the four keys of `id`'s record, with the record's member first.
-    fn on_record<'s>(&self, script: &'s Script, id: &RecordId) -> ScriptInvocation<'s> {
-        let member = Keys::member(id);
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(self.keys.record(&member))
-            .key(self.keys.scope(&id.scope))
-            .key(&self.keys.all)
-            .key(&self.keys.running)
-            .arg(member);
-        invocation
-    }
-
     /// The record for `id`, expired or not.
     async fn read(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
         let mut conn = self.conn.clone();
@@ -294,213 +200,6 @@ impl RedisStore {
             self.bounded("get", hmget.query_async(&mut conn)).await?;
         Ok(decode(id, fields)?)
     }
-
-    async fn fenced(
-        &self,
-        operation: &'static str,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<Fenced, StoreError> {
-        let applied: i64 = self.invoke(operation, invocation).await?;
-        Ok(if applied == 1 {
-            Fenced::Applied
-        } else {
-            Fenced::NotOwner
-        })
-    }
-}
-
-/// Whether `err` means the server could not be reached or cannot serve right now.
-fn is_unavailable(err: &RedisError) -> bool {
-    err.is_io_error()
-        || err.is_timeout()
-        || err.is_connection_dropped()
-        || err.is_connection_refusal()
-        || err.is_cluster_error()
-        || matches!(
-            err.kind(),
-            ErrorKind::ClusterConnectionNotFound
-                | ErrorKind::Server(
-                    ServerErrorKind::BusyLoading
-                        | ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::TryAgain
-                        | ServerErrorKind::ClusterDown
-                )
-        )
-        || err.code() == Some("BUSY")
-}
-
-/// `url` without its user information or query string, which may hold a password.
-fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparsable Redis URL>".to_owned();
-    };
-    let rest = match rest.rfind('@') {
-        Some(at) => format!("***@{}", &rest[at + 1..]),
-        None => rest.to_owned(),
-    };
-    match rest.split_once('?') {
-        Some((base, _)) => format!("{scheme}://{base}?***"),
-        None => format!("{scheme}://{rest}"),
-    }
-}
-
-/// The names of one store's keys.
-#[derive(Clone, Debug)]
-struct Keys {
-    /// `{PREFIX}:`, the start of every key.
-    tag: String,
-    all: String,
-    running: String,
-}
-
-impl Keys {
-    fn new(prefix: &str) -> Self {
-        let tag = format!("{{{prefix}}}:");
-        Self {
-            all: format!("{tag}all"),
-            running: format!("{tag}run"),
-            tag,
-        }
-    }
-
-    /// `NS:PRINCIPAL:KEY`, each part encoded: how the indexes name a record.
-    fn member(id: &RecordId) -> String {
-        let mut member = Self::scope_part(&id.scope);
-        member.push(':');
-        encode_into(&mut member, id.key.as_str());
-        member
-    }
-
-    fn scope_part(scope: &Scope) -> String {
-        let mut part = String::new();
-        encode_into(&mut part, scope.namespace());
-        part.push(':');
-        encode_into(&mut part, scope.principal());
-        part
-    }
-
-    fn record(&self, member: &str) -> String {
-        format!("{}r:{member}", self.tag)
-    }
-
-    fn scope(&self, scope: &Scope) -> String {
-        format!("{}s:{}", self.tag, Self::scope_part(scope))
-    }
-}
-
-/// Appends `part` percent-encoded: `%`, `:`, braces, spaces and control characters become `%XX`
-/// (per UTF-8 byte), everything else is kept. The encoding is injective and never contains `:`.
-fn encode_into(out: &mut String, part: &str) {
-    for ch in part.chars() {
-        if matches!(ch, '%' | ':' | '{' | '}') || ch.is_whitespace() || ch.is_control() {
-            let mut buf = [0; 4];
-            for byte in ch.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{byte:02X}"));
-            }
-        } else {
-            out.push(ch);
-        }
-    }
-}
-
-/// Reverses [`encode_into`]; `None` if `part` is not something it wrote.
-fn decode_part(part: &str) -> Option<String> {
-    let mut bytes = Vec::with_capacity(part.len());
-    let mut rest = part.as_bytes();
-    while let Some((&byte, tail)) = rest.split_first() {
-        if byte == b'%' {
-            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
-            bytes.push(u8::from_str_radix(hex, 16).ok()?);
-            rest = &tail[2..];
-        } else {
-            bytes.push(byte);
-            rest = tail;
-        }
-    }
-    String::from_utf8(bytes).ok()
-}
-
-/// The record an index member names (`NS:PRINCIPAL:KEY`, each part encoded).
-fn member_id(member: &[u8]) -> Result<RecordId, CorruptRecord> {
-    let corrupt = || {
-        CorruptRecord(format!(
-            "Redis index member {:?}",
-            String::from_utf8_lossy(member)
-        ))
-    };
-    let member = std::str::from_utf8(member).map_err(|_| corrupt())?;
-    let mut parts = member.split(':').map(decode_part);
-    let (Some(Some(namespace)), Some(Some(principal)), Some(Some(key)), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
-        return Err(corrupt());
-    };
-    let key = IdempotencyKey::new(&key, usize::MAX).map_err(|_| corrupt())?;
-    Ok(RecordId {
-        scope: Scope::new(namespace, principal),
-        key,
-    })
-}
-
-/// `=` and the encoded `part`, or `` for no condition: how the list script takes its filters.
-fn wanted_part(part: Option<&str>) -> String {
-    match part {
-        Some(part) => {
-            let mut wanted = String::from("=");
-            encode_into(&mut wanted, part);
-            wanted
-        }
-        None => String::new(),
-    }
-}
-
-/// Rebuilds a record from its hash fields, in [`FIELDS`] order. `None` if the record does not
-/// exist (no field at all).
-fn decode(id: &RecordId, fields: Vec<Option<Vec<u8>>>) -> Result<Option<Record>, CorruptRecord> {
-    if fields.iter().all(Option::is_none) {
-        return Ok(None);
-    }
-    let corrupt = |what: &str| CorruptRecord(format!("{what} of Redis record {:?}", id.key));
-    let Ok([fp, tool, owner, lease, kind, body, done, created, expires]) =
-        <[Option<Vec<u8>>; FIELDS.len()]>::try_from(fields)
-    else {
-        return Err(corrupt("field count"));
-    };
-    let text = |field: Option<Vec<u8>>, name: &str| -> Result<String, CorruptRecord> {
-        let bytes = field.ok_or_else(|| corrupt(&format!("missing {name}")))?;
-        String::from_utf8(bytes).map_err(|_| corrupt(&format!("non-UTF-8 {name}")))
-    };
-    let number = |field: Option<Vec<u8>>, name: &str| -> Result<u64, CorruptRecord> {
-        text(field, name)?
-            .parse()
-            .map_err(|_| corrupt(&format!("malformed {name}")))
-    };
-    let time = |field: Option<Vec<u8>>, name: &str| number(field, name).map(Timestamp::from_millis);
-    let fingerprint = fp
-        .as_deref()
-        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
-        .map(Fingerprint::from_bytes)
-        .ok_or_else(|| corrupt("fingerprint"))?;
-    let state = match (owner, kind) {
-        (owner @ Some(_), None) => RecordState::InProgress {
-            owner: FencingToken::from_u64(number(owner, "owner")?),
-            lease_expires_at: time(lease, "lease")?,
-        },
-        (None, kind @ Some(_)) => RecordState::Completed {
-            outcome: Outcome::from_parts(text(kind, "kind")?.parse()?, text(body, "body")?)?,
-            completed_at: time(done, "completion time")?,
-        },
-        _ => return Err(corrupt("state fields")),
-    };
-    Ok(Some(Record {
-        id: id.clone(),
-        fingerprint,
-        tool_name: text(tool, "tool")?,
-        state,
-        created_at: time(created, "creation time")?,
-        expires_at: time(expires, "expiry")?,
-    }))
 }
 
 impl Store for RedisStore {
@@ -752,149 +451,22 @@ impl Store for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::key::IdempotencyKey;
-
-    fn id(namespace: &str, principal: &str, key: &str) -> RecordId {
-        RecordId {
-            scope: Scope::new(namespace, principal),
-            key: IdempotencyKey::new(key, 255).unwrap(),
-        }
-    }
-
-    /// CRC16-CCITT (XMODEM), as Redis Cluster uses it.
-    fn crc16(data: &[u8]) -> u16 {
-        let mut crc = 0u16;
-        for &byte in data {
-            crc ^= u16::from(byte) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc
-    }
-
-    /// The Redis Cluster slot of `key`, honouring `{hash tags}`.
-    fn slot(key: &str) -> u16 {
-        let bytes = key.as_bytes();
-        let tagged = bytes.iter().position(|&b| b == b'{').and_then(|open| {
-            let rest = &bytes[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .filter(|&len| len > 0)
-                .map(|len| &rest[..len])
-        });
-        crc16(tagged.unwrap_or(bytes)) % 16384
-    }
-
-    #[test]
-    fn slot_matches_the_cluster_specification() {
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
-        assert_eq!(slot("foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
-    }
-
-    #[test]
-    fn every_key_of_a_store_shares_one_slot() {
-        let keys = Keys::new("mcp-idem");
-        let expected = slot("{mcp-idem}");
-        for id in [
-            id("ns", "alice", "k"),
-            id("{ns}", "}{", "{key}"),
-            id("n:s", "p{x}", "ключ 🔑"),
-            id("", "", "}"),
-        ] {
-            let member = Keys::member(&id);
-            for key in [
-                keys.record(&member),
-                keys.scope(&id.scope),
-                keys.all.clone(),
-                keys.running.clone(),
-            ] {
-                assert!(key.starts_with("{mcp-idem}:"), "{key}");
-                assert_eq!(slot(&key), expected, "{key}");
-            }
-        }
-    }
-
-    #[test]
-    fn encoding_keeps_different_records_apart() {
-        let ids = [
-            id("a:b", "c", "k"),
-            id("a", "b:c", "k"),
-            id("a", "b", "c:k"),
-            id("a%3Ab", "c", "k"),
-            id("a", "b", "k "),
-            id("a", "b", "k"),
-            id("a", "b", "K"),
-        ];
-        let members: std::collections::HashSet<_> = ids.iter().map(Keys::member).collect();
-        assert_eq!(members.len(), ids.len());
-        for member in &members {
-            assert_eq!(member.matches(':').count(), 2, "{member}");
-            assert!(!member.contains(['{', '}', ' ']), "{member}");
-        }
-        assert_eq!(Keys::member(&id("é", "p", "{k}")), "é:p:%7Bk%7D");
-        for id in &ids {
-            assert_eq!(&member_id(Keys::member(id).as_bytes()).unwrap(), id);
-        }
-        for bad in ["a:b", "a:b:c:d", "a:b:%4", "a:b:%ZZ", "a:b:%FF"] {
-            assert!(member_id(bad.as_bytes()).is_err(), "{bad}");
-        }
-    }
-
+    /// The store shows its URL through the one redactor, [`redact_password`](crate::store::redact_password).
     #[test]
     fn urls_are_shown_without_secrets() {
-        assert_eq!(
-            redact_url("redis://user:s3cret@db.example:6380/2"),
-            "redis://***@db.example:6380/2"
-        );
-        assert_eq!(
-            redact_url("redis://:p@ss@127.0.0.1"),
-            "redis://***@127.0.0.1"
-        );
-        assert_eq!(
-            redact_url("redis+unix:///run/redis.sock?pass=s3cret"),
-            "redis+unix:///run/redis.sock?***"
-        );
-        assert_eq!(redact_url("redis://h:1/0"), "redis://h:1/0");
-    }
-
-    #[test]
-    fn records_decode_and_corruption_is_reported() {
-        let id = id("ns", "p", "k");
-        let field = |s: &str| Some(s.as_bytes().to_vec());
-        let mut fields = vec![
-            Some(vec![7; 32]),
-            field("charge"),
-            None,
-            None,
-            field("not_retained"),
-            field("12"),
-            field("5"),
-            field("1"),
-            field("9"),
-        ];
-        let record = decode(&id, fields.clone()).unwrap().unwrap();
-        assert_eq!(
-            record.state,
-            RecordState::Completed {
-                outcome: Outcome::NotRetained { size: 12 },
-                completed_at: Timestamp::from_millis(5)
-            }
-        );
-        assert_eq!(decode(&id, vec![None; 9]).unwrap(), None);
-        fields[2] = field("3");
-        assert!(decode(&id, fields.clone()).is_err(), "owner and outcome");
-        fields[2] = None;
-        fields[0] = Some(vec![7; 31]);
-        assert!(decode(&id, fields.clone()).is_err(), "short fingerprint");
-        fields[0] = Some(vec![7; 32]);
-        fields[8] = field("soon");
-        assert!(decode(&id, fields.clone()).is_err(), "malformed expiry");
+        for (url, shown) in [
+            (
+                "redis://user:s3cret@db.example:6380/2",
+                "redis://user:***@db.example:6380/2",
+            ),
+            ("redis://:p@ss@127.0.0.1", "redis://:***@127.0.0.1"),
+            (
+                "redis+unix:///run/redis.sock?pass=s3cret",
+                "redis+unix:///run/redis.sock?pass=***",
+            ),
+            ("redis://h:1/0", "redis://h:1/0"),
+        ] {
+            assert_eq!(crate::store::redact_password(url), shown);
+        }
     }
 }

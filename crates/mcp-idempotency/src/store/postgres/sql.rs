@@ -1,0 +1,271 @@
+//! Every statement of the store, with the schema name spliced in (quoted) once, when the store
+//! is opened; the `SELECT` of [`Store::list`](crate::store::Store::list) is built per call by
+//! [`list_query`](crate::store::sql_list::list_query).
+//!
+//! # Locks and deadlocks
+//!
+//! Every statement and transaction takes row locks in one global order: records first, then scope
+//! shard rows in `(namespace, principal, shard)` order, then store shard rows in shard order. The
+//! one-statement claim, release and delete lock one record, one scope row, one store row; the
+//! exact path locks one record, then one scope row or all 16 rows of one scope in shard order, then
+//! one store row or all 16 in shard order (a conditional increment that found no room may leave its
+//! row locked, so the transaction is rolled back before the counter is locked exactly); purges lock
+//! records, then the scope rows they decrement and then the store rows, each sorted (`ORDER BY …
+//! FOR UPDATE`); dropping empty scopes locks scope rows sorted. Since nobody waits for a lock
+//! that comes earlier in the order than one it holds, these cannot deadlock each other (purges
+//! also take turns on an advisory lock, since the records they delete are not sorted).
+
+use super::quota::SHARDS;
+use crate::store::sql_row::RECORD_COLUMNS;
+
+/// The statements, with the schema name spliced in (quoted) once.
+pub(super) struct Sql {
+    pub(super) claim: String,
+    pub(super) insert_record: String,
+    pub(super) bump_scope: String,
+    pub(super) bump_total: String,
+    pub(super) lock_scope: String,
+    pub(super) lock_total: String,
+    pub(super) set_scope: String,
+    pub(super) set_total: String,
+    pub(super) get: String,
+    pub(super) complete: String,
+    pub(super) take_over: String,
+    pub(super) renew: String,
+    pub(super) release: String,
+    pub(super) delete: String,
+    /// The quoted `schema.idem_records`, for the statements [`list_query`](crate::store::sql_list::list_query) builds.
+    pub(super) records: String,
+    pub(super) purge: String,
+    pub(super) drop_empty_scopes: String,
+    pub(super) stats: String,
+}
+
+/// Inserts a record, or replaces an expired one (keeping its shard), returning whether it was a
+/// fresh insert; returns nothing when a live record holds the key. Parameters as for
+/// [`Sql::claim`], with the shard as `$shard`.
+fn insert_record(s: &str, shard: &str) -> String {
+    format!(
+        "INSERT INTO {s}.idem_records AS r (namespace, principal, key, fingerprint, tool_name,
+            owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at,
+            expires_at, shard)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, $8, $9, {shard})
+        ON CONFLICT (namespace, principal, key) DO UPDATE SET
+            fingerprint = EXCLUDED.fingerprint, tool_name = EXCLUDED.tool_name,
+            owner = EXCLUDED.owner, lease_expires_at = EXCLUDED.lease_expires_at,
+            outcome_kind = NULL, outcome_body = NULL, completed_at = NULL,
+            created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+        WHERE r.expires_at <= $8
+        RETURNING (r.xmax = 0) AS created"
+    )
+}
+
+/// Deletes the record `$1, $2, $3` if `extra` (more conditions) holds, and uncounts it; returns how
+/// many records it deleted. The totals update reads `scope_count` so that it runs (and locks)
+/// after it.
+fn counted_delete(s: &str, extra: &str) -> String {
+    format!(
+        "WITH del AS (
+            DELETE FROM {s}.idem_records
+            WHERE namespace = $1 AND principal = $2 AND key = $3 {extra} RETURNING shard
+        ),
+        scope_count AS (
+            UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
+            FROM del
+            WHERE c.namespace = $1 AND c.principal = $2 AND c.shard = del.shard
+            RETURNING c.records
+        ),
+        total_count AS (
+            UPDATE {s}.idem_total_shards AS t SET records = t.records - 1
+            FROM del, (SELECT count(*) FROM scope_count) AS after_scopes
+            WHERE t.shard = del.shard
+        )
+        SELECT count(*) FROM del"
+    )
+}
+
+impl Sql {
+    /// The statements on the tables of the quoted schema `s`.
+    pub(super) fn new(s: &str) -> Self {
+        let key = "namespace = $1 AND principal = $2 AND key = $3";
+        let last = SHARDS - 1;
+        Self {
+            // $1 namespace, $2 principal, $3 key, $4 fingerprint, $5 tool, $6 owner,
+            // $7 lease_expires_at, $8 now, $9 expires_at, $10 scope limit, $11 total limit,
+            // $12 shard. The total update reads `scope_count` so that it runs (and locks) after
+            // it, and only when the scope had room.
+            claim: format!(
+                "WITH ins AS ({}),
+                scope_count AS (
+                    UPDATE {s}.idem_scope_shards AS c SET records = c.records + 1
+                    FROM ins
+                    WHERE ins.created AND c.namespace = $1 AND c.principal = $2 AND c.shard = $12
+                        AND c.capacity_limit = $10::int8 AND c.records < c.capacity
+                    RETURNING c.records
+                ),
+                total_count AS (
+                    UPDATE {s}.idem_total_shards AS t SET records = t.records + 1
+                    FROM (SELECT count(*) AS n FROM scope_count) AS after_scope
+                    WHERE after_scope.n > 0 AND t.shard = $12
+                        AND t.capacity_limit = $11::int8 AND t.records < t.capacity
+                    RETURNING t.records
+                ),
+                guard AS (
+                    INSERT INTO {s}.idem_shard_guard (scope_ok, total_ok)
+                    SELECT EXISTS (SELECT 1 FROM scope_count),
+                        EXISTS (SELECT 1 FROM total_count) OR NOT EXISTS (SELECT 1 FROM scope_count)
+                    FROM ins WHERE ins.created AND NOT EXISTS (SELECT 1 FROM total_count)
+                )
+                SELECT true AS claimed, NULL::bytea, NULL::text, NULL::int8, NULL::int8,
+                    NULL::text, NULL::text, NULL::int8, NULL::int8, NULL::int8
+                FROM ins
+                UNION ALL
+                SELECT false, {RECORD_COLUMNS} FROM {s}.idem_records
+                WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)",
+                insert_record(s, "$12")
+            ),
+            // The exact path, statement by statement in one transaction. $1 to $9 as for
+            // `claim`, $10 shard.
+            insert_record: insert_record(s, "$10"),
+            // $1 namespace, $2 principal, $3 shard, $4 limit.
+            bump_scope: format!(
+                "UPDATE {s}.idem_scope_shards SET records = records + 1
+                 WHERE namespace = $1 AND principal = $2 AND shard = $3
+                    AND capacity_limit = $4 AND records < capacity"
+            ),
+            // $1 shard, $2 limit.
+            bump_total: format!(
+                "UPDATE {s}.idem_total_shards SET records = records + 1
+                 WHERE shard = $1 AND capacity_limit = $2 AND records < capacity"
+            ),
+            // Locks (creating any missing) all shard rows of a scope, in shard order, and returns
+            // their latest committed counts. $1 namespace, $2 principal.
+            lock_scope: format!(
+                "INSERT INTO {s}.idem_scope_shards AS c
+                    (namespace, principal, shard, records, capacity, capacity_limit)
+                SELECT $1, $2, g::int2, 0, 0, NULL::int8 FROM generate_series(0, {last}) AS g
+                ORDER BY g
+                ON CONFLICT (namespace, principal, shard) DO UPDATE SET records = c.records
+                RETURNING c.shard, c.records"
+            ),
+            lock_total: format!(
+                "INSERT INTO {s}.idem_total_shards AS t (shard, records, capacity, capacity_limit)
+                SELECT g::int2, 0, 0, NULL::int8 FROM generate_series(0, {last}) AS g
+                ORDER BY g
+                ON CONFLICT (shard) DO UPDATE SET records = t.records
+                RETURNING t.shard, t.records"
+            ),
+            // Counts one more record in a shard and sets every row's capacity (by shard, from an
+            // array) for a limit. $1 namespace, $2 principal, $3 shard, $4 capacities, $5 limit.
+            set_scope: format!(
+                "UPDATE {s}.idem_scope_shards
+                 SET records = records + (shard = $3)::int, capacity = ($4::int8[])[shard + 1],
+                    capacity_limit = $5
+                 WHERE namespace = $1 AND principal = $2"
+            ),
+            // $1 shard, $2 capacities, $3 limit.
+            set_total: format!(
+                "UPDATE {s}.idem_total_shards
+                 SET records = records + (shard = $1)::int, capacity = ($2::int8[])[shard + 1],
+                    capacity_limit = $3"
+            ),
+            get: format!(
+                "SELECT {RECORD_COLUMNS} FROM {s}.idem_records WHERE {key} AND expires_at > $4"
+            ),
+            complete: format!(
+                "UPDATE {s}.idem_records SET owner = NULL, lease_expires_at = NULL,
+                    outcome_kind = $5, outcome_body = $6, completed_at = $7, expires_at = $8
+                 WHERE {key} AND owner = $4"
+            ),
+            take_over: format!(
+                "UPDATE {s}.idem_records SET owner = $5, lease_expires_at = $6, expires_at = $7
+                 WHERE {key} AND owner = $4 AND lease_expires_at <= $8 AND expires_at > $8"
+            ),
+            renew: format!(
+                "UPDATE {s}.idem_records
+                 SET lease_expires_at = $5, expires_at = GREATEST(expires_at, $5)
+                 WHERE {key} AND owner = $4"
+            ),
+            release: counted_delete(s, "AND owner = $4"),
+            delete: counted_delete(s, ""),
+            records: format!("{s}.idem_records"),
+            // $1 now, $2 advisory lock key: purges of one schema take turns, so two of them never
+            // delete the same records in different orders and deadlock. $3: at most this many
+            // records. Counter rows are locked sorted (scope rows, then store rows) before they
+            // are decremented, in the order claims lock them.
+            purge: format!(
+                "WITH purge_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock($2::int8)),
+                del AS (
+                    DELETE FROM {s}.idem_records AS r
+                    USING (
+                        SELECT namespace, principal, key FROM {s}.idem_records
+                        WHERE expires_at <= $1 AND EXISTS (SELECT 1 FROM purge_lock)
+                        ORDER BY expires_at LIMIT $3
+                    ) AS old
+                    WHERE r.namespace = old.namespace AND r.principal = old.principal
+                        AND r.key = old.key AND r.expires_at <= $1
+                    RETURNING r.namespace, r.principal, r.shard
+                ),
+                per_scope AS (
+                    SELECT namespace, principal, shard, count(*) AS n FROM del
+                    GROUP BY namespace, principal, shard
+                ),
+                scope_locked AS MATERIALIZED (
+                    SELECT c.namespace, c.principal, c.shard, p.n
+                    FROM {s}.idem_scope_shards AS c
+                    JOIN per_scope AS p ON c.namespace = p.namespace
+                        AND c.principal = p.principal AND c.shard = p.shard
+                    ORDER BY c.namespace, c.principal, c.shard
+                    FOR UPDATE OF c
+                ),
+                scope_count AS (
+                    UPDATE {s}.idem_scope_shards AS c SET records = c.records - l.n
+                    FROM scope_locked AS l
+                    WHERE c.namespace = l.namespace AND c.principal = l.principal
+                        AND c.shard = l.shard
+                    RETURNING c.records
+                ),
+                per_shard AS (SELECT shard, count(*) AS n FROM del GROUP BY shard),
+                total_locked AS MATERIALIZED (
+                    SELECT t.shard, p.n
+                    FROM {s}.idem_total_shards AS t
+                    JOIN per_shard AS p ON t.shard = p.shard,
+                        (SELECT count(*) FROM scope_count) AS after_scopes
+                    ORDER BY t.shard
+                    FOR UPDATE OF t
+                ),
+                total_count AS (
+                    UPDATE {s}.idem_total_shards AS t SET records = t.records - l.n
+                    FROM total_locked AS l
+                    WHERE t.shard = l.shard
+                )
+                SELECT count(*) FROM del"
+            ),
+            // Scopes left without records (by purges or by releases) lose their counter rows,
+            // locked sorted; a row counted in since is kept (the condition is checked again on
+            // its latest version), and a claim recreates missing rows.
+            drop_empty_scopes: format!(
+                "WITH empty AS (
+                    SELECT namespace, principal FROM {s}.idem_scope_shards
+                    GROUP BY namespace, principal HAVING max(records) <= 0
+                ),
+                locked AS MATERIALIZED (
+                    SELECT c.namespace, c.principal, c.shard FROM {s}.idem_scope_shards AS c
+                    JOIN empty AS e ON c.namespace = e.namespace AND c.principal = e.principal
+                    WHERE c.records <= 0
+                    ORDER BY c.namespace, c.principal, c.shard
+                    FOR UPDATE OF c
+                )
+                DELETE FROM {s}.idem_scope_shards AS c USING locked AS l
+                WHERE c.namespace = l.namespace AND c.principal = l.principal
+                    AND c.shard = l.shard AND c.records <= 0"
+            ),
+            stats: format!(
+                "SELECT count(*) FILTER (WHERE expires_at > $1 AND owner IS NOT NULL),
+                    count(*) FILTER (WHERE expires_at > $1 AND owner IS NULL),
+                    count(*) FILTER (WHERE expires_at <= $1)
+                 FROM {s}.idem_records"
+            ),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Talking to the server: the Lua scripts (one per operation, each with the helpers of
+//! `common.lua` in front), exchanges bounded in time, and the mapping of Redis errors to
+//! [`StoreError`]s that name the server, never the password.
+
+use std::future::Future;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{
+    ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation, ServerErrorKind,
+};
+
+use super::keys::Keys;
+use super::RedisStore;
+use crate::record::RecordId;
+use crate::store::{Fenced, StoreError};
+
+/// Upper bound on one whole operation, reconnection included: a dead server never hangs a call.
+pub(super) const OPERATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+macro_rules! lua {
+    ($file:literal) => {
+        concat!(include_str!("common.lua"), include_str!($file))
+    };
+}
+
+/// Every script, for loading them all at startup.
+pub(super) const ALL: [&str; 8] = [
+    CLAIM, COMPLETE, RENEW, RELEASE, TAKE_OVER, PURGE, LIST, DELETE,
+];
+
+const CLAIM: &str = lua!("claim.lua");
+const COMPLETE: &str = lua!("complete.lua");
+const RENEW: &str = lua!("renew.lua");
+const RELEASE: &str = lua!("release.lua");
+const TAKE_OVER: &str = lua!("take_over.lua");
+const PURGE: &str = lua!("purge.lua");
+const LIST: &str = lua!("list.lua");
+const DELETE: &str = lua!("delete.lua");
+
+/// The scripts, each run with `EVALSHA` (and loaded again if the server lost it).
+pub(super) struct Scripts {
+    pub(super) claim: Script,
+    pub(super) complete: Script,
+    pub(super) renew: Script,
+    pub(super) release: Script,
+    pub(super) take_over: Script,
+    pub(super) purge: Script,
+    pub(super) list: Script,
+    pub(super) delete: Script,
+}
+
+pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: Script::new(CLAIM),
+    complete: Script::new(COMPLETE),
+    renew: Script::new(RENEW),
+    release: Script::new(RELEASE),
+    take_over: Script::new(TAKE_OVER),
+    purge: Script::new(PURGE),
+    list: Script::new(LIST),
+    delete: Script::new(DELETE),
+});
+
+impl RedisStore {
+    /// Runs one Redis exchange, bounded by [`OPERATION_TIMEOUT`], mapping its errors.
+    pub(super) async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        exchange: impl Future<Output = RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(OPERATION_TIMEOUT, exchange).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(self.error(operation, err)),
+            Err(elapsed) => Err(StoreError::unavailable(
+                format!(
+                    "the Redis store {} did not answer {operation} within {OPERATION_TIMEOUT:?}",
+                    self.url
+                ),
+                elapsed,
+            )),
+        }
+    }
+
+    /// Runs one script invocation, through [`RedisStore::bounded`].
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.clone();
+        self.bounded(operation, invocation.invoke_async(&mut conn))
+            .await
+    }
+
+    /// `err` as [`StoreError::Unavailable`] when the server cannot serve, [`StoreError::Backend`]
+    /// otherwise.
+    fn error(&self, operation: &str, err: RedisError) -> StoreError {
+        if is_unavailable(&err) {
+            StoreError::unavailable(
+                format!("the Redis store {} is unavailable ({operation})", self.url),
+                err,
+            )
+        } else {
+            StoreError::backend(
+                format!("the Redis store {} failed {operation}", self.url),
+                err,
+            )
+        }
+    }
+
+    /// A script invocation on the four keys of `id`'s record, with the record's member first.
+    pub(super) fn on_record<'s>(&self, script: &'s Script, id: &RecordId) -> ScriptInvocation<'s> {
+        let member = Keys::member(id);
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .key(self.keys.record(&member))
+            .key(self.keys.scope(&id.scope))
+            .key(&self.keys.all)
+            .key(&self.keys.running)
+            .arg(member);
+        invocation
+    }
+
+    /// Runs a fenced script, which answers 1 when it wrote.
+    pub(super) async fn fenced(
+        &self,
+        operation: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<Fenced, StoreError> {
+        let applied: i64 = self.invoke(operation, invocation).await?;
+        Ok(if applied == 1 {
+            Fenced::Applied
+        } else {
+            Fenced::NotOwner
+        })
+    }
+}
+
+/// Whether `err` means the server could not be reached or cannot serve right now.
+fn is_unavailable(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_timeout()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_cluster_error()
+        || matches!(
+            err.kind(),
+            ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    ServerErrorKind::BusyLoading
+                        | ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::TryAgain
+                        | ServerErrorKind::ClusterDown
+                )
+        )
+        || err.code() == Some("BUSY")
+}

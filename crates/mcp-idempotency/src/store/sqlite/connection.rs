@@ -1,0 +1,165 @@
+//! The connection: taking SQLite's write lock without blocking async tasks, WAL mode and its
+//! checkpoints, and what SQLite's errors mean.
+
+use std::sync::{Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+use rusqlite::{Connection, ErrorCode};
+
+use super::Inner;
+use crate::store::StoreError;
+
+/// Runs `op` if the connection is free, with SQLite told not to wait for locks; `None` when the
+/// connection is taken or `op` found SQLite's write lock held, in which case nothing was written:
+/// every operation takes the write lock before its first change.
+pub(super) fn run_without_waiting<T>(
+    conn: &Mutex<Connection>,
+    op: &impl Fn(&mut Connection) -> Result<T, StoreError>,
+) -> Option<Result<T, StoreError>> {
+    let mut conn = match conn.try_lock() {
+        Ok(conn) => conn,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) => return None,
+    };
+    if conn.busy_timeout(Duration::ZERO).is_err() {
+        return None;
+    }
+    let result = op(&mut conn);
+    if let Err(err) = conn.busy_timeout(BUSY_TIMEOUT) {
+        return Some(Err(sql_error(err)));
+    }
+    match &result {
+        Err(err) if is_lock_conflict(err) => None,
+        _ => Some(result),
+    }
+}
+
+/// Whether `err` is SQLite reporting a lock held by another connection.
+fn is_lock_conflict(err: &StoreError) -> bool {
+    let StoreError::Unavailable {
+        source: Some(source),
+        ..
+    } = err
+    else {
+        return false;
+    };
+    source
+        .downcast_ref::<rusqlite::Error>()
+        .and_then(rusqlite::Error::sqlite_error_code)
+        .is_some_and(|code| matches!(code, ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+}
+
+/// How often the WAL is checkpointed into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
+/// Checkpoints the WAL every [`CHECKPOINT_EVERY`] on a connection of its own, until the store is
+/// dropped. PASSIVE checkpoints never block writers; a failed one is retried on the next tick.
+pub(super) fn spawn_checkpointer(store: std::sync::Weak<Inner>) {
+    let spawned = std::thread::Builder::new()
+        .name("mcp-idem-sqlite-checkpoint".into())
+        .spawn(move || {
+            let Some(path) = store.upgrade().map(|inner| inner.path.clone()) else {
+                return;
+            };
+            let conn = match Connection::open(&path) {
+                Ok(conn) => conn,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot open a checkpoint connection; the WAL will grow");
+                    return;
+                }
+            };
+            // A RESTART checkpoint may wait this long for a transaction to end.
+            let _ = conn.busy_timeout(Duration::from_millis(200));
+            let _ = conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT_BYTES);
+            while store.strong_count() > 0 {
+                std::thread::sleep(CHECKPOINT_EVERY);
+                checkpoint(&conn);
+            }
+        });
+    if let Err(err) = spawned {
+        tracing::warn!(error = %err, "cannot start the checkpoint thread; the WAL will grow");
+    }
+}
+
+/// WAL size (in pages) past which a checkpoint makes the next writer start the log afresh.
+const WAL_RESTART_PAGES: i64 = 4096;
+
+/// Largest WAL file kept once the log restarts (SQLite truncates it to this).
+pub(super) const WAL_SIZE_LIMIT_BYTES: i64 = 16 << 20;
+
+/// Copies the WAL into the database without blocking anyone (PASSIVE). Under sustained writes a
+/// PASSIVE checkpoint never sees the log idle, so SQLite never starts it afresh and the file grows
+/// with the number of writes; past [`WAL_RESTART_PAGES`] a RESTART checkpoint waits briefly for
+/// the current transaction so that the next writer starts the log from the beginning.
+fn checkpoint(conn: &Connection) {
+    let passive = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |row| {
+        Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(2)?))
+    });
+    match passive {
+        Ok((log_pages, _)) if log_pages > WAL_RESTART_PAGES => {
+            if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(())) {
+                tracing::debug!(error = %err, "WAL restart checkpoint failed; retrying later");
+            }
+        }
+        Ok(_) => {}
+        Err(err) => tracing::debug!(error = %err, "WAL checkpoint failed; retrying later"),
+    }
+}
+
+/// How long a statement waits for another connection's lock.
+pub(super) const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `PRAGMA journal_mode = WAL`. Switching a new file to WAL takes an exclusive lock, and when
+/// several processes create the store at once SQLite answers SQLITE_BUSY at once instead of calling
+/// the busy handler (waiting could deadlock), so retry for up to [`BUSY_TIMEOUT`].
+pub(super) fn enable_wal(conn: &Connection) -> rusqlite::Result<()> {
+    let deadline = Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(err)
+                if err.sqlite_error_code() == Some(ErrorCode::DatabaseBusy)
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+pub(super) async fn run_blocking<T: Send + 'static>(
+    op: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(handle) => handle
+            .spawn_blocking(op)
+            .await
+            .map_err(|err| StoreError::Backend {
+                message: "SQLite task failed".into(),
+                source: Some(Box::new(err)),
+            })?,
+        Err(_) => op(),
+    }
+}
+
+/// `err` as [`StoreError::Unavailable`] when the file cannot be written now (locked, full,
+/// read-only, unreadable), [`StoreError::Backend`] otherwise.
+pub(super) fn sql_error(err: rusqlite::Error) -> StoreError {
+    let unavailable = matches!(
+        err.sqlite_error_code(),
+        Some(
+            ErrorCode::DatabaseBusy
+                | ErrorCode::DatabaseLocked
+                | ErrorCode::DiskFull
+                | ErrorCode::ReadOnly
+                | ErrorCode::CannotOpen
+                | ErrorCode::SystemIoFailure
+                | ErrorCode::PermissionDenied
+        )
+    );
+    if unavailable {
+        StoreError::unavailable("SQLite store cannot be written", err)
+    } else {
+        StoreError::backend("SQLite error", err)
+    }
+}
