@@ -15,13 +15,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::body::{full, BoxError, ChannelBody, ResponseBody};
 use super::layer::{json_response, Shared};
 use crate::engine::Claim;
-use crate::interceptor::{error_response, Interceptor, ServerAction};
+use crate::interceptor::{Interceptor, ServerAction};
+use crate::jsonrpc::{error_response, INTERNAL_ERROR, MAX_SERVER_MESSAGE_BYTES};
 use crate::record::Outcome;
 use crate::sse::{Event, EventSplitter};
-
-/// Largest SSE event parsed; a longer one is passed through unparsed (and a claimed call whose
-/// response it carried is recorded as outcome-unknown).
-const MAX_EVENT_BYTES: usize = 64 << 20;
 
 /// One forwarded request whose answer the layer needs to see: an `initialize` / `server/discover`
 /// (its result gets the capability) or a claimed `tools/call` (its outcome is recorded), as the
@@ -162,7 +159,7 @@ impl Exchange {
                 .is_ok()
                 .then_some(tx),
         };
-        let mut splitter = EventSplitter::new(MAX_EVENT_BYTES);
+        let mut splitter = EventSplitter::new(MAX_SERVER_MESSAGE_BYTES);
         let mut body = std::pin::pin!(body);
         while let Some(frame) = body.frame().await {
             let frame = match frame {
@@ -288,5 +285,5 @@ where
 }
 
 fn error_body(id: &str, message: &str) -> String {
-    error_response(id, crate::rejection::INTERNAL_ERROR, message)
+    error_response(id, INTERNAL_ERROR, message)
 }
