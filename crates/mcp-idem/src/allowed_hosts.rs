@@ -11,16 +11,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http::header::{CONTENT_TYPE, HOST, ORIGIN};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::header::{HOST, ORIGIN};
+use http::{HeaderMap, Request, Response, StatusCode};
 use mcp_idempotency::http::ResponseBody;
-use mcp_idempotency::interceptor::error_response;
+use mcp_idempotency::jsonrpc::INVALID_REQUEST;
 use tower::Service;
 
-/// JSON-RPC "Invalid Request".
-const INVALID_REQUEST: i64 = -32600;
+use crate::http_answer::json_rpc_error;
 
 /// The host names a request may address, without ports.
 #[derive(Debug, Clone)]
@@ -141,17 +138,7 @@ where
 }
 
 fn forbidden(message: &str) -> Response<ResponseBody> {
-    let body = error_response("null", INVALID_REQUEST, message);
-    let mut response = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never: Infallible| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = StatusCode::FORBIDDEN;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+    json_rpc_error(StatusCode::FORBIDDEN, INVALID_REQUEST, message)
 }
 
 /// `example.com:8080` → `example.com`, `[::1]:8080` → `::1`, `::1` → `::1`.

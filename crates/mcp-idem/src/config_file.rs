@@ -27,6 +27,8 @@ const NOT_IN_FILE: [&str; 4] = ["config", "command", "help", "version"];
 /// The parsed command line, and which option values came from the config file.
 #[derive(Debug)]
 pub(crate) struct Invocation {
+    /// The command-line interface it was parsed with (without the file's values).
+    pub(crate) command: Command,
     /// Everything clap parsed.
     pub(crate) matches: ArgMatches,
     /// The config file read, if any.
@@ -66,7 +68,8 @@ impl Invocation {
 pub(crate) fn parse(command: Command, args: Vec<OsString>) -> anyhow::Result<Invocation> {
     let Some(path) = which_file(&args) else {
         return Ok(Invocation {
-            matches: command.get_matches_from(args),
+            matches: command.clone().get_matches_from(args),
+            command,
             file: None,
             file_ids: Vec::new(),
         });
@@ -86,6 +89,7 @@ pub(crate) fn parse(command: Command, args: Vec<OsString>) -> anyhow::Result<Inv
         let overridden = overridden(&command, &route, &matches, &values);
         if overridden.is_empty() {
             return Ok(Invocation {
+                command,
                 matches,
                 file: Some(path),
                 file_ids: values.into_keys().collect(),

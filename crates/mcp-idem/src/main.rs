@@ -8,6 +8,7 @@ mod allowed_hosts;
 mod cli;
 mod commands;
 mod config_file;
+mod http_answer;
 mod ledger;
 mod line_client;
 mod ops;

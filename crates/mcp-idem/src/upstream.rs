@@ -1,26 +1,21 @@
 //! The proxy's client side: forwards each request to the upstream MCP server over HTTP/1.1.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE, HOST};
+use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mcp_idempotency::interceptor::error_response;
-use mcp_idempotency::INTERNAL_ERROR;
+use mcp_idempotency::http::{BoxError, ResponseBody};
+use mcp_idempotency::jsonrpc::INTERNAL_ERROR;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Body of the upstream's responses as the proxy relays them.
-pub(crate) type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+use crate::http_answer::json_rpc_error;
 
 /// Where requests go: scheme, authority and an optional path prefix.
 #[derive(Clone, Debug)]
@@ -129,7 +124,7 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
 }
 
 impl tower::Service<Request<Full<Bytes>>> for Upstream {
-    type Response = Response<UpstreamBody>;
+    type Response = Response<ResponseBody>;
     type Error = Unreachable;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Unreachable>> + Send>>;
 
@@ -177,18 +172,8 @@ impl tower::Service<Request<Full<Bytes>>> for Upstream {
 }
 
 /// `502 Bad Gateway` with a JSON-RPC error body.
-pub(crate) fn bad_gateway(message: &str) -> Response<UpstreamBody> {
-    let body = error_response("null", INTERNAL_ERROR, message);
-    let mut response = Response::new(
-        Full::new(Bytes::from(body))
-            .map_err(|never: Infallible| match never {})
-            .boxed_unsync(),
-    );
-    *response.status_mut() = StatusCode::BAD_GATEWAY;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
+pub(crate) fn bad_gateway(message: &str) -> Response<ResponseBody> {
+    json_rpc_error(StatusCode::BAD_GATEWAY, INTERNAL_ERROR, message)
 }
 
 #[cfg(test)]

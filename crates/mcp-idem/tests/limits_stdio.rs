@@ -129,7 +129,7 @@ fn a_200_mb_server_line_reaches_the_client_intact_in_bounded_memory() {
         r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":""#;
     let after = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"after"}}"#;
     let script = format!(
-        "printf '%s' '{head}'; head -c {pad} /dev/zero | tr '\\0' x; printf '\"}}}}\\n%s\\n' '{after}'; exec cat >/dev/null"
+        "printf '%s' '{head}'; head -c {pad} /dev/zero | tr '\\0' x; printf '\"}}}}\\n%s\\n' '{after}'; cat >/dev/null"
     );
     let mut wrap = Command::new(EXE)
         .args([

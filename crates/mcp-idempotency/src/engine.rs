@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use crate::config::{AfterCrash, EngineConfig};
 use crate::fingerprint::{fingerprint, ArgumentsError};
+use crate::jsonrpc;
 use crate::key::IdempotencyKey;
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::rejection::{Rejection, RejectionKind};
@@ -93,11 +94,10 @@ impl Replay {
 
     /// [`Replay::to_response`] for an id given as JSON text.
     pub fn to_response_raw(&self, id_json: &str) -> String {
-        let (member, raw) = match self {
-            Self::Result(raw) => ("result", raw),
-            Self::Error(raw) => ("error", raw),
-        };
-        format!(r#"{{"jsonrpc":"2.0","id":{id_json},"{member}":{raw}}}"#)
+        match self {
+            Self::Result(raw) => jsonrpc::raw_result_response(id_json, raw),
+            Self::Error(raw) => jsonrpc::raw_error_response(id_json, raw),
+        }
     }
 }
 

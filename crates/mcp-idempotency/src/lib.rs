@@ -19,6 +19,8 @@
 //!   its implementations, all checked by one shared [`store::testsuite`].
 //! - [`Deduplicator`]: the thin async driver that runs the engine against a store.
 //! - [`Rejection`]: the JSON-RPC errors and their stable `error.data.type` values.
+//! - [`jsonrpc`]: the JSON-RPC error codes, the error responses every transport answers with, and
+//!   the limits on one message's size.
 //! - [`interceptor`]: the sans-IO JSON-RPC interceptor every transport shares (which messages
 //!   matter, calls in flight by id, capability injection), driven by [`stdio`] (newline-delimited
 //!   JSON-RPC, for `mcp-idem wrap` and rmcp servers on stdio) and by `http` (feature `http`: a tower
@@ -71,6 +73,7 @@ pub mod http;
 #[cfg(feature = "bridge")]
 pub mod http_client;
 pub mod interceptor;
+pub mod jsonrpc;
 pub mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
@@ -90,6 +93,6 @@ pub use key::IdempotencyKey;
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
-pub use rejection::{Rejection, RejectionKind, INTERNAL_ERROR, INVALID_PARAMS};
+pub use rejection::{Rejection, RejectionKind};
 pub use running_claim::RunningClaim;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -10,10 +10,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-/// JSON-RPC "Invalid params".
-pub const INVALID_PARAMS: i64 = -32602;
-/// JSON-RPC "Internal error".
-pub const INTERNAL_ERROR: i64 = -32603;
+use crate::jsonrpc::{INTERNAL_ERROR, INVALID_PARAMS};
 
 /// What went wrong, as `error.data.type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -28,9 +28,9 @@
 //! No line is held in memory whole past a limit. A client line longer than
 //! [`StdioProxy::max_line_bytes`] is discarded up to its newline and answered with a JSON-RPC
 //! error (`-32600`, with the request's `id` when it precedes the long part of the message). A
-//! server line longer than [`MAX_SERVER_LINE_BYTES`] is passed to the client as it comes, unread:
-//! the client asked for that response, so dropping it would only make the client wait; a keyed
-//! call it answered is not recorded and stays in flight until the server exits.
+//! server line longer than [`MAX_SERVER_MESSAGE_BYTES`] is passed to the client as it comes,
+//! unread: the client asked for that response, so dropping it would only make the client wait; a
+//! keyed call it answered is not recorded and stays in flight until the server exits.
 
 pub(crate) mod lines;
 
@@ -42,8 +42,9 @@ use tokio::io::{
 };
 use tokio::sync::{mpsc, Notify};
 
-use crate::interceptor::{
-    error_response, ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction,
+use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
+use crate::jsonrpc::{
+    error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
 };
 use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
@@ -54,16 +55,6 @@ use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
 const DUPLEX_BUFFER: usize = 256 * 1024;
 /// Responses queued for the client before the proxy waits for it to read.
 const CLIENT_QUEUE: usize = 1024;
-
-/// Default for [`StdioProxy::max_line_bytes`], the same as the HTTP layer's body limit.
-pub const DEFAULT_MAX_LINE_BYTES: usize = 4 << 20;
-
-/// Longest server line the proxy reads (like the HTTP relay's largest SSE event); a longer one is
-/// passed to the client unread.
-pub const MAX_SERVER_LINE_BYTES: usize = 64 << 20;
-
-/// JSON-RPC "Invalid Request", the answer to a client line over the limit.
-const INVALID_REQUEST: i64 = -32600;
 
 /// The client's output, shared by both directions: a message is sent whole, and an over-long
 /// server line holds it until its last piece is sent.
@@ -92,12 +83,13 @@ impl StdioProxy {
             dedup,
             scope,
             config: InterceptorConfig::default(),
-            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_line_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
         }
     }
 
-    /// Longest client line (without its line ending) read (default [`DEFAULT_MAX_LINE_BYTES`]);
-    /// a longer one is discarded without being held whole and answered with a JSON-RPC error.
+    /// Longest client line (without its line ending) read (default
+    /// [`DEFAULT_MAX_CLIENT_MESSAGE_BYTES`]); a longer one is discarded without being held whole
+    /// and answered with a JSON-RPC error.
     pub fn max_line_bytes(mut self, max: usize) -> Self {
         self.max_line_bytes = max;
         self
@@ -260,7 +252,7 @@ impl StdioProxy {
         let mut lines = BufReader::new(server_out);
         let mut line = Vec::new();
         loop {
-            match read_line(&mut lines, &mut line, MAX_SERVER_LINE_BYTES).await? {
+            match read_line(&mut lines, &mut line, MAX_SERVER_MESSAGE_BYTES).await? {
                 Line::Eof => return Ok(()),
                 Line::Whole => {}
                 Line::TooLong => {
@@ -404,15 +396,15 @@ async fn send(to_client: &ToClient, mut message: Vec<u8>) {
     }
 }
 
-/// Sends a server line longer than [`MAX_SERVER_LINE_BYTES`] to the client piece by piece, `line`
-/// (its start) first; no other message goes out in between.
+/// Sends a server line longer than [`MAX_SERVER_MESSAGE_BYTES`] to the client piece by piece,
+/// `line` (its start) first; no other message goes out in between.
 async fn pass_long_line<R: tokio::io::AsyncBufRead + Unpin>(
     server_out: &mut R,
     line: &mut Vec<u8>,
     to_client: &ToClient,
 ) -> io::Result<()> {
     tracing::warn!(
-        limit = MAX_SERVER_LINE_BYTES,
+        limit = MAX_SERVER_MESSAGE_BYTES,
         "passing a server message longer than the line limit to the client unread; a call it answered is not recorded"
     );
     let to_client = to_client.lock().await;

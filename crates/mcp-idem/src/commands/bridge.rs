@@ -45,7 +45,7 @@ pub(crate) struct BridgeArgs {
     max_time: Duration,
 
     /// Longest client message (one line); a longer one is skipped and answered -32600.
-    #[arg(long, value_name = "BYTES", default_value_t = mcp_idempotency::stdio::DEFAULT_MAX_LINE_BYTES, env = "MCP_IDEM_MAX_LINE_BYTES")]
+    #[arg(long, value_name = "BYTES", default_value_t = mcp_idempotency::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES, env = "MCP_IDEM_MAX_LINE_BYTES")]
     max_line_bytes: usize,
 }
 

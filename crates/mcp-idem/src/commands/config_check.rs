@@ -47,8 +47,8 @@ impl ConfigCheckArgs {
 /// One `key = "value"  # source` line per option, in TOML so it can seed a config file. Passwords
 /// in URLs are replaced by `***`; unset options are commented out.
 fn report(name: &str, invocation: &Invocation, matches: &ArgMatches) -> anyhow::Result<String> {
-    let command = crate::cli::command();
-    let sub = command
+    let sub = invocation
+        .command
         .find_subcommand("config-check")
         .and_then(|check| check.find_subcommand(name))
         .with_context(|| format!("no `config-check {name}` command"))?;

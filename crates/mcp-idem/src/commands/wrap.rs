@@ -12,6 +12,11 @@ use sha2::{Digest, Sha256};
 use super::engine_args::{purge_periodically, EngineArgs};
 use crate::ops::OpsArgs;
 
+/// Default of `--max-line-bytes`: the library's
+/// [`DEFAULT_MAX_CLIENT_MESSAGE_BYTES`](mcp_idempotency::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES),
+/// spelled for `--help` and `config-check`.
+const DEFAULT_MAX_LINE: &str = "4MiB";
+
 #[derive(Debug, Args)]
 pub(crate) struct WrapArgs {
     #[command(flatten)]
@@ -40,7 +45,7 @@ pub(crate) struct WrapArgs {
 
     /// Longest client message (one line) read, e.g. 4MiB, 512KiB; a longer one is discarded
     /// without being held in memory whole and answered with a JSON-RPC error.
-    #[arg(long, env = "MCP_IDEM_MAX_LINE_BYTES", default_value = "4MiB", value_parser = parse_bytes)]
+    #[arg(long, env = "MCP_IDEM_MAX_LINE_BYTES", default_value = DEFAULT_MAX_LINE, value_parser = parse_bytes)]
     max_line_bytes: usize,
 
     /// The MCP server to run, and its arguments.
@@ -200,5 +205,13 @@ mod tests {
         assert!(parse_bytes("0").is_err());
         assert!(parse_bytes("4MB").is_err());
         assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn the_default_line_limit_is_the_librarys() {
+        assert_eq!(
+            parse_bytes(DEFAULT_MAX_LINE),
+            Ok(mcp_idempotency::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES)
+        );
     }
 }

@@ -11,10 +11,8 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
 use crate::http_client::HttpsClient;
+use crate::jsonrpc::MAX_SERVER_MESSAGE_BYTES;
 use crate::sse::EventSplitter;
-
-/// Largest answer body (plain JSON) or SSE event read.
-const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// `Mcp-Session-Id`.
 pub(crate) const SESSION_ID: &str = "mcp-session-id";
@@ -174,7 +172,7 @@ impl Answer {
         let body = if sse {
             Body::Sse {
                 body,
-                splitter: EventSplitter::new(MAX_MESSAGE_BYTES),
+                splitter: EventSplitter::new(MAX_SERVER_MESSAGE_BYTES),
                 queue: VecDeque::new(),
                 ended: false,
             }
@@ -207,7 +205,7 @@ impl Answer {
                 let Some(body) = body.take() else {
                     return Ok(None);
                 };
-                let bytes = Limited::new(body, MAX_MESSAGE_BYTES)
+                let bytes = Limited::new(body, MAX_SERVER_MESSAGE_BYTES)
                     .collect()
                     .await
                     .map_err(|e| ReadError(format!("the answer broke off: {e}")))?
@@ -246,7 +244,7 @@ impl Answer {
                 };
                 if splitter.overflowed() {
                     return Err(ReadError(format!(
-                        "an event of the stream is larger than {MAX_MESSAGE_BYTES} bytes"
+                        "an event of the stream is larger than {MAX_SERVER_MESSAGE_BYTES} bytes"
                     )));
                 }
                 queue.extend(

@@ -78,19 +78,17 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::client::RetryPolicy;
 use crate::http_client::{https_client, TlsSetupError};
-use crate::interceptor::{error_response, error_response_with_data};
+use crate::jsonrpc::{
+    error_response, error_response_with_data, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INTERNAL_ERROR,
+    INVALID_REQUEST, PARSE_ERROR,
+};
 use crate::stdio::lines::{self, Line};
-use crate::stdio::DEFAULT_MAX_LINE_BYTES;
 use exchange::{Endpoint, SendError};
 use message::ClientMessage;
 use shared::Shared;
 
 pub use request::ANSWER_LOST;
 
-/// JSON-RPC "Parse error".
-const PARSE_ERROR: i64 = -32700;
-/// JSON-RPC "Invalid Request".
-const INVALID_REQUEST: i64 = -32600;
 /// Messages on their way to the client's stdout.
 const OUTPUT_QUEUE: usize = 256;
 /// How long a notification or a response may take to be taken by the server before the next
@@ -176,7 +174,7 @@ impl BridgeConfig {
             ca_cert: None,
             attempt_timeout: Duration::from_secs(60),
             max_time: Duration::from_secs(120),
-            max_line_bytes: DEFAULT_MAX_LINE_BYTES,
+            max_line_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
         })
     }
 
@@ -215,7 +213,8 @@ impl BridgeConfig {
         self
     }
 
-    /// Longest client line; a longer one is skipped and answered `-32600`.
+    /// Longest client line (default [`DEFAULT_MAX_CLIENT_MESSAGE_BYTES`]); a longer one is skipped
+    /// and answered `-32600`.
     pub fn max_line_bytes(mut self, bytes: usize) -> Self {
         self.max_line_bytes = bytes;
         self
@@ -535,7 +534,7 @@ async fn forward_batch(shared: &Shared, batch: &str) {
             json!({"httpStatus": answer.status.as_u16(), "mayHaveRun": answer.status.is_server_error()}),
         ),
         Err(error) => (
-            crate::INTERNAL_ERROR,
+            INTERNAL_ERROR,
             format!("the batch could not be sent: {error}"),
             json!({"type": ANSWER_LOST, "mayHaveRun": matches!(error, SendError::Failed(_))}),
         ),

@@ -13,11 +13,7 @@ use super::message::{self, Request, ServerMessage};
 use super::shared::Shared;
 use crate::client::retry::{Refusal, Retries, Retry};
 use crate::client::GaveUp;
-use crate::interceptor::error_response_with_data;
-use crate::INTERNAL_ERROR;
-
-/// JSON-RPC "Invalid Request".
-const INVALID_REQUEST: i64 = -32600;
+use crate::jsonrpc::{error_response_with_data, INTERNAL_ERROR, INVALID_REQUEST};
 
 /// `error.data.type` of the error a client gets when the answer to its request was lost and the
 /// bridge could not, or may not, get it by re-issuing the request.

@@ -15,8 +15,10 @@ use std::task::{Context, Poll};
 use serde_json::Value;
 use tokio::io::{AsyncRead, ReadBuf};
 
-/// Longest line the tap buffers; a longer one is skipped (it is no handshake result).
-const MAX_LINE: usize = 4 * 1024 * 1024;
+/// Longest line the tap buffers; a longer one is skipped (it is no handshake result). Not
+/// [`MAX_SERVER_MESSAGE_BYTES`](crate::jsonrpc::MAX_SERVER_MESSAGE_BYTES): rmcp reads every message,
+/// the tap only looks for a small one, so it holds less.
+const MAX_LINE: usize = 4 << 20;
 
 /// What the tap saw, shared with whoever builds the session.
 #[derive(Clone, Debug, Default)]

@@ -17,15 +17,10 @@ use tower_service::Service;
 use super::body::{json_response, BoxError, ResponseBody};
 use super::principal::ScopeBy;
 use super::relay::{self, Exchange};
-use crate::interceptor::{error_response, ClientAction, Decided, Interceptor, InterceptorConfig};
+use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig};
+use crate::jsonrpc::{error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST};
 use crate::record::Scope;
 use crate::Deduplicator;
-
-/// JSON-RPC "Invalid Request", for bodies the layer cannot take and requests without credentials.
-const INVALID_REQUEST: i64 = -32600;
-
-/// Default for [`IdempotencyLayer::max_body_bytes`].
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
 /// Default for [`IdempotencyLayer::body_timeout`].
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -82,7 +77,7 @@ impl IdempotencyLayer {
                 namespace: Arc::from("default"),
                 scope_by: ScopeBy::None,
                 interceptor: InterceptorConfig::default(),
-                max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+                max_body_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
                 body_timeout: DEFAULT_BODY_TIMEOUT,
             }),
         }
@@ -109,7 +104,8 @@ impl IdempotencyLayer {
         self.with(|shared| shared.interceptor = config)
     }
 
-    /// Largest request body read (default [`DEFAULT_MAX_BODY_BYTES`]); larger POSTs get `413`.
+    /// Largest request body read (default [`DEFAULT_MAX_CLIENT_MESSAGE_BYTES`]); larger POSTs get
+    /// `413`.
     pub fn max_body_bytes(self, max: usize) -> Self {
         self.with(|shared| shared.max_body_bytes = max)
     }

@@ -11,7 +11,5 @@ pub mod principal;
 mod relay;
 
 pub use body::{BoxError, ResponseBody};
-pub use layer::{
-    IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT, DEFAULT_MAX_BODY_BYTES,
-};
+pub use layer::{IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT};
 pub use principal::ScopeBy;

@@ -11,13 +11,10 @@ use http_body_util::BodyExt;
 use tokio::sync::{mpsc, oneshot};
 
 use super::body::{full, json_response, BoxError, ChannelBody, ResponseBody};
-use crate::interceptor::{error_response, Interceptor, ServerAction};
+use crate::interceptor::{Interceptor, ServerAction};
+use crate::jsonrpc::{error_response, INTERNAL_ERROR, MAX_SERVER_MESSAGE_BYTES};
 use crate::sse::{Event, EventSplitter};
 use crate::RunningClaim;
-
-/// Largest SSE event parsed; a longer one is passed through unparsed (and a claimed call whose
-/// response it carried is recorded as outcome-unknown).
-const MAX_EVENT_BYTES: usize = 64 << 20;
 
 /// One forwarded request whose answer the layer needs to see: an `initialize` / `server/discover`
 /// (its result gets the capability) or a claimed `tools/call` (its outcome is recorded), as the
@@ -153,7 +150,7 @@ impl Exchange {
                 .is_ok()
                 .then_some(tx),
         };
-        let mut splitter = EventSplitter::new(MAX_EVENT_BYTES);
+        let mut splitter = EventSplitter::new(MAX_SERVER_MESSAGE_BYTES);
         let mut body = std::pin::pin!(body);
         while let Some(frame) = body.frame().await {
             let frame = match frame {
@@ -248,5 +245,5 @@ where
 }
 
 fn error_body(id: &str, message: &str) -> String {
-    error_response(id, crate::rejection::INTERNAL_ERROR, message)
+    error_response(id, INTERNAL_ERROR, message)
 }

@@ -31,15 +31,13 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::engine::{BypassReason, Claim, Decision, ToolCall};
+use crate::jsonrpc::{error_response, raw_error_response, INVALID_PARAMS, INVALID_REQUEST};
 use crate::record::Outcome;
-use crate::rejection::{Rejection, RejectionKind, INVALID_PARAMS};
+use crate::rejection::{Rejection, RejectionKind};
 use raw_object::RawObject;
 
 /// The `params._meta` member that carries the key to the server on executed calls.
 pub const META_KEY: &str = "mcp-idem/idempotencyKey";
-
-/// JSON-RPC "Invalid Request".
-const INVALID_REQUEST: i64 = -32600;
 
 /// What to do with `notifications/cancelled` for a call whose key is claimed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -529,29 +527,5 @@ fn inject_capability(envelope: &RawObject<'_>) -> Option<String> {
 }
 
 fn rejection_response(id: &RequestId, rejection: &Rejection) -> String {
-    format!(
-        r#"{{"jsonrpc":"2.0","id":{},"error":{}}}"#,
-        id.as_json(),
-        rejection.to_error_object()
-    )
-}
-
-/// A JSON-RPC error response with `code` and `message`, for the request whose id is `id_json`
-/// (JSON text: `7`, `"abc"` or `null`).
-pub fn error_response(id_json: &str, code: i64, message: &str) -> String {
-    error_response_with_data(id_json, code, message, None)
-}
-
-/// [`error_response`] with `error.data`, when given.
-pub fn error_response_with_data(
-    id_json: &str,
-    code: i64,
-    message: &str,
-    data: Option<Value>,
-) -> String {
-    let mut error = serde_json::json!({"code": code, "message": message});
-    if let Some(data) = data {
-        error["data"] = data;
-    }
-    format!(r#"{{"jsonrpc":"2.0","id":{id_json},"error":{error}}}"#)
+    raw_error_response(id.as_json(), &rejection.to_error_object().to_string())
 }

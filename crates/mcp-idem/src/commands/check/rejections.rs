@@ -1,16 +1,13 @@
 //! Checks that some calls are refused without running, and one that must not be deduplicated:
 //! `conflict.*`, `key.*` and `mrtr.continuation`.
 
+use mcp_idempotency::jsonrpc::INVALID_PARAMS;
 use serde_json::Value;
 
 use super::checks::{error_summary, exchange, fresh_key, note, one, same, Checker, Same};
 use super::report::{Evidence, Level, Outcome, Status};
 use super::respell;
 use super::session::{Key, Reply};
-
-/// `-32602`, Invalid params: what the SEP's prototype answers for a conflict, and the code for
-/// a malformed parameter.
-const INVALID_PARAMS: i64 = -32602;
 
 impl Checker<'_> {
     /// The same key with different arguments is rejected, nothing runs, and the record stays.
