@@ -24,7 +24,7 @@ pub(crate) enum ClientMessage {
     },
     /// The client's answer to a server-to-client request.
     Response,
-    /// A JSON array (a 2025-03-26 batch): sent as it is, never re-issued.
+    /// A JSON array of JSON-RPC messages (a 2025-03-26 batch): sent as it is, never re-issued.
     Batch,
     /// Not JSON: answered `-32700`.
     NotJson,
@@ -62,8 +62,11 @@ impl ClientMessage {
     pub(crate) fn parse(line: &str, new_key: impl FnOnce() -> String) -> Self {
         let trimmed = line.trim_start();
         if trimmed.starts_with('[') {
-            return if serde_json::from_str::<serde::de::IgnoredAny>(line).is_ok() {
+            return if is_json_rpc(line) {
                 Self::Batch
+            } else if serde_json::from_str::<serde::de::IgnoredAny>(line).is_ok() {
+                // An empty array, or one holding anything but JSON-RPC messages.
+                Self::NotJsonRpc
             } else {
                 Self::NotJson
             };
