@@ -101,7 +101,7 @@ impl Row {
 /// How a row's calls travel.
 enum Client {
     Http(HttpPeer),
-    Stdio(StdioPeer),
+    Stdio(Box<StdioPeer>),
 }
 
 struct Config {
@@ -222,7 +222,7 @@ async fn latency_run(
                 if answer.get("result").is_none() {
                     return Err(peer.fail(&format!("server/discover failed: {answer}")));
                 }
-                Client::Stdio(peer)
+                Client::Stdio(Box::new(peer))
             }
             Row::McpRemote => {
                 let command = remote.command(&server.url, dir);
@@ -230,7 +230,7 @@ async fn latency_run(
                     StdioPeer::spawn("mcp-remote", command, dir.join("mcp-remote.stderr"))?;
                 // mcp-remote connects (and tests the connection) before it reads stdin.
                 peer.initialize(0, Duration::from_secs(30)).await?;
-                Client::Stdio(peer)
+                Client::Stdio(Box::new(peer))
             }
         };
         configs.push(Config {

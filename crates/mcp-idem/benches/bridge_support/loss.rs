@@ -83,8 +83,8 @@ pub(crate) async fn run(
     )?;
     let forwarder = Forwarder::start(proxy.base_url(), options.loss, options.seed).await?;
     println!(
-        "  chain:   bridge -> answer-losing forwarder {} (seed {}) -> mcp-idem proxy --store memory {} -> demo-server {}",
-        forwarder.url, options.seed, proxy.url, demo.url
+        "  chain:   bridge -> answer-losing forwarder {} (seed {}) -> mcp-idem proxy --store memory {}/mcp -> demo-server {}",
+        forwarder.url, options.seed, proxy.base_url(), demo.url
     );
     println!(
         "  calls:   {} charge_payment per bridge, no key from the client, one in flight; {:?} per call; an error or timeout is retried once",
