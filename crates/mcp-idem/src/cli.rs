@@ -2,6 +2,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+use crate::commands::bridge::BridgeArgs;
 use crate::commands::call::CallArgs;
 use crate::commands::check::CheckArgs;
 use crate::commands::config_check::ConfigCheckArgs;
@@ -25,14 +26,15 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Walk through the SEP-3182 decisions on the embedded SQLite store and check each one.
     Demo(DemoArgs),
-    /// Run a small payment MCP server on stdio (or stateless Streamable HTTP with --http): the
-    /// upstream for demos, tests and benchmarks.
+    /// Run a small payment MCP server on stdio (or Streamable HTTP with --http, stateless unless
+    /// --http-stateful): the upstream for demos, tests and benchmarks.
     ///
     /// Built on rmcp (protocol 2026-07-28 and the legacy `initialize`), it knows nothing about
     /// idempotency: every executed charge_payment appends one line to the ledger. Tools:
     /// charge_payment {amount, currency, delay_ms?, fail_after_charge?}, get_balance, noop,
-    /// work_1ms. Logs go to stderr; on stdio, stdin EOF exits with status 0; over HTTP, SIGINT or
-    /// SIGTERM stops the server.
+    /// work_1ms; with --http-stateful also confirm_charge {amount, currency}, which asks the
+    /// client (elicitation/create) before charging. Logs go to stderr; on stdio, stdin EOF exits
+    /// with status 0; over HTTP, SIGINT or SIGTERM stops the server.
     DemoServer(DemoServerArgs),
     /// Run a stdio MCP server behind SEP-3182: `mcp-idem wrap [OPTIONS] -- <command> [args...]`.
     Wrap(WrapArgs),
@@ -40,6 +42,10 @@ pub(crate) enum Command {
     /// --listen ADDR --upstream URL`. Instances sharing a Redis or PostgreSQL store may serve the
     /// same server side by side.
     Proxy(ProxyArgs),
+    /// Give a stdio MCP client safe retries to a remote Streamable HTTP server: `mcp-idem bridge
+    /// [OPTIONS] URL`, launched by the client as its server. Every tools/call gets an
+    /// idempotency key, and a call whose answer was lost is re-issued with the same key.
+    Bridge(BridgeArgs),
     /// Call a tool with an idempotency key, retrying safely: `mcp-idem call --tool NAME --args
     /// JSON (--url URL | -- <command> [args...])`. Exit status: 0 success, 1 tool error, 2 no
     /// outcome (conflict, outcome unknown, connection failure, usage error).
@@ -74,6 +80,7 @@ impl Command {
             Self::Wrap(args) => args.exec(),
             Self::DemoServer(args) => args.exec(),
             Self::Proxy(args) => args.exec(),
+            Self::Bridge(args) => args.exec(),
             Self::Call(args) => args.exec(),
             Self::Check(args) => args.exec(),
             Self::Inspect(args) => args.exec(),

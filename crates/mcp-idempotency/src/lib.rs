@@ -58,6 +58,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "bridge")]
+pub mod bridge;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod config;
@@ -66,6 +68,8 @@ mod engine;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "bridge")]
+pub mod http_client;
 pub mod interceptor;
 pub mod key;
 #[cfg(feature = "metrics")]

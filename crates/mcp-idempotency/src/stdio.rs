@@ -32,7 +32,7 @@
 //! the client asked for that response, so dropping it would only make the client wait; a keyed
 //! call it answered is not recorded and stays in flight until the server exits.
 
-mod lines;
+pub(crate) mod lines;
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};

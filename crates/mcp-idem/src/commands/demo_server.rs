@@ -18,7 +18,15 @@
 //!   A cancelled call (`notifications/cancelled`) still charges: only the response is dropped.
 //! - `get_balance`: the number of charges in the ledger and the sum per currency.
 //! - `noop` and `work_1ms`: no ledger write; answer at once, or after a 1 ms timer.
+//! - `confirm_charge {amount, currency}`, only with `--http-stateful` (stdio and stateless HTTP
+//!   list exactly the tools above): asks the client with a server-to-client
+//!   `elicitation/create` request (form mode, an empty schema) whether to charge, and charges
+//!   (one ledger line, the same answer as `charge_payment`) only if the client answers `accept`;
+//!   `decline` or `cancel` charge nothing and answer `{charged: false, action}`. It needs a
+//!   session whose client declared the `elicitation` capability; without one the call fails
+//!   with a JSON-RPC error and charges nothing.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -29,13 +37,19 @@ use anyhow::Context;
 use clap::Args;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::service::ServerInitializeError;
-use rmcp::{tool, tool_handler, tool_router, ErrorData, ServerHandler, ServiceExt};
+use rmcp::model::{
+    CallToolResult, ContentBlock, ElicitRequestParams, ElicitationAction, ElicitationSchema,
+    Implementation, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{ElicitationMode, ServerInitializeError};
+use rmcp::{
+    tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler, ServiceExt,
+};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Map, Number, Value};
 
+use super::demo_server_http::HttpMode;
 use crate::ledger::{self, Charge, Ledger};
 
 #[derive(Debug, Args)]
@@ -52,6 +66,14 @@ pub(crate) struct DemoServerArgs {
     /// With --http: answer with text/event-stream instead of plain application/json.
     #[arg(long, requires = "http")]
     http_sse: bool,
+    /// With --http: serve with sessions, as servers of the `initialize` era do. `initialize`
+    /// opens a session (`Mcp-Session-Id` response header, kept in memory: after a restart old
+    /// ids get 404); answers are text/event-stream; GET opens the session's server-to-client
+    /// stream; DELETE ends it. Adds the tool `confirm_charge {amount, currency}`, which asks the
+    /// client (elicitation/create) before charging. Each new session prints
+    /// `session opened: ID` on stderr, each GET stream `stream opened: ID`.
+    #[arg(long, requires = "http", conflicts_with = "http_sse")]
+    http_stateful: bool,
 }
 
 impl DemoServerArgs {
@@ -62,10 +84,15 @@ impl DemoServerArgs {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        let server = PaymentServer::new(ledger);
+        let server = PaymentServer::new(ledger, self.http_stateful);
         match self.http {
             Some(addr) => {
-                runtime.block_on(super::demo_server_http::serve(server, addr, self.http_sse))?
+                let mode = if self.http_stateful {
+                    HttpMode::Stateful
+                } else {
+                    HttpMode::Stateless { sse: self.http_sse }
+                };
+                runtime.block_on(super::demo_server_http::serve(server, addr, mode))?
             }
             None => runtime.block_on(serve(server))?,
         }
@@ -105,6 +132,15 @@ struct ChargeArgs {
     fail_after_charge: bool,
 }
 
+/// Arguments of `confirm_charge`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ConfirmArgs {
+    /// Amount to charge if the client confirms; stored as given.
+    amount: Number,
+    /// Currency code, e.g. "EUR".
+    currency: String,
+}
+
 #[derive(Debug, Clone)]
 struct PaymentServer {
     ledger: Arc<Ledger>,
@@ -113,11 +149,27 @@ struct PaymentServer {
 
 #[tool_router]
 impl PaymentServer {
-    fn new(ledger: Ledger) -> Self {
+    /// The server over `ledger`; with `confirm`, it also offers `confirm_charge`.
+    fn new(ledger: Ledger, confirm: bool) -> Self {
+        let mut tool_router = Self::tool_router();
+        if confirm {
+            tool_router += Self::confirm_router();
+        }
         Self {
             ledger: Arc::new(ledger),
-            tool_router: Self::tool_router(),
+            tool_router,
         }
+    }
+
+    /// Appends one charge to the ledger.
+    fn record(&self, amount: Number, currency: String) -> Result<Charge, ErrorData> {
+        let charge = Charge::new(amount, currency);
+        self.ledger.append(&charge).map_err(|err| {
+            tracing::error!(%err, ledger = %self.ledger.path().display(), "cannot append a charge");
+            ErrorData::internal_error(format!("cannot write the ledger: {err}"), None)
+        })?;
+        tracing::debug!(charge_id = %charge.charge_id, "charged");
+        Ok(charge)
     }
 
     #[tool(
@@ -132,12 +184,7 @@ impl PaymentServer {
         if args.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
         }
-        let charge = Charge::new(args.amount, args.currency);
-        self.ledger.append(&charge).map_err(|err| {
-            tracing::error!(%err, ledger = %self.ledger.path().display(), "cannot append a charge");
-            ErrorData::internal_error(format!("cannot write the ledger: {err}"), None)
-        })?;
-        tracing::debug!(charge_id = %charge.charge_id, "charged");
+        let charge = self.record(args.amount, args.currency)?;
         if args.fail_after_charge {
             return Err(ErrorData::internal_error(
                 format!(
@@ -147,21 +194,13 @@ impl PaymentServer {
                 Some(json!({ "chargeId": charge.charge_id })),
             ));
         }
-        let text = format!(
-            "charged {} {}: {}",
-            charge.amount, charge.currency, charge.charge_id
-        );
-        Ok(with_structured(
-            text,
-            json!({
-                "chargeId": charge.charge_id,
-                "amount": charge.amount,
-                "currency": charge.currency,
-            }),
-        ))
+        Ok(charged(&charge))
     }
 
-    #[tool(description = "Number of charges in the ledger and the sum per currency.")]
+    #[tool(
+        description = "Number of charges in the ledger and the sum per currency.",
+        annotations(read_only_hint = true)
+    )]
     async fn get_balance(&self) -> Result<CallToolResult, ErrorData> {
         let charges = ledger::read(self.ledger.path())
             .map_err(|err| ErrorData::internal_error(format!("{err:#}"), None))?;
@@ -193,6 +232,56 @@ impl PaymentServer {
     }
 }
 
+#[tool_router(router = confirm_router)]
+impl PaymentServer {
+    #[tool(
+        description = "Ask the client (elicitation/create) whether to charge; charge once, as \
+                       charge_payment does, only if it accepts. Needs a session whose client \
+                       supports form elicitation."
+    )]
+    async fn confirm_charge(
+        &self,
+        params: Parameters<ConfirmArgs>,
+        peer: Peer<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let args = params.0;
+        if !peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            return Err(ErrorData::invalid_request(
+                "confirm_charge asks the client to confirm: the client must declare the \
+                 elicitation capability (form mode) in its initialize request",
+                None,
+            ));
+        }
+        let question = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: format!("Charge {} {}?", args.amount, args.currency),
+            requested_schema: ElicitationSchema::new(BTreeMap::new()),
+        };
+        let answer = peer.create_elicitation(question).await.map_err(|err| {
+            ErrorData::internal_error(
+                format!("cannot ask the client to confirm the charge: {err}"),
+                None,
+            )
+        })?;
+        if matches!(answer.action, ElicitationAction::Accept) {
+            let charge = self.record(args.amount, args.currency)?;
+            return Ok(charged(&charge));
+        }
+        // `decline` or `cancel`, as the client wrote it.
+        let action = serde_json::to_value(&answer.action)
+            .ok()
+            .and_then(|action| action.as_str().map(str::to_owned))
+            .unwrap_or_else(|| format!("{:?}", answer.action));
+        Ok(with_structured(
+            format!("not charged: the client answered {action}"),
+            json!({ "charged": false, "action": action }),
+        ))
+    }
+}
+
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for PaymentServer {
     fn get_info(&self) -> ServerConfig {
@@ -205,6 +294,23 @@ impl ServerHandler for PaymentServer {
                 "A demo payment service without idempotency: every charge_payment call charges.",
             )
     }
+}
+
+/// The answer to an executed charge: `{chargeId, amount, currency}` as text and
+/// `structuredContent`.
+fn charged(charge: &Charge) -> CallToolResult {
+    let text = format!(
+        "charged {} {}: {}",
+        charge.amount, charge.currency, charge.charge_id
+    );
+    with_structured(
+        text,
+        json!({
+            "chargeId": charge.charge_id,
+            "amount": charge.amount,
+            "currency": charge.currency,
+        }),
+    )
 }
 
 /// A successful result carrying `text` as content and `structured` as `structuredContent`.

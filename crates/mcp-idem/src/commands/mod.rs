@@ -1,3 +1,4 @@
+pub(crate) mod bridge;
 pub(crate) mod call;
 pub(crate) mod check;
 pub(crate) mod config_check;

@@ -112,9 +112,15 @@ pub(crate) struct HttpDemo {
 
 impl HttpDemo {
     pub(crate) fn spawn(ledger: &Path, extra: &[&str]) -> Self {
+        Self::spawn_on("127.0.0.1:0", ledger, extra)
+    }
+
+    /// `mcp-idem demo-server --http LISTEN --ledger LEDGER [extra]`: on a port of the test's
+    /// choosing, e.g. to restart a server where its clients expect it.
+    pub(crate) fn spawn_on(listen: &str, ledger: &Path, extra: &[&str]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mcp-idem"));
         command
-            .args(["demo-server", "--http", "127.0.0.1:0", "--ledger"])
+            .args(["demo-server", "--http", listen, "--ledger"])
             .arg(ledger)
             .args(extra);
         let (process, url) = Spawned::spawn(command, "demo-server", "listening on ");

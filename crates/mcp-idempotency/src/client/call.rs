@@ -1,7 +1,6 @@
 //! [`Client`]: keyed `tools/call` with safe retries.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use rmcp::model::{CallToolResult, ClientRequest, CustomRequest, ErrorData, ServerResult};
 use rmcp::service::PeerRequestOptions;
@@ -11,8 +10,9 @@ use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 use super::connect::{Connect, ConnectError, Session};
-use super::error::{CallError, Failure, GaveUp};
+use super::error::{CallError, Failure};
 use super::policy::RetryPolicy;
+use super::retry::{Refusal, Retries, Retry};
 
 /// A `tools/call` to make: the tool, its arguments, and optionally the idempotency key.
 #[derive(Clone, Debug, PartialEq)]
@@ -148,16 +148,6 @@ enum Attempt {
     Failed { failure: Failure, retry: Retry },
 }
 
-/// Whether a failed attempt may be retried.
-enum Retry {
-    /// Never: the failure is final.
-    Never,
-    /// Nothing was sent: always safe.
-    NotSent,
-    /// The call went out: only when retrying is safe (`safe`), after `after` if the server said.
-    IfSafe { safe: bool, after: Option<Duration> },
-}
-
 impl<C: Connect> Client<C> {
     /// A client opening its sessions with `connector`, with the default [`RetryPolicy`].
     pub fn new(connector: C) -> Self {
@@ -209,12 +199,10 @@ impl<C: Connect> Client<C> {
             .key
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
-        let started = Instant::now();
-        let deadline = started + self.policy.get_max_elapsed();
-        let mut attempts = 0;
+        let mut retries = Retries::new(&self.policy, Instant::now());
         loop {
-            attempts += 1;
-            let (failure, retry) = match self.attempt(&request, &key, deadline).await {
+            let attempts = retries.start_attempt();
+            let (failure, retry) = match self.attempt(&request, &key, &retries).await {
                 Attempt::Done(outcome) => {
                     return Ok(CallReport {
                         outcome,
@@ -224,25 +212,19 @@ impl<C: Connect> Client<C> {
                 }
                 Attempt::Failed { failure, retry } => (failure, retry),
             };
-            let (after, gave_up) = match retry {
-                Retry::Never => (None, Some(GaveUp::Final)),
-                Retry::IfSafe { safe: false, .. } => (None, Some(GaveUp::Unsafe)),
-                Retry::IfSafe { safe: true, after } => (after, None),
-                Retry::NotSent => (None, None),
+            let now = Instant::now();
+            let delay = match retries.after_failure(retry, now) {
+                Ok(delay) => delay,
+                Err(gave_up) => {
+                    return Err(CallError {
+                        key,
+                        attempts,
+                        elapsed: retries.elapsed(now),
+                        failure,
+                        gave_up,
+                    })
+                }
             };
-            let delay = self.policy.delay(attempts, after);
-            let gave_up = gave_up
-                .or((attempts >= self.policy.get_max_attempts()).then_some(GaveUp::MaxAttempts))
-                .or((Instant::now() + delay >= deadline).then_some(GaveUp::MaxElapsed));
-            if let Some(gave_up) = gave_up {
-                return Err(CallError {
-                    key,
-                    attempts,
-                    elapsed: started.elapsed(),
-                    failure,
-                    gave_up,
-                });
-            }
             tracing::debug!(
                 key = %key,
                 attempt = attempts,
@@ -254,10 +236,11 @@ impl<C: Connect> Client<C> {
         }
     }
 
-    /// One attempt, over by `deadline` at the latest: get a session (within the connect
+    /// One attempt, over by the call's deadline at the latest: get a session (within the connect
     /// timeout), send the call and wait for the answer (within the attempt timeout), classify it.
-    async fn attempt(&self, request: &CallRequest, key: &str, deadline: Instant) -> Attempt {
+    async fn attempt(&self, request: &CallRequest, key: &str, retries: &Retries) -> Attempt {
         let started = Instant::now();
+        let deadline = retries.deadline();
         let connect_deadline = deadline.min(started + self.policy.get_connect_timeout());
         let session = match tokio::time::timeout_at(connect_deadline, self.session()).await {
             Ok(Ok(session)) => session,
@@ -279,7 +262,7 @@ impl<C: Connect> Client<C> {
                 }
             }
         };
-        let deadline = deadline.min(Instant::now() + self.policy.get_attempt_timeout());
+        let deadline = retries.attempt_deadline(Instant::now());
         // Decided before sending: after a transport failure the session cannot list tools.
         let safe = session.advertises_idempotency()
             || (self.policy.get_trust_idempotent_hint()
@@ -392,33 +375,16 @@ fn unexpected(what: String) -> Attempt {
 }
 
 fn classify_error(error: ErrorData, safe: bool) -> Attempt {
-    let data = error.data.as_ref();
-    let kind = data
-        .and_then(|data| data.get("type"))
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let after = data
-        .and_then(|data| data.get("retryAfterMs"))
-        .and_then(Value::as_u64)
-        .map(Duration::from_millis);
-    let (failure, retry) = match kind.as_deref() {
-        Some("idempotency_key_in_progress") => {
-            (Failure::InProgress(error), Retry::IfSafe { safe, after })
-        }
-        Some("idempotency_store_unavailable") => (
-            Failure::StoreUnavailable(error),
-            Retry::IfSafe { safe, after },
-        ),
-        Some("idempotency_key_conflict") => (Failure::Conflict(error), Retry::Never),
-        Some("idempotency_outcome_unknown") => (Failure::OutcomeUnknown(error), Retry::Never),
-        Some(kind) if kind.starts_with("idempotency_") => (
-            Failure::Rejected {
-                kind: kind.to_owned(),
-                error,
-            },
-            Retry::Never,
-        ),
-        _ => return Attempt::Done(CallOutcome::RpcError(error)),
+    let Some((refusal, after)) = Refusal::of(error.data.as_ref()) else {
+        return Attempt::Done(CallOutcome::RpcError(error));
+    };
+    let retry = refusal.retry(safe, after);
+    let failure = match refusal {
+        Refusal::InProgress => Failure::InProgress(error),
+        Refusal::StoreUnavailable => Failure::StoreUnavailable(error),
+        Refusal::Conflict => Failure::Conflict(error),
+        Refusal::OutcomeUnknown => Failure::OutcomeUnknown(error),
+        Refusal::Other(kind) => Failure::Rejected { kind, error },
     };
     Attempt::Failed { failure, retry }
 }

@@ -78,6 +78,7 @@ mod call;
 mod connect;
 mod error;
 mod policy;
+pub(crate) mod retry;
 mod tap;
 
 pub use call::{CallOutcome, CallReport, CallRequest, Client};

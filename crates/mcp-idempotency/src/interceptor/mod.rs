@@ -23,7 +23,7 @@
 //! - Everything else (other methods, calls without a key, server requests and notifications, lines
 //!   that are not JSON or not JSON-RPC) passes through untouched.
 
-mod raw_object;
+pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
 
@@ -527,6 +527,19 @@ fn rejection_response(id: &RequestId, rejection: &Rejection) -> String {
 /// A JSON-RPC error response with `code` and `message`, for the request whose id is `id_json`
 /// (JSON text: `7`, `"abc"` or `null`).
 pub fn error_response(id_json: &str, code: i64, message: &str) -> String {
-    let error = serde_json::json!({"code": code, "message": message});
+    error_response_with_data(id_json, code, message, None)
+}
+
+/// [`error_response`] with `error.data`, when given.
+pub fn error_response_with_data(
+    id_json: &str,
+    code: i64,
+    message: &str,
+    data: Option<Value>,
+) -> String {
+    let mut error = serde_json::json!({"code": code, "message": message});
+    if let Some(data) = data {
+        error["data"] = data;
+    }
     format!(r#"{{"jsonrpc":"2.0","id":{id_json},"error":{error}}}"#)
 }

@@ -7,7 +7,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 /// What [`read_line`] found.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Line {
+pub(crate) enum Line {
     /// The stream ended before any byte of a new line.
     Eof,
     /// A line of at most the limit (without its line ending) is in the buffer, with its `\n` unless
@@ -19,7 +19,7 @@ pub(super) enum Line {
 }
 
 /// Reads the next line into `line` (cleared first), holding at most `limit` bytes of it.
-pub(super) async fn read_line<R: AsyncBufRead + Unpin>(
+pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
     reader: &mut R,
     line: &mut Vec<u8>,
     limit: usize,
@@ -56,7 +56,7 @@ pub(super) async fn read_line<R: AsyncBufRead + Unpin>(
 }
 
 /// Discards the rest of the current line, its `\n` included; returns how many bytes that was.
-pub(super) async fn skip_rest<R: AsyncBufRead + Unpin>(reader: &mut R) -> io::Result<u64> {
+pub(crate) async fn skip_rest<R: AsyncBufRead + Unpin>(reader: &mut R) -> io::Result<u64> {
     let mut skipped = 0u64;
     loop {
         let available = reader.fill_buf().await?;
@@ -77,7 +77,7 @@ pub(super) async fn skip_rest<R: AsyncBufRead + Unpin>(reader: &mut R) -> io::Re
 
 /// The next piece of the rest of the current line, into `piece` (cleared first); returns whether
 /// the line is over (the piece ends with its `\n`, or the stream ended).
-pub(super) async fn next_piece<R: AsyncBufRead + Unpin>(
+pub(crate) async fn next_piece<R: AsyncBufRead + Unpin>(
     reader: &mut R,
     piece: &mut Vec<u8>,
 ) -> io::Result<bool> {
@@ -97,7 +97,7 @@ pub(super) async fn next_piece<R: AsyncBufRead + Unpin>(
 
 /// The `id` of the JSON-RPC message that `prefix` starts, as JSON, when it is a number or a string
 /// found among the top-level members the prefix holds whole (`"id"` usually comes before `params`).
-pub(super) fn id_in_prefix(prefix: &[u8]) -> Option<String> {
+pub(crate) fn id_in_prefix(prefix: &[u8]) -> Option<String> {
     let mut pos = skip_whitespace(prefix, 0);
     if prefix.get(pos) != Some(&b'{') {
         return None;

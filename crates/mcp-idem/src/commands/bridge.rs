@@ -1,0 +1,83 @@
+//! `mcp-idem bridge URL`: a stdio MCP server for a desktop client, forwarding to a remote
+//! Streamable HTTP server with a key on every `tools/call` and safe re-issues. The work is done
+//! by [`mcp_idempotency::bridge`].
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use mcp_idempotency::bridge::{Bridge, BridgeConfig};
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Every tools/call without an idempotencyKey gets a fresh one (UUID v4). When the server \
+advertises tools.idempotency, a call whose answer is lost (no connection, a reset, a stream \
+that ends early, no answer within --attempt-timeout, HTTP 502/503/504, \
+idempotency_key_in_progress, idempotency_store_unavailable) is re-issued with the same key until \
+--max-time; then the client gets an error (data.type mcp_idem_answer_lost) naming the key. \
+Without the capability such a call is re-issued only if tools/list annotates the tool \
+idempotentHint or readOnlyHint; otherwise the client gets that error, saying the call may have \
+run. Logs (one line per re-issue) go to stderr; MCP_IDEM_LOG sets the filter.
+
+Exit status: 0 when the client's input ends, 2 if the server cannot be reached at start.")]
+pub(crate) struct BridgeArgs {
+    /// The server's Streamable HTTP endpoint, e.g. https://mcp.example.com/mcp.
+    #[arg(value_name = "URL")]
+    url: String,
+
+    /// An HTTP header for every request, `Name: Value` (repeatable). MCP_IDEM_HEADERS holds
+    /// more, one per line, so that a token can stay out of the client's configuration.
+    #[arg(long = "header", short = 'H', value_name = "NAME:VALUE")]
+    headers: Vec<String>,
+
+    /// A PEM file of CA certificates to trust besides the system's (a private CA).
+    #[arg(long, value_name = "FILE", env = "MCP_IDEM_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+
+    /// How long one attempt of a call that may be re-issued waits for its answer.
+    #[arg(long, value_name = "DURATION", default_value = "60s", env = "MCP_IDEM_ATTEMPT_TIMEOUT", value_parser = humantime::parse_duration)]
+    attempt_timeout: Duration,
+
+    /// No re-issue after this long, counted from the client's request.
+    #[arg(long, value_name = "DURATION", default_value = "2m", env = "MCP_IDEM_MAX_TIME", value_parser = humantime::parse_duration)]
+    max_time: Duration,
+
+    /// Longest client message (one line); a longer one is skipped and answered -32600.
+    #[arg(long, value_name = "BYTES", default_value_t = mcp_idempotency::stdio::DEFAULT_MAX_LINE_BYTES, env = "MCP_IDEM_MAX_LINE_BYTES")]
+    max_line_bytes: usize,
+}
+
+/// Headers from the environment: one `Name: Value` per line.
+const HEADERS_ENV: &str = "MCP_IDEM_HEADERS";
+
+impl BridgeArgs {
+    pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
+        let mut config = BridgeConfig::new(&self.url)?
+            .attempt_timeout(self.attempt_timeout)
+            .max_time(self.max_time)
+            .max_line_bytes(self.max_line_bytes);
+        let from_env = std::env::var(HEADERS_ENV).unwrap_or_default();
+        let env_headers = from_env.lines().filter(|line| !line.trim().is_empty());
+        for header in self.headers.iter().map(String::as_str).chain(env_headers) {
+            config = config.header_line(header)?;
+        }
+        if let Some(ca) = self.ca_cert {
+            config = config.ca_cert(ca);
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(async {
+            let bridge = Bridge::connect(config).await?;
+            bridge
+                .run(tokio::io::stdin(), tokio::io::stdout())
+                .await
+                .context("cannot read the client's input")?;
+            Ok(ExitCode::SUCCESS)
+        })
+    }
+}

@@ -1,0 +1,218 @@
+//! The one retry loop's decisions, without I/O: whether a failed attempt is retried, how long to
+//! wait first, and when to give up. [`Client`](super::Client) and the
+//! [bridge](crate::bridge) both run their attempts through a [`Retries`].
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::error::GaveUp;
+use super::policy::RetryPolicy;
+
+/// Whether a failed attempt may be retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Never: the failure is final.
+    Never,
+    /// Nothing was sent: always safe.
+    NotSent,
+    /// The call went out: only when retrying is safe (`safe`), after `after` if the server said.
+    IfSafe { safe: bool, after: Option<Duration> },
+}
+
+/// The attempts of one call: counts them and decides, after each failure, whether and when the
+/// next one starts. The clock is passed in.
+#[derive(Debug)]
+pub(crate) struct Retries {
+    policy: RetryPolicy,
+    started: Instant,
+    deadline: Instant,
+    attempts: u32,
+}
+
+impl Retries {
+    /// A call starting at `now`.
+    pub(crate) fn new(policy: &RetryPolicy, now: Instant) -> Self {
+        Self {
+            policy: policy.clone(),
+            started: now,
+            deadline: now + policy.get_max_elapsed(),
+            attempts: 0,
+        }
+    }
+
+    /// Counts a new attempt; returns its number (1 for the first).
+    pub(crate) fn start_attempt(&mut self) -> u32 {
+        self.attempts += 1;
+        self.attempts
+    }
+
+    /// Attempts started so far.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// No attempt runs past this.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// When an attempt started at `now` stops waiting for its answer.
+    pub(crate) fn attempt_deadline(&self, now: Instant) -> Instant {
+        self.deadline.min(now + self.policy.get_attempt_timeout())
+    }
+
+    /// Time since the call started.
+    pub(crate) fn elapsed(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.started)
+    }
+
+    /// After a failed attempt: how long to wait before the next one, or why there is none.
+    pub(crate) fn after_failure(&self, retry: Retry, now: Instant) -> Result<Duration, GaveUp> {
+        let after = match retry {
+            Retry::Never => return Err(GaveUp::Final),
+            Retry::IfSafe { safe: false, .. } => return Err(GaveUp::Unsafe),
+            Retry::IfSafe { safe: true, after } => after,
+            Retry::NotSent => None,
+        };
+        if self.attempts >= self.policy.get_max_attempts() {
+            return Err(GaveUp::MaxAttempts);
+        }
+        let delay = self.policy.delay(self.attempts, after);
+        if now + delay >= self.deadline {
+            return Err(GaveUp::MaxElapsed);
+        }
+        Ok(delay)
+    }
+}
+
+/// An `idempotency_*` refusal, read from a JSON-RPC error's `data`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// `idempotency_key_in_progress`: the original still runs.
+    InProgress,
+    /// `idempotency_store_unavailable`: the server failed closed; nothing ran.
+    StoreUnavailable,
+    /// `idempotency_key_conflict`.
+    Conflict,
+    /// `idempotency_outcome_unknown`.
+    OutcomeUnknown,
+    /// Any other `idempotency_*` type.
+    Other(String),
+}
+
+impl Refusal {
+    /// The refusal in a JSON-RPC error's `data`, if it is one, with the server's `retryAfterMs`.
+    pub(crate) fn of(data: Option<&Value>) -> Option<(Self, Option<Duration>)> {
+        let data = data?;
+        let kind = data.get("type").and_then(Value::as_str)?;
+        let refusal = match kind {
+            "idempotency_key_in_progress" => Self::InProgress,
+            "idempotency_store_unavailable" => Self::StoreUnavailable,
+            "idempotency_key_conflict" => Self::Conflict,
+            "idempotency_outcome_unknown" => Self::OutcomeUnknown,
+            other if other.starts_with("idempotency_") => Self::Other(other.to_owned()),
+            _ => return None,
+        };
+        let after = data
+            .get("retryAfterMs")
+            .and_then(Value::as_u64)
+            .map(Duration::from_millis);
+        Some((refusal, after))
+    }
+
+    /// Whether the same call may be sent again with the same key: only while the original runs
+    /// or when the server failed closed, and only if retrying is `safe`.
+    pub(crate) fn retry(&self, safe: bool, after: Option<Duration>) -> Retry {
+        match self {
+            Self::InProgress | Self::StoreUnavailable => Retry::IfSafe { safe, after },
+            Self::Conflict | Self::OutcomeUnknown | Self::Other(_) => Retry::Never,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::default()
+            .max_attempts(3)
+            .max_elapsed(Duration::from_secs(10))
+            .backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .jitter(false)
+    }
+
+    #[test]
+    fn final_and_unsafe_failures_are_not_retried() {
+        let now = Instant::now();
+        let mut retries = Retries::new(&policy(), now);
+        retries.start_attempt();
+        assert_eq!(retries.after_failure(Retry::Never, now), Err(GaveUp::Final));
+        let unsafe_retry = Retry::IfSafe {
+            safe: false,
+            after: None,
+        };
+        assert_eq!(
+            retries.after_failure(unsafe_retry, now),
+            Err(GaveUp::Unsafe)
+        );
+    }
+
+    #[test]
+    fn retries_back_off_until_the_attempts_run_out() {
+        let now = Instant::now();
+        let mut retries = Retries::new(&policy(), now);
+        let safe = Retry::IfSafe {
+            safe: true,
+            after: None,
+        };
+        retries.start_attempt();
+        assert_eq!(
+            retries.after_failure(safe, now),
+            Ok(Duration::from_millis(100))
+        );
+        retries.start_attempt();
+        assert_eq!(
+            retries.after_failure(Retry::NotSent, now),
+            Ok(Duration::from_millis(200))
+        );
+        retries.start_attempt();
+        assert_eq!(retries.after_failure(safe, now), Err(GaveUp::MaxAttempts));
+    }
+
+    #[test]
+    fn no_retry_would_start_past_the_deadline() {
+        let now = Instant::now();
+        let mut retries = Retries::new(&policy(), now);
+        retries.start_attempt();
+        let hint = Retry::IfSafe {
+            safe: true,
+            after: Some(Duration::from_secs(3)),
+        };
+        assert_eq!(retries.after_failure(hint, now), Ok(Duration::from_secs(3)));
+        let late = now + Duration::from_secs(8);
+        assert_eq!(retries.after_failure(hint, late), Err(GaveUp::MaxElapsed));
+        assert_eq!(
+            retries.attempt_deadline(late),
+            now + Duration::from_secs(10)
+        );
+    }
+
+    #[test]
+    fn refusals_are_read_from_the_error_data() {
+        let in_progress = json!({"type": "idempotency_key_in_progress", "retryAfterMs": 250});
+        assert_eq!(
+            Refusal::of(Some(&in_progress)),
+            Some((Refusal::InProgress, Some(Duration::from_millis(250))))
+        );
+        let quota = json!({"type": "idempotency_quota_exceeded"});
+        let (refusal, _) = Refusal::of(Some(&quota)).unwrap();
+        assert_eq!(refusal, Refusal::Other("idempotency_quota_exceeded".into()));
+        assert_eq!(refusal.retry(true, None), Retry::Never);
+        assert_eq!(Refusal::of(Some(&json!({"type": "tool_failed"}))), None);
+        assert_eq!(Refusal::of(None), None);
+    }
+}
