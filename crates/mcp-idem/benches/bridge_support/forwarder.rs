@@ -21,7 +21,7 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -85,7 +85,7 @@ impl Forwarder {
         let counts = Arc::new(Counts::default());
         let state = Arc::new(State {
             upstream: upstream.trim_end_matches('/').to_owned(),
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: super::http_client(),
             loss,
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
             counts: Arc::clone(&counts),

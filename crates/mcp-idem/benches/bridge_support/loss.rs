@@ -39,11 +39,16 @@ struct Run {
     label: &'static str,
     base: u64,
     outcomes: Vec<(Outcome, Option<Outcome>)>,
+    /// How long each first attempt took, in milliseconds, sorted.
+    times_ms: Vec<f64>,
+    /// The first `re-issuing tools/call` line of the bridge's stderr.
+    sample_reissue: Option<String>,
     /// `tools/call` POSTs the forwarder saw and answers it dropped, during this run.
     posts: u64,
     dropped: u64,
-    /// `re-issuing tools/call` lines on the bridge's stderr.
-    reissues: usize,
+    /// `re-issuing tools/call` lines on `mcp-idem bridge`'s stderr (`None` for `mcp-remote`,
+    /// which logs no such thing).
+    reissues: Option<usize>,
     capability: bool,
     elapsed: Duration,
 }
@@ -113,7 +118,12 @@ pub(crate) async fn run(
         )
         .await?,
     ];
-    runs[0].reissues = bridge.stderr().matches("re-issuing tools/call").count();
+    let stderr = bridge.stderr();
+    runs[0].reissues = Some(stderr.matches("re-issuing tools/call").count());
+    runs[0].sample_reissue = stderr
+        .lines()
+        .find(|line| line.contains("re-issuing tools/call"))
+        .map(str::to_owned);
     bridge.finish().await;
 
     let command = remote.command(&forwarder.url, dir);
@@ -157,6 +167,7 @@ async fn drive(
     let mut progress = crate::support::Progress::new("bridge_latency", options.calls);
     let mut next_id = 1u64;
     let mut outcomes = Vec::with_capacity(options.calls);
+    let mut times_ms = Vec::with_capacity(options.calls);
     for i in 0..options.calls {
         progress.step(&format!("{label}, loss run"));
         let amount = base + i as u64;
@@ -169,40 +180,45 @@ async fn drive(
                 modern,
             )
         };
-        let first = charge(peer, &attempt(), options.call_timeout).await?;
+        let (first, took) = charge(peer, &attempt(), options.call_timeout).await?;
+        times_ms.push(took.as_secs_f64() * 1000.0);
         let retry = match first {
             Outcome::Charged(_) => None,
-            _ => Some(charge(peer, &attempt(), options.call_timeout).await?),
+            _ => Some(charge(peer, &attempt(), options.call_timeout).await?.0),
         };
         outcomes.push((first, retry));
     }
     drop(progress);
     let (posts, dropped) = forwarder.counts.snapshot();
+    times_ms.sort_by(f64::total_cmp);
     Ok(Run {
         label,
         base,
         outcomes,
+        times_ms,
+        sample_reissue: None,
         posts: posts - posts_before,
         dropped: dropped - dropped_before,
-        reissues: 0,
+        reissues: None,
         capability,
         elapsed: started.elapsed(),
     })
 }
 
+/// One attempt of a charge, and how long it took.
 async fn charge(
     peer: &mut StdioPeer,
     message: &Value,
     timeout: Duration,
-) -> Result<Outcome, String> {
+) -> Result<(Outcome, Duration), String> {
     let line = format!("{message}\n");
-    let Some((answer, _)) = peer.request(&line, &message["id"], timeout).await? else {
-        return Ok(Outcome::TimedOut);
+    let Some((answer, took)) = peer.request(&line, &message["id"], timeout).await? else {
+        return Ok((Outcome::TimedOut, timeout));
     };
     let result = &answer["result"];
     if let Some(charge) = result["structuredContent"]["chargeId"].as_str() {
         if result["isError"] != Value::Bool(true) {
-            return Ok(Outcome::Charged(charge.to_owned()));
+            return Ok((Outcome::Charged(charge.to_owned()), took));
         }
     }
     let what = match answer.get("error") {
@@ -222,7 +238,7 @@ async fn charge(
             result["content"][0]["text"].as_str().unwrap_or_default()
         ),
     };
-    Ok(Outcome::Failed(what))
+    Ok((Outcome::Failed(what), took))
 }
 
 /// Amount -> the charge ids the ledger holds for it.
@@ -293,10 +309,29 @@ fn report(run: &Run, charged: &HashMap<u64, Vec<String>>) {
         run.elapsed.as_secs_f64(),
         if run.capability { "yes" } else { "no" }
     );
+    let reissues = run
+        .reissues
+        .map(|n| format!("; re-issues the bridge logged: {n}"))
+        .unwrap_or_default();
     println!(
-        "  forwarder: {} tools/call POSTs, {} answers dropped; re-issues the bridge logged: {}",
-        run.posts, run.dropped, run.reissues
+        "  forwarder: {} tools/call POSTs, {} answers dropped{reissues}",
+        run.posts, run.dropped
     );
+    let pick = |p: f64| {
+        let rank =
+            ((p * run.times_ms.len() as f64).ceil() as usize).clamp(1, run.times_ms.len().max(1));
+        run.times_ms.get(rank - 1).copied().unwrap_or(f64::NAN)
+    };
+    println!(
+        "  time to the first answer: p50 {:.2} ms, p90 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        pick(0.5),
+        pick(0.9),
+        pick(0.99),
+        run.times_ms.last().copied().unwrap_or(f64::NAN)
+    );
+    if let Some(line) = &run.sample_reissue {
+        println!("  a re-issue, as logged: {}", line.trim());
+    }
     println!(
         "  first answer:  {}/{n} completed ({:.1}%), {} errors, {} timed out",
         count(true, is_charged),

@@ -341,6 +341,13 @@ impl StdioPeer {
 // ---------------------------------------------------------------------------------------------
 // The HTTP client.
 
+/// A pooled keep-alive HTTP/1 client with `TCP_NODELAY`, as `mcp-idem bridge` sets it.
+pub(crate) fn http_client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
 /// A keep-alive HTTP client POSTing JSON-RPC to one Streamable HTTP endpoint, as an HTTP MCP
 /// client does: JSON in, plain JSON (or SSE) out.
 pub(crate) struct HttpPeer {
@@ -354,7 +361,7 @@ impl HttpPeer {
     /// A client for `url` speaking `protocol` (sent as `MCP-Protocol-Version`).
     pub(crate) fn new(url: &str, protocol: &str) -> Self {
         Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: http_client(),
             url: url.to_owned(),
             protocol: protocol.to_owned(),
         }
