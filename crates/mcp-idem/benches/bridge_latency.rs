@@ -64,6 +64,8 @@ const MAX_ADDED_P50_US: f64 = 100.0;
 const MAX_ADDED_SHARE: f64 = 0.5;
 
 struct Options {
+    /// The rows to measure (`--rows`; all by default).
+    rows: Vec<Row>,
     calls: Option<usize>,
     warmup: usize,
     rounds: usize,
@@ -87,6 +89,16 @@ impl Row {
         Self::Bridge,
         Self::McpRemote,
     ];
+
+    /// The name `--rows` takes.
+    fn slug(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::DirectLegacy => "legacy",
+            Self::Bridge => "bridge",
+            Self::McpRemote => "mcp-remote",
+        }
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -197,7 +209,7 @@ async fn latency_run(
     println!("  server:  {} (noop)", server.url);
 
     let mut configs = Vec::new();
-    for row in Row::ALL {
+    for &row in &options.rows {
         let client = match row {
             Row::Direct => Client::Http(HttpPeer::new(&server.url, MODERN)),
             Row::DirectLegacy => {
@@ -284,6 +296,7 @@ async fn latency_run(
 
 fn parse_args() -> Result<Option<Options>, String> {
     let mut options = Options {
+        rows: Row::ALL.to_vec(),
         calls: None,
         warmup: DEFAULT_WARMUP,
         rounds: DEFAULT_ROUNDS,
@@ -328,6 +341,14 @@ fn parse_args() -> Result<Option<Options>, String> {
                 }
                 options.loss = Some(loss);
             }
+            "--rows" => {
+                let v = value("--rows")?;
+                options.rows = Vec::new();
+                for slug in v.split(',').map(str::trim) {
+                    let row = Row::ALL.into_iter().find(|row| row.slug() == slug);
+                    options.rows.push(row.ok_or_else(|| bad("--rows", slug))?);
+                }
+            }
             "--seed" => {
                 let v = value("--seed")?;
                 options.seed = v.parse().map_err(|_| bad("--seed", &v))?;
@@ -342,7 +363,7 @@ fn parse_args() -> Result<Option<Options>, String> {
                 println!(
                     "bridge_latency [--calls N (default {DEFAULT_CALLS}; {DEFAULT_LOSS_CALLS} with --loss)] \
                      [--quick ({QUICK_CALLS} calls)] [--warmup N (default {DEFAULT_WARMUP})] \
-                     [--rounds N (default {DEFAULT_ROUNDS})]\n\
+                     [--rounds N (default {DEFAULT_ROUNDS})] [--rows direct,legacy,bridge,mcp-remote (default all)]\n\
                      bridge_latency --loss P [--calls N] [--seed S (default {DEFAULT_SEED})] \
                      [--call-timeout DUR (default {})]\n\
                      Latency of tools/call directly over HTTP, through `mcp-idem bridge` and through \
@@ -441,6 +462,11 @@ fn print_table(results: &mut [(Row, Vec<u64>)], elapsed: Duration) {
             );
         }
         println!("{line}");
+    }
+    let has = |row: Row| summaries.iter().any(|(r, ..)| *r == row);
+    if !(has(Row::Direct) && has(Row::Bridge) && has(Row::McpRemote)) {
+        println!("\n(the targets need the direct, bridge and mcp-remote rows)");
+        return;
     }
     let bridge = of(Row::Bridge);
     let remote = of(Row::McpRemote);
