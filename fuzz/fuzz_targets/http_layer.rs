@@ -102,7 +102,7 @@ fuzz_target!(|input: &[u8]| {
         .map(Bytes::copy_from_slice)
         .collect();
 
-    let mut classify = Interceptor::new(InterceptorConfig::default());
+    let mut classify: Interceptor = Interceptor::new(InterceptorConfig::default());
     let action = std::str::from_utf8(post).map(|text| classify.on_client_message(text));
     let keyed = matches!(action, Ok(ClientAction::Decide(_)));
     let discovery = matches!(action, Ok(ClientAction::Forward)) && classify.awaits_discovery_result();

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);
     let engine = Engine::new(EngineConfig::default());
     let scope = Scope::new("fuzz", "fuzzer");
-    let mut interceptor = Interceptor::new(InterceptorConfig::default());
+    let mut interceptor: Interceptor = Interceptor::new(InterceptorConfig::default());
     // Lines starting with '<' come from the server, the others from the client.
     for line in text.split('\n') {
         match line.strip_prefix('<') {
@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
                 let now = Timestamp::from_millis(1_000);
                 let step =
                     match engine.begin(&scope, &call.tool_call(), FencingToken::random(), now) {
-                        Step::Claim(req) => engine.on_claim(req, Ok(ClaimOutcome::Claimed)),
+                        Step::TryClaim(req) => engine.on_claim(req, Ok(ClaimOutcome::Claimed)),
                         step => step,
                     };
                 if let Step::Done(decision) = step {

@@ -80,7 +80,7 @@ fuzz_target!(|input: &[u8]| {
     let data: Vec<String> = whole.iter().filter_map(|e| e.data.clone()).collect();
     assert_eq!(event_data(stream), data);
 
-    let mut interceptor = Interceptor::new(InterceptorConfig::default());
+    let mut interceptor: Interceptor = Interceptor::new(InterceptorConfig::default());
     let _ = interceptor.on_client_message(INITIALIZE);
     for event in &whole {
         let (again, _) = split(&[&event.raw], usize::MAX);

@@ -1,16 +1,26 @@
-//! The async driver of the [`Engine`] over a [`Store`].
+//! The async driver of the [`Engine`] over a [`Store`]: decisions, the claim lifecycle (through
+//! [`RunningClaim`]) and the store's health, in one place for every transport.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::record::{FencingToken, Outcome, Scope};
+use crate::rejection::RejectionKind;
+use crate::running_claim::RunningClaim;
 use crate::store::{Fenced, Store, StoreError};
-use crate::time::Timestamp;
+use crate::time::{Clock, SystemClock};
 
 /// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
 ///
-/// This is the piece every transport adapter shares: hand it a call, act on the [`Decision`], and
-/// report the outcome of executed calls back.
+/// This is the piece every transport adapter shares: hand it a call ([`begin`](Self::begin)), act
+/// on the [`Decision`], and finish the [`RunningClaim`] of an executed call with its outcome. The
+/// claim renews its own lease while the call runs. The deduplicator also knows whether the store
+/// is usable ([`store_usable`](Self::store_usable)), from the answers of its last claims.
+///
+/// [`decide`](Self::decide), [`complete`](Self::complete), [`renew`](Self::renew) and
+/// [`release`](Self::release) are the same steps one by one, for callers that manage a claim's
+/// lease themselves.
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -45,15 +55,45 @@ use crate::time::Timestamp;
 pub struct Deduplicator {
     engine: Engine,
     store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    /// Cleared when a claim failed for lack of a store, set again by the next claim that worked.
+    store_usable: Arc<AtomicBool>,
 }
 
 impl Deduplicator {
-    /// A driver for an engine with `config` over `store`.
+    /// A driver for an engine with `config` over `store`, on the system clock.
     pub fn new(config: crate::EngineConfig, store: Arc<dyn Store>) -> Self {
         Self {
             engine: Engine::new(config),
             store,
+            clock: Arc::new(SystemClock),
+            store_usable: Arc::new(AtomicBool::new(true)),
         }
+    }
+
+    /// Reads the time from `clock` instead of the system clock (a [`ManualClock`](crate::ManualClock)
+    /// in tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Whether the store answered the last claim (or no claim failed yet). Transports advertise
+    /// `tools.idempotency` only while it does.
+    pub fn store_usable(&self) -> bool {
+        self.store_usable.load(Ordering::Relaxed)
+    }
+
+    /// Decides what to do with a call, claiming its key if it is to be executed; an executed
+    /// call's [`RunningClaim`] renews its lease until it is finished, released or abandoned.
+    pub async fn begin(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision<RunningClaim> {
+        let decision = self.decide(scope, call).await;
+        decision.map_claim(|claim| RunningClaim::start(self.clone(), claim))
     }
 
     /// The engine.
@@ -70,11 +110,11 @@ impl Deduplicator {
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
         let mut step = self
             .engine
-            .begin(scope, call, FencingToken::random(), Timestamp::now());
+            .begin(scope, call, FencingToken::random(), self.clock.now());
         let decision = loop {
             step = match step {
                 Step::Done(decision) => break decision,
-                Step::Claim(req) => {
+                Step::TryClaim(req) => {
                     let answer = self.store.claim(&req).await;
                     self.engine.on_claim(req, answer)
                 }
@@ -84,6 +124,15 @@ impl Deduplicator {
                 }
             };
         };
+        match &decision {
+            Decision::Execute(_) | Decision::Replay(_) => {
+                self.store_usable.store(true, Ordering::Relaxed);
+            }
+            Decision::Reject(rejection) if rejection.kind() == RejectionKind::StoreUnavailable => {
+                self.store_usable.store(false, Ordering::Relaxed);
+            }
+            _ => {}
+        }
         #[cfg(feature = "metrics")]
         crate::metrics::on_decision(&decision);
         decision
@@ -92,7 +141,7 @@ impl Deduplicator {
     /// Records the outcome of an executed call. [`Fenced::NotOwner`] means the lease was lost and
     /// someone else owns the record now; the outcome was not written.
     pub async fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Fenced, StoreError> {
-        let req = self.engine.completion(claim, outcome, Timestamp::now());
+        let req = self.engine.completion(claim, outcome, self.clock.now());
         #[cfg(feature = "metrics")]
         let kind = req.outcome.kind();
         let fenced = self.store.complete(req).await?;
@@ -110,7 +159,7 @@ impl Deduplicator {
     /// the renewal; after an error or [`Fenced::NotOwner`] it still says what the store holds.
     pub async fn renew(&self, claim: &mut Claim) -> Result<Fenced, StoreError> {
         let mut renewed = claim.clone();
-        let lease_expires_at = self.engine.renew(&mut renewed, Timestamp::now());
+        let lease_expires_at = self.engine.renew(&mut renewed, self.clock.now());
         let fenced = self
             .store
             .renew(renewed.id(), renewed.owner(), lease_expires_at)

@@ -4,7 +4,7 @@
 //! The caller feeds it the request and the store's answers, and it says what to do next:
 //!
 //! ```text
-//!   begin(scope, call, token, now) ──► Step::Claim(req) ──store.claim──► on_claim(req, answer)
+//!   begin(scope, call, token, now) ──► Step::TryClaim(req) ──store.claim──► on_claim(req, answer)
 //!        │                                                                    │
 //!        ▼                                                                    ▼
 //!   Step::Done(Decision)  ◄── on_take_over(req, answer) ◄──store.take_over── Step::TakeOver(req)
@@ -101,20 +101,42 @@ impl Replay {
     }
 }
 
+impl AsRef<Claim> for Claim {
+    fn as_ref(&self) -> &Claim {
+        self
+    }
+}
+
 /// What to do with a `tools/call`.
+///
+/// The engine decides with a plain [`Claim`] (`Decision<Claim>`); the
+/// [`Deduplicator::begin`](crate::Deduplicator::begin) hands the caller a
+/// [`RunningClaim`](crate::RunningClaim) instead, which renews its own lease.
 #[must_use]
 #[derive(Clone, Debug, PartialEq)]
-pub enum Decision {
+pub enum Decision<C = Claim> {
     /// Forward the request as it is; record nothing.
     Bypass(BypassReason),
     /// Forward the request: the key is now owned by the caller, who must renew the lease while the
     /// call runs and then record the outcome ([`Engine::completion`]), or release the claim if the
     /// call certainly did not run.
-    Execute(Claim),
+    Execute(C),
     /// Do not forward: answer with the recorded outcome under the new request's id.
     Replay(Replay),
     /// Do not forward: answer with this error.
     Reject(Rejection),
+}
+
+impl<C> Decision<C> {
+    /// The same decision, with the claim of an [`Execute`](Self::Execute) turned into `f(claim)`.
+    pub fn map_claim<D>(self, f: impl FnOnce(C) -> D) -> Decision<D> {
+        match self {
+            Self::Bypass(reason) => Decision::Bypass(reason),
+            Self::Execute(claim) => Decision::Execute(f(claim)),
+            Self::Replay(replay) => Decision::Replay(replay),
+            Self::Reject(rejection) => Decision::Reject(rejection),
+        }
+    }
 }
 
 /// The next thing the caller must do.
@@ -124,7 +146,7 @@ pub enum Step {
     /// The decision is made.
     Done(Decision),
     /// Run this claim against the store, then pass the answer to [`Engine::on_claim`].
-    Claim(ClaimRequest),
+    TryClaim(ClaimRequest),
     /// Run this take-over against the store, then pass the answer to [`Engine::on_take_over`].
     TakeOver(TakeOverRequest),
 }
@@ -191,7 +213,7 @@ impl Engine {
             Ok(fingerprint) => fingerprint,
             Err(err) => return reject(arguments_invalid(&err, &key)),
         };
-        Step::Claim(ClaimRequest {
+        Step::TryClaim(ClaimRequest {
             id: RecordId {
                 scope: scope.clone(),
                 key,

@@ -88,9 +88,10 @@
 use std::cell::RefCell;
 use std::fmt;
 
-mod encode;
+mod bytes;
 mod number;
 mod order;
+mod parser;
 #[cfg(test)]
 mod tests;
 
@@ -186,13 +187,18 @@ pub enum ArgumentsError {
     },
 }
 
+/// [`ArgumentsError::Malformed`] at `offset`.
+fn malformed(offset: usize, reason: &'static str) -> ArgumentsError {
+    ArgumentsError::Malformed { offset, reason }
+}
+
 const DOMAIN_TAG: &[u8] = b"mcp-idem-fp-v1\0";
 
 /// Most heap memory the per-thread buffers keep between calls.
 const RETAINED_BYTES: usize = 8 << 20;
 
 thread_local! {
-    static BUFFERS: RefCell<encode::Buffers> = const { RefCell::new(encode::Buffers::new()) };
+    static BUFFERS: RefCell<parser::Buffers> = const { RefCell::new(parser::Buffers::new()) };
 }
 
 /// Fingerprints a `tools/call` request.
@@ -207,15 +213,15 @@ pub fn fingerprint(
     tool_name: &str,
     arguments: Option<&str>,
 ) -> Result<Fingerprint, ArgumentsError> {
-    let run = |bufs: &mut encode::Buffers| {
-        let digest = encode::hash(bufs, tool_name, arguments);
+    let run = |bufs: &mut parser::Buffers| {
+        let digest = parser::hash(bufs, tool_name, arguments);
         bufs.trim(RETAINED_BYTES);
         digest.map(Fingerprint)
     };
     BUFFERS
         .try_with(|cell| match cell.try_borrow_mut() {
             Ok(mut bufs) => run(&mut bufs),
-            Err(_) => run(&mut encode::Buffers::new()),
+            Err(_) => run(&mut parser::Buffers::new()),
         })
-        .unwrap_or_else(|_| run(&mut encode::Buffers::new()))
+        .unwrap_or_else(|_| run(&mut parser::Buffers::new()))
 }

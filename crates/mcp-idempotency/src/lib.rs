@@ -46,7 +46,7 @@
 //!     mrtr_continuation: false,
 //! };
 //! let now = Timestamp::from_millis(1_000);
-//! let Step::Claim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {
+//! let Step::TryClaim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {
 //!     unreachable!()
 //! };
 //! // A real caller now runs `store.claim(&req)`; here the key was free.
@@ -76,6 +76,7 @@ pub mod key;
 pub mod metrics;
 mod record;
 mod rejection;
+mod running_claim;
 pub mod sse;
 pub mod stdio;
 pub mod store;
@@ -90,4 +91,5 @@ pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
 pub use rejection::{Rejection, RejectionKind, INTERNAL_ERROR, INVALID_PARAMS};
-pub use time::Timestamp;
+pub use running_claim::RunningClaim;
+pub use time::{Clock, ManualClock, SystemClock, Timestamp};

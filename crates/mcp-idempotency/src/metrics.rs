@@ -142,7 +142,7 @@ pub fn set_record_counts(stats: &StoreStats) {
     gauge!(RECORDS, "state" => "expired").set(stats.expired as f64);
 }
 
-pub(crate) fn on_decision(decision: &Decision) {
+pub(crate) fn on_decision<C>(decision: &Decision<C>) {
     match decision {
         Decision::Execute(_) => counter!(EXECUTIONS_TOTAL).increment(1),
         Decision::Replay(replay) => {

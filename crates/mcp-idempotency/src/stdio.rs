@@ -36,7 +36,6 @@ pub(crate) mod lines;
 
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
@@ -46,9 +45,9 @@ use tokio::sync::{mpsc, Notify};
 use crate::interceptor::{
     error_response, ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction,
 };
-use crate::record::{Outcome, Scope};
+use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
-use crate::{Deduplicator, EngineConfig};
+use crate::{Deduplicator, EngineConfig, RunningClaim};
 use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
 
 /// Buffer between the in-process server and the proxy, per direction.
@@ -128,11 +127,12 @@ impl StdioProxy {
         SW: AsyncWrite + Unpin,
         SR: AsyncRead + Unpin,
     {
-        let state = Arc::new(Mutex::new(Interceptor::new(self.config.clone())));
+        let state = Arc::new(Mutex::new(Interceptor::<RunningClaim>::new(
+            self.config.clone(),
+        )));
         let (to_client, from_proxy) = mpsc::channel::<Vec<u8>>(CLIENT_QUEUE);
         let write_client = write_lines(from_proxy, client_out);
         let server_gone = Notify::new();
-        let renew = self.renew_leases(&state);
 
         let pumps = async {
             let to_client = ToClient::new(to_client);
@@ -166,10 +166,7 @@ impl StdioProxy {
             let orphaned_calls = self.orphan_calls_in_flight(&state, &to_client).await;
             ended.map(|()| ProxyExit { orphaned_calls })
         };
-        let (result, write_result) = tokio::select! {
-            both = async { tokio::join!(pumps, write_client) } => both,
-            never = renew => match never {},
-        };
+        let (result, write_result) = tokio::join!(pumps, write_client);
         if let Err(err) = write_result {
             tracing::debug!(error = %err, "client output closed");
         }
@@ -178,7 +175,7 @@ impl StdioProxy {
 
     async fn client_to_server<CR, SW>(
         &self,
-        state: &Mutex<Interceptor>,
+        state: &Mutex<Interceptor<RunningClaim>>,
         client_in: CR,
         mut server_in: SW,
         to_client: &ToClient,
@@ -231,7 +228,7 @@ impl StdioProxy {
                 ClientAction::Absorb => {}
                 ClientAction::Respond(response) => send(to_client, response.into_bytes()).await,
                 ClientAction::Decide(call) => {
-                    let decision = self.dedup.decide(&self.scope, &call.tool_call()).await;
+                    let decision = self.dedup.begin(&self.scope, &call.tool_call()).await;
                     let decided = lock(state).on_decision(call, decision);
                     match decided {
                         Decided::Forward(request) => {
@@ -243,7 +240,7 @@ impl StdioProxy {
                     }
                 }
                 ClientAction::RecordThenForward(claim, outcome) => {
-                    self.record(&claim, outcome).await;
+                    let _ = claim.finish(outcome).await;
                     write_line(&mut server_in, std::mem::take(&mut line)).await?;
                 }
             }
@@ -253,7 +250,7 @@ impl StdioProxy {
 
     async fn server_to_client<SR>(
         &self,
-        state: &Mutex<Interceptor>,
+        state: &Mutex<Interceptor<RunningClaim>>,
         server_out: SR,
         to_client: &ToClient,
     ) -> io::Result<()>
@@ -272,7 +269,11 @@ impl StdioProxy {
                 }
             }
             let action = match message_text(&line) {
-                Some(text) => lock(state).on_server_message(text),
+                Some(text) => {
+                    let mut interceptor = lock(state);
+                    interceptor.set_store_usable(self.dedup.store_usable());
+                    interceptor.on_server_message(text)
+                }
                 None => ServerAction::Forward,
             };
             match action {
@@ -285,7 +286,7 @@ impl StdioProxy {
                     outcome,
                     forward,
                 } => {
-                    self.record(&claim, outcome).await;
+                    let _ = claim.finish(outcome).await;
                     if forward {
                         send(to_client, std::mem::take(&mut line)).await;
                     }
@@ -298,14 +299,15 @@ impl StdioProxy {
     /// many there were.
     async fn orphan_calls_in_flight(
         &self,
-        state: &Mutex<Interceptor>,
+        state: &Mutex<Interceptor<RunningClaim>>,
         to_client: &ToClient,
     ) -> usize {
         let orphans = lock(state).on_server_gone("the MCP server exited");
         let orphaned_calls = orphans.len();
         for orphan in orphans {
-            let reason = "the MCP server exited while the call ran".to_owned();
-            self.record(&orphan.claim, Outcome::Unknown { reason })
+            orphan
+                .claim
+                .abandon("the MCP server exited while the call ran")
                 .await;
             if let Some(response) = orphan.response {
                 send(to_client, response.into_bytes()).await;
@@ -315,30 +317,6 @@ impl StdioProxy {
             tracing::warn!(orphaned_calls, "the MCP server exited with calls in flight");
         }
         orphaned_calls
-    }
-
-    async fn record(&self, claim: &crate::Claim, outcome: Outcome) {
-        if let Err(err) = self.dedup.complete(claim, outcome).await {
-            // The record stays in progress: once its lease runs out, retries get
-            // `idempotency_outcome_unknown` (or re-execute, by policy) rather than a wrong replay.
-            tracing::error!(key = %claim.id().key, error = %err, "cannot record the outcome of a call");
-        }
-    }
-
-    async fn renew_leases(&self, state: &Mutex<Interceptor>) -> std::convert::Infallible {
-        let period =
-            (self.dedup.engine().config().lease_duration() / 3).max(Duration::from_millis(10));
-        let mut ticks = tokio::time::interval(period);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            ticks.tick().await;
-            let claims = lock(state).claims_in_flight();
-            for mut claim in claims {
-                if let Err(err) = self.dedup.renew(&mut claim).await {
-                    tracing::warn!(key = %claim.id().key, error = %err, "cannot renew a lease");
-                }
-            }
-        }
     }
 
     /// Spawns the proxy between `client_in`/`client_out` and an in-process server, and returns the
@@ -393,7 +371,9 @@ pub fn local_user() -> String {
         .unwrap_or_else(|_| "local-user".into())
 }
 
-fn lock(state: &Mutex<Interceptor>) -> std::sync::MutexGuard<'_, Interceptor> {
+fn lock(
+    state: &Mutex<Interceptor<RunningClaim>>,
+) -> std::sync::MutexGuard<'_, Interceptor<RunningClaim>> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -4,6 +4,7 @@
 //! Unix epoch rather than [`std::time::Instant`]. The engine never reads a clock: callers pass `now`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Milliseconds since the Unix epoch.
@@ -44,6 +45,61 @@ impl Timestamp {
 impl fmt::Debug for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Timestamp({}ms)", self.0)
+    }
+}
+
+/// Where the [`Deduplicator`](crate::Deduplicator) reads the time: lease deadlines, completion
+/// and expiry times. [`SystemClock`] by default; [`ManualClock`] in tests, so that a lease can run
+/// out without anyone sleeping. (rustls' `TimeProvider` and quinn's `Runtime::now` play this role
+/// there.)
+pub trait Clock: Send + Sync + fmt::Debug {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::now()
+    }
+}
+
+/// A clock that moves only when told: for tests.
+///
+/// ```
+/// use std::time::Duration;
+/// use mcp_idempotency::{Clock, ManualClock, Timestamp};
+///
+/// let clock = ManualClock::new(Timestamp::from_millis(1_000));
+/// clock.advance(Duration::from_secs(2));
+/// assert_eq!(clock.now(), Timestamp::from_millis(3_000));
+/// ```
+#[derive(Debug, Default)]
+pub struct ManualClock(AtomicU64);
+
+impl ManualClock {
+    /// A clock standing at `start`.
+    pub fn new(start: Timestamp) -> Self {
+        Self(AtomicU64::new(start.as_millis()))
+    }
+
+    /// Moves the clock forward by `by`.
+    pub fn advance(&self, by: Duration) {
+        let millis = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        let _ = self
+            .0
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                Some(now.saturating_add(millis))
+            });
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp(self.0.load(Ordering::SeqCst))
     }
 }
 

@@ -11,9 +11,9 @@ use mcp_idempotency::store::{
     StoreError, StoreFuture, StoreStats, TakeOverRequest,
 };
 use mcp_idempotency::{
-    AfterCrash, BypassReason, Claim, Decision, Deduplicator, EngineConfig, FencingToken, Outcome,
-    Record, RecordId, RecordState, Rejection, RejectionKind, Replay, Scope, Step, Timestamp,
-    ToolCall,
+    AfterCrash, BypassReason, Claim, Clock, Decision, Deduplicator, EngineConfig, FencingToken,
+    ManualClock, Outcome, Record, RecordId, RecordState, Rejection, RejectionKind, Replay, Scope,
+    Step, Timestamp, ToolCall,
 };
 use serde_json::{json, Value};
 
@@ -22,9 +22,9 @@ const ARGS: &str = r#"{"amount": 4200, "currency": "usd"}"#;
 const OTHER_ARGS: &str = r#"{"amount": 9999, "currency": "usd"}"#;
 const RESULT: &str = "{ \"content\": [{\"type\": \"text\", \"text\": \"charged \\u20ac42\"}],\n \"isError\": false }";
 const ERROR: &str = r#"{"code":-32000,"message":"card declined","data":{"retry":false}}"#;
-/// Short enough to sleep past quickly.
+/// A lease the tests let run out by moving a [`ManualClock`], never by sleeping.
 const SHORT_LEASE: Duration = Duration::from_millis(50);
-/// Comfortably past `SHORT_LEASE`, even on a loaded machine.
+/// Past `SHORT_LEASE`.
 const PAST_SHORT_LEASE: Duration = Duration::from_millis(150);
 const RACERS: usize = 64;
 
@@ -94,7 +94,7 @@ async fn claim_dead(store: &Arc<dyn Store>, scope: &Scope, key: &str) -> Fencing
     };
     let ten_seconds_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 10_000);
     let owner = FencingToken::random();
-    let Step::Claim(req) = engine.begin(scope, &call, owner, ten_seconds_ago) else {
+    let Step::TryClaim(req) = engine.begin(scope, &call, owner, ten_seconds_ago) else {
         panic!("valid call")
     };
     assert!(req.lease_expires_at < Timestamp::now());
@@ -298,14 +298,15 @@ async fn release_lets_a_retry_execute(store: Arc<dyn Store>) {
 /// tool never runs again; if the owner turns out to be alive and records its outcome before anyone
 /// took over, retries replay it.
 async fn after_crash_reject(store: Arc<dyn Store>) {
-    let d = dedup(&store, EngineConfig::default().lease(SHORT_LEASE));
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let d = dedup(&store, EngineConfig::default().lease(SHORT_LEASE)).with_clock(clock.clone());
     assert_eq!(d.engine().config().after_crash_policy(), AfterCrash::Reject);
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "order-6").await);
     reject(
         decide(&d, &scope(), TOOL, ARGS, "order-6").await,
         RejectionKind::KeyInProgress,
     );
-    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    clock.advance(PAST_SHORT_LEASE);
     for _ in 0..2 {
         let rejection = reject(
             decide(&d, &scope(), TOOL, ARGS, "order-6").await,
@@ -337,13 +338,14 @@ async fn after_crash_reexecute(store: Arc<dyn Store>) {
     let config = EngineConfig::default()
         .lease(SHORT_LEASE)
         .after_crash(AfterCrash::Reexecute);
-    let d = dedup(&store, config);
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let d = dedup(&store, config).with_clock(clock.clone());
     let mut dead = execute(decide(&d, &scope(), TOOL, ARGS, "order-7").await);
     reject(
         decide(&d, &scope(), TOOL, ARGS, "order-7").await,
         RejectionKind::KeyInProgress,
     );
-    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    clock.advance(PAST_SHORT_LEASE);
 
     let new = execute(decide(&d, &scope(), TOOL, ARGS, "order-7").await);
     assert_ne!(new.owner(), dead.owner());
@@ -385,7 +387,8 @@ async fn renewal_keeps_the_claim_alive(store: Arc<dyn Store>) {
     let config = EngineConfig::default()
         .lease(lease)
         .after_crash(AfterCrash::Reexecute);
-    let d = dedup(&store, config);
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let d = dedup(&store, config).with_clock(clock.clone());
     let mut claim = execute(decide(&d, &scope(), TOOL, ARGS, "order-8").await);
     let first_deadline = claim.lease_expires_at();
     assert_eq!(
@@ -393,7 +396,7 @@ async fn renewal_keeps_the_claim_alive(store: Arc<dyn Store>) {
         first_deadline.as_millis() - 266
     );
 
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    clock.advance(Duration::from_millis(250));
     assert_eq!(d.renew(&mut claim).await.unwrap(), Fenced::Applied);
     assert!(claim.lease_expires_at() >= first_deadline.saturating_add(Duration::from_millis(250)));
     assert!(matches!(
@@ -403,8 +406,8 @@ async fn renewal_keeps_the_claim_alive(store: Arc<dyn Store>) {
     ));
 
     // Past the first deadline, but within the renewed one.
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    assert!(Timestamp::now() > first_deadline);
+    clock.advance(Duration::from_millis(250));
+    assert!(clock.now() > first_deadline);
     reject(
         decide(&d, &scope(), TOOL, ARGS, "order-8").await,
         RejectionKind::KeyInProgress,
@@ -690,9 +693,10 @@ async fn oversized_outcome_is_not_retained(store: Arc<dyn Store>) {
 /// still running (which would let a duplicate execute).
 async fn short_retention_does_not_expire_a_running_call(store: Arc<dyn Store>) {
     let config = EngineConfig::default().retention(Duration::from_millis(20));
-    let d = dedup(&store, config);
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let d = dedup(&store, config).with_clock(clock.clone());
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "quick").await);
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    clock.advance(Duration::from_millis(60));
     reject(
         decide(&d, &scope(), TOOL, ARGS, "quick").await,
         RejectionKind::KeyInProgress,
@@ -701,7 +705,7 @@ async fn short_retention_does_not_expire_a_running_call(store: Arc<dyn Store>) {
     d.complete(&claim, Outcome::Success(RESULT.into()))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(60)).await;
+    clock.advance(Duration::from_millis(60));
     execute(decide(&d, &scope(), TOOL, ARGS, "quick").await);
 }
 
@@ -858,9 +862,12 @@ async fn failing_claim_fails_closed() {
         assert!(!error.to_string().contains("connection refused"));
     }
     assert_eq!(stats(&store).await, StoreStats::default());
-    // Once the store is back, the same key runs normally.
+    // The deduplicator knows the store is unusable (the transports then withdraw the capability)...
+    assert!(!d.store_usable());
+    // ...until the store is back: the same key runs normally, and the store counts as usable.
     flaky.fail_claim.store(false, Ordering::SeqCst);
     execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
+    assert!(d.store_usable());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -890,10 +897,11 @@ async fn failing_take_over_fails_closed() {
 async fn failing_renewal_keeps_the_stored_deadline() {
     let flaky = Arc::new(FlakyStore::default());
     let store: Arc<dyn Store> = flaky.clone();
-    let d = dedup(&store, EngineConfig::default());
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let d = dedup(&store, EngineConfig::default()).with_clock(clock.clone());
     let mut claim = execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
     let deadline = claim.lease_expires_at();
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    clock.advance(Duration::from_millis(5));
     flaky.fail_renew.store(true, Ordering::SeqCst);
     assert!(d.renew(&mut claim).await.is_err());
     // The claim must not claim a lease the store never recorded.
@@ -1016,4 +1024,111 @@ mod sqlite_open {
             mcp_idempotency::store::Fenced::NotOwner
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The running-claim handle: one claim lifecycle for every transport
+
+async fn begin(d: &Deduplicator, key: &str) -> mcp_idempotency::RunningClaim {
+    let key = json!(key);
+    let call = ToolCall {
+        tool_name: TOOL,
+        arguments: Some(ARGS),
+        idempotency_key: Some(&key),
+        mrtr_continuation: false,
+    };
+    match d.begin(&scope(), &call).await {
+        Decision::Execute(running) => running,
+        other => panic!("expected Execute, got {other:?}"),
+    }
+}
+
+fn lease_in(record: Option<Record>) -> Timestamp {
+    match record.map(|record| record.state) {
+        Some(RecordState::InProgress {
+            lease_expires_at, ..
+        }) => lease_expires_at,
+        other => panic!("expected a record in progress, got {other:?}"),
+    }
+}
+
+/// The handle renews the lease itself, a third into it, on the deduplicator's clock; after
+/// `finish` it renews no more and the outcome replays.
+#[tokio::test(start_paused = true)]
+async fn a_running_claim_renews_its_own_lease_until_finished() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let lease = Duration::from_secs(30);
+    let d = dedup(&store, EngineConfig::default().lease(lease)).with_clock(clock.clone());
+    let start = clock.now();
+    let running = begin(&d, "k-renewed").await;
+    assert_eq!(
+        lease_in(record(&store, &scope(), "k-renewed").await),
+        start.saturating_add(lease)
+    );
+
+    // A third of the lease later (on the clock and on tokio's paused timer) it has been renewed.
+    clock.advance(Duration::from_secs(11));
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let renewed = lease_in(record(&store, &scope(), "k-renewed").await);
+    assert_eq!(renewed, start.saturating_add(Duration::from_secs(41)));
+
+    assert_eq!(
+        running
+            .finish(Outcome::Success(RESULT.into()))
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    clock.advance(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        replay(decide(&d, &scope(), TOOL, ARGS, "k-renewed").await),
+        Replay::Result(RESULT.into())
+    );
+}
+
+/// `release` frees the key (the call did not run); `abandon` records outcome-unknown (it may
+/// have); a handle dropped without either is abandoned too, never left to its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_claim_ends_by_release_abandon_or_drop() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let d = dedup(&store, EngineConfig::default());
+
+    begin(&d, "k-released")
+        .await
+        .release("the server was unreachable")
+        .await;
+    let again = begin(&d, "k-released").await;
+    again.finish(Outcome::Success(RESULT.into())).await.unwrap();
+
+    begin(&d, "k-abandoned")
+        .await
+        .abandon("the server exited")
+        .await;
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k-abandoned").await,
+        RejectionKind::OutcomeUnknown,
+    );
+
+    drop(begin(&d, "k-dropped").await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = record(&store, &scope(), "k-dropped").await.unwrap().state;
+        if matches!(
+            state,
+            RecordState::Completed {
+                outcome: Outcome::Unknown { .. },
+                ..
+            }
+        ) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {state:?}");
+        tokio::task::yield_now().await;
+    }
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k-dropped").await,
+        RejectionKind::OutcomeUnknown,
+    );
 }

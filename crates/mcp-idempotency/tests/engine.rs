@@ -50,8 +50,8 @@ fn claim_request(
 ) -> ClaimRequest {
     let key = json!(key);
     match engine.begin(&scope(), &call(tool, args, Some(&key)), owner, now) {
-        Step::Claim(req) => req,
-        other => panic!("expected Step::Claim, got {other:?}"),
+        Step::TryClaim(req) => req,
+        other => panic!("expected Step::TryClaim, got {other:?}"),
     }
 }
 
@@ -303,7 +303,7 @@ fn key_length_limit_defaults_to_255_bytes() {
     let longest = "k".repeat(255);
     assert!(matches!(
         begin_with_key(&engine, &json!(longest)),
-        Step::Claim(_)
+        Step::TryClaim(_)
     ));
 
     let too_long = "k".repeat(256);
@@ -317,7 +317,7 @@ fn key_length_limit_defaults_to_255_bytes() {
     check_error(&rejection, RejectionKind::KeyInvalid, INVALID_PARAMS, None);
     assert!(matches!(
         begin_with_key(&engine, &json!(format!("{}k", "é".repeat(127)))),
-        Step::Claim(_)
+        Step::TryClaim(_)
     ));
 }
 
@@ -326,7 +326,7 @@ fn key_length_limit_is_configurable() {
     let small = Engine::new(EngineConfig::default().max_key_bytes(8));
     assert!(matches!(
         begin_with_key(&small, &json!("12345678")),
-        Step::Claim(_)
+        Step::TryClaim(_)
     ));
     let rejection = rejected(begin_with_key(&small, &json!("123456789")));
     check_error(&rejection, RejectionKind::KeyInvalid, INVALID_PARAMS, None);
@@ -334,7 +334,7 @@ fn key_length_limit_is_configurable() {
 
     let large = Engine::new(EngineConfig::default().max_key_bytes(1000));
     let req = match begin_with_key(&large, &json!("k".repeat(1000))) {
-        Step::Claim(req) => req,
+        Step::TryClaim(req) => req,
         other => panic!("a 1000-byte key is within a 1000-byte limit: {other:?}"),
     };
     assert_eq!(req.id.key.as_str().len(), 1000);
@@ -368,7 +368,7 @@ fn control_characters_make_a_key_invalid() {
     // Non-control Unicode, spaces and punctuation are fine.
     for good in ["clé 🔑", "a b/c:d", "\u{a0}nbsp", "日本語"] {
         assert!(
-            matches!(begin_with_key(&engine, &json!(good)), Step::Claim(_)),
+            matches!(begin_with_key(&engine, &json!(good)), Step::TryClaim(_)),
             "{good:?}"
         );
     }
@@ -403,7 +403,7 @@ fn arguments_over_the_configured_limit_are_too_large() {
             FencingToken::random(),
             at(T0)
         ),
-        Step::Claim(_)
+        Step::TryClaim(_)
     ));
 
     let engine = Engine::new(EngineConfig::default().max_argument_bytes(17));
@@ -431,7 +431,7 @@ fn arguments_over_the_configured_limit_are_too_large() {
             FencingToken::random(),
             at(T0)
         ),
-        Step::Claim(_)
+        Step::TryClaim(_)
     ));
 }
 
@@ -1195,7 +1195,7 @@ fn the_same_key_in_another_scope_is_another_record() {
     let engine = Engine::default();
     let key = json!(KEY);
     let c = call(TOOL, Some(ARGS), Some(&key));
-    let Step::Claim(a) = engine.begin(
+    let Step::TryClaim(a) = engine.begin(
         &Scope::new("ns", "alice"),
         &c,
         FencingToken::random(),
@@ -1203,11 +1203,12 @@ fn the_same_key_in_another_scope_is_another_record() {
     ) else {
         panic!()
     };
-    let Step::Claim(b) = engine.begin(&Scope::new("ns", "bob"), &c, FencingToken::random(), at(T0))
+    let Step::TryClaim(b) =
+        engine.begin(&Scope::new("ns", "bob"), &c, FencingToken::random(), at(T0))
     else {
         panic!()
     };
-    let Step::Claim(c2) = engine.begin(
+    let Step::TryClaim(c2) = engine.begin(
         &Scope::new("other-ns", "alice"),
         &c,
         FencingToken::random(),
@@ -1477,7 +1478,7 @@ proptest! {
                 }
                 return Ok(());
             }
-            Step::Claim(req) => req,
+            Step::TryClaim(req) => req,
             Step::TakeOver(req) => {
                 prop_assert!(false, "take-over before any claim: {req:?}");
                 unreachable!()

@@ -65,7 +65,7 @@ impl Harness {
             .begin(&scope(), &call.tool_call(), FencingToken::random(), now())
         {
             Step::Done(decision) => decision,
-            Step::Claim(req) => {
+            Step::TryClaim(req) => {
                 let answer = answer(&req);
                 match self.engine.on_claim(req, answer) {
                     Step::Done(decision) => decision,
@@ -853,7 +853,8 @@ fn no_capability_while_the_store_is_unusable() {
     assert!(is_forward(&h.client(DISCOVER)));
     expect_rewritten(h.server(DISCOVER_RESULT));
 
-    // A store failure seen by a decision also withdraws it, and a successful claim restores it.
+    // A decision alone changes nothing: the deduplicator owns the store's health and the driver
+    // tells the interceptor (tests/deduplicator.rs, failing_claim_fails_closed).
     let call = h.keyed(&call_line("1", "k"));
     let decision = h.decision(&call, |_| {
         Err(StoreError::Unavailable {
@@ -868,11 +869,11 @@ fn no_capability_while_the_store_is_unusable() {
         json!("idempotency_store_unavailable")
     );
     assert!(is_forward(&h.client(INITIALIZE)));
-    assert!(is_server_forward(&h.server(INITIALIZE_RESULT)));
-
+    expect_rewritten(h.server(INITIALIZE_RESULT));
+    h.interceptor.set_store_usable(false);
     h.execute(&call_line("2", "k"));
     assert!(is_forward(&h.client(INITIALIZE)));
-    expect_rewritten(h.server(INITIALIZE_RESULT));
+    assert!(is_server_forward(&h.server(INITIALIZE_RESULT)));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1176,7 +1177,7 @@ proptest! {
 
 #[test]
 fn a_keyed_call_may_not_reuse_the_id_of_an_unanswered_request() {
-    let mut interceptor = Interceptor::new(InterceptorConfig::default());
+    let mut interceptor: Interceptor = Interceptor::new(InterceptorConfig::default());
     let unkeyed =
         r#"{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"slow","arguments":{}}}"#;
     assert!(matches!(

@@ -70,7 +70,73 @@ impl ScopeArgs {
                 "--scope-by jwt needs a key (--jwt-key or --jwt-hmac-secret), --jwt-issuer and --jwt-audience"
             ),
         };
-        ScopeBy::parse(&self.scope_by, jwt)
+        scope_by(&self.scope_by, jwt)
             .with_context(|| format!("invalid --scope-by {:?}", self.scope_by))
+    }
+}
+
+/// The `--scope-by` value `text` (surrounding whitespace ignored): `none`, `header:NAME`, `bearer`,
+/// or `jwt` with `jwt`, the configuration from the JWT options. The other modes refuse one, since a
+/// JWT configuration they would ignore is a mistake.
+fn scope_by(text: &str, jwt: Option<JwtConfig>) -> anyhow::Result<ScopeBy> {
+    let text = text.trim();
+    match jwt {
+        Some(config) if text == "jwt" => Ok(ScopeBy::jwt(config)?),
+        Some(_) => {
+            let scope_by: ScopeBy = text.parse()?;
+            anyhow::bail!(
+                "a JWT key, issuer or audience was given, but the scope mode is {scope_by}, not jwt"
+            )
+        }
+        None => Ok(text.parse()?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mcp_idempotency::http::principal::{JwtConfig, JwtKey, ScopeByError};
+
+    use super::*;
+
+    fn config() -> JwtConfig {
+        let key = JwtKey::hmac_secret(&[7; 32]).unwrap();
+        JwtConfig::new(key, "https://issuer.example", "mcp-gateway")
+    }
+
+    #[test]
+    fn jwt_options_are_refused_with_another_mode() {
+        let refused = scope_by("bearer", Some(config())).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "a JWT key, issuer or audience was given, but the scope mode is bearer, not jwt"
+        );
+        let refused = scope_by("header:X-User", Some(config())).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .contains("the scope mode is header:x-user, not jwt"),
+            "{refused}"
+        );
+        // A mode that is wrong by itself is reported as such, not as an unused configuration.
+        let refused = scope_by("tenant", Some(config())).unwrap_err();
+        assert!(matches!(
+            refused.downcast_ref(),
+            Some(ScopeByError::UnknownMode(_))
+        ));
+    }
+
+    #[test]
+    fn modes_are_read_with_their_configuration() {
+        assert_eq!(scope_by(" bearer ", None).unwrap().to_string(), "bearer");
+        assert_eq!(scope_by("jwt", Some(config())).unwrap().to_string(), "jwt");
+        assert!(matches!(
+            scope_by("jwt", None).unwrap_err().downcast_ref(),
+            Some(ScopeByError::JwtConfigMissing)
+        ));
+        let no_issuer = JwtConfig::new(config().key().clone(), "", "mcp-gateway");
+        assert!(matches!(
+            scope_by("jwt", Some(no_issuer)).unwrap_err().downcast_ref(),
+            Some(ScopeByError::EmptyIssuer)
+        ));
     }
 }

@@ -2,8 +2,8 @@
 
 use std::ops::Range;
 
-use super::encode::{extend_short, malformed};
-use super::ArgumentsError;
+use super::bytes::extend_short;
+use super::{malformed, ArgumentsError};
 
 /// Exponent parts with more significant digits than this are refused.
 const MAX_EXPONENT_DIGITS: usize = 18;

@@ -20,8 +20,8 @@ fn malformed_at(args: &str) -> usize {
 }
 
 fn canonical(args: &str) -> Vec<u8> {
-    let mut bufs = encode::Buffers::new();
-    encode::parse("", args, &mut bufs).unwrap();
+    let mut bufs = parser::Buffers::new();
+    parser::parse("", args, &mut bufs).unwrap();
     bufs.canonical()
 }
 

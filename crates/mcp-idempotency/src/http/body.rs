@@ -15,6 +15,20 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of every response of [`IdempotencyService`](super::IdempotencyService).
 pub type ResponseBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// A JSON response (a JSON-RPC message) with `status`.
+pub(crate) fn json_response(
+    status: http::StatusCode,
+    body: String,
+) -> http::Response<ResponseBody> {
+    let mut response = http::Response::new(full(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
 /// A whole body in one piece.
 pub(crate) fn full(bytes: impl Into<Bytes>) -> ResponseBody {
     Full::new(bytes.into())

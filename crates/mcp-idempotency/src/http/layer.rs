@@ -2,26 +2,23 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{HeaderValue, CONTENT_LENGTH, WWW_AUTHENTICATE};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use super::body::{full, BoxError, ResponseBody};
+use super::body::{json_response, BoxError, ResponseBody};
 use super::principal::ScopeBy;
 use super::relay::{self, Exchange};
-use crate::engine::Decision;
 use crate::interceptor::{error_response, ClientAction, Decided, Interceptor, InterceptorConfig};
 use crate::record::Scope;
-use crate::rejection::RejectionKind;
 use crate::Deduplicator;
 
 /// JSON-RPC "Invalid Request", for bodies the layer cannot take and requests without credentials.
@@ -66,7 +63,7 @@ pub struct IdempotencyLayer {
     shared: Arc<Shared>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(super) struct Shared {
     pub(super) dedup: Deduplicator,
     namespace: Arc<str>,
@@ -74,9 +71,6 @@ pub(super) struct Shared {
     interceptor: InterceptorConfig,
     max_body_bytes: usize,
     body_timeout: Duration,
-    /// Cleared when a claim failed for lack of a store, set again by the next claim that worked:
-    /// the capability is advertised only while the store is usable.
-    store_usable: AtomicBool,
 }
 
 impl IdempotencyLayer {
@@ -90,29 +84,12 @@ impl IdempotencyLayer {
                 interceptor: InterceptorConfig::default(),
                 max_body_bytes: DEFAULT_MAX_BODY_BYTES,
                 body_timeout: DEFAULT_BODY_TIMEOUT,
-                store_usable: AtomicBool::new(true),
             }),
         }
     }
 
     fn with(mut self, change: impl FnOnce(&mut Shared)) -> Self {
-        match Arc::get_mut(&mut self.shared) {
-            Some(shared) => change(shared),
-            None => {
-                let old = &self.shared;
-                let mut shared = Shared {
-                    dedup: old.dedup.clone(),
-                    namespace: Arc::clone(&old.namespace),
-                    scope_by: old.scope_by.clone(),
-                    interceptor: old.interceptor.clone(),
-                    max_body_bytes: old.max_body_bytes,
-                    body_timeout: old.body_timeout,
-                    store_usable: AtomicBool::new(old.store_usable.load(Ordering::Relaxed)),
-                };
-                change(&mut shared);
-                self.shared = Arc::new(shared);
-            }
-        }
+        change(Arc::make_mut(&mut self.shared));
         self
     }
 
@@ -238,13 +215,12 @@ where
     };
 
     let mut interceptor = Interceptor::new(shared.interceptor.clone());
-    interceptor.set_store_usable(shared.store_usable.load(Ordering::Relaxed));
+    interceptor.set_store_usable(shared.dedup.store_usable());
     let call = match interceptor.on_client_message(message) {
         ClientAction::Forward if interceptor.awaits_discovery_result() => {
             let request = Request::from_parts(parts, Full::new(bytes));
             return Ok(relay::start(
                 Exchange {
-                    shared: Arc::clone(&shared),
                     interceptor,
                     request_id: "null".into(),
                 },
@@ -276,16 +252,7 @@ where
         }
     };
     let scope = Scope::new(Arc::clone(&shared.namespace), Arc::<str>::from(principal));
-    let decision = shared.dedup.decide(&scope, &call.tool_call()).await;
-    match &decision {
-        Decision::Execute(_) | Decision::Replay(_) => {
-            shared.store_usable.store(true, Ordering::Relaxed);
-        }
-        Decision::Reject(rejection) if rejection.kind() == RejectionKind::StoreUnavailable => {
-            shared.store_usable.store(false, Ordering::Relaxed);
-        }
-        _ => {}
-    }
+    let decision = shared.dedup.begin(&scope, &call.tool_call()).await;
     let request_id = call.id().as_json().to_owned();
     match interceptor.on_decision(call, decision) {
         Decided::Respond(response) => Ok(json_response(StatusCode::OK, response)),
@@ -294,7 +261,6 @@ where
             let request = Request::from_parts(parts, Full::new(Bytes::from(message)));
             Ok(relay::start(
                 Exchange {
-                    shared: Arc::clone(&shared),
                     interceptor,
                     request_id,
                 },
@@ -327,16 +293,6 @@ where
 
 fn set_body_length(parts: &mut http::request::Parts, len: usize) {
     parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(len));
-}
-
-/// A response with a JSON body.
-pub(super) fn json_response(status: StatusCode, body: String) -> Response<ResponseBody> {
-    let mut response = Response::new(full(body));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 /// A response for a request that is not a JSON-RPC message the layer could read.

@@ -2,8 +2,6 @@
 //! the outcome of a claimed call before the client sees it.
 
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
@@ -12,12 +10,10 @@ use http_body::Body;
 use http_body_util::BodyExt;
 use tokio::sync::{mpsc, oneshot};
 
-use super::body::{full, BoxError, ChannelBody, ResponseBody};
-use super::layer::{json_response, Shared};
-use crate::engine::Claim;
+use super::body::{full, json_response, BoxError, ChannelBody, ResponseBody};
 use crate::interceptor::{error_response, Interceptor, ServerAction};
-use crate::record::Outcome;
 use crate::sse::{Event, EventSplitter};
+use crate::RunningClaim;
 
 /// Largest SSE event parsed; a longer one is passed through unparsed (and a claimed call whose
 /// response it carried is recorded as outcome-unknown).
@@ -27,8 +23,7 @@ const MAX_EVENT_BYTES: usize = 64 << 20;
 /// (its result gets the capability) or a claimed `tools/call` (its outcome is recorded), as the
 /// interceptor's state says.
 pub(super) struct Exchange {
-    pub(super) shared: Arc<Shared>,
-    pub(super) interceptor: Interceptor,
+    pub(super) interceptor: Interceptor<RunningClaim>,
     /// The request's id as JSON, for error responses.
     pub(super) request_id: String,
 }
@@ -63,12 +58,8 @@ impl Exchange {
         F: Future<Output = Result<Response<ResponseBody>, E>>,
         E: std::fmt::Display,
     {
-        let claim = self.interceptor.claims_in_flight().into_iter().next();
-        let renewal = renew_while_running(Arc::clone(&self.shared), claim);
-        tokio::select! {
-            () = self.relay(upstream, head) => {}
-            never = renewal => match never {},
-        }
+        // A claimed call's lease is renewed by its RunningClaim while this runs.
+        self.relay(upstream, head).await;
     }
 
     async fn relay<F, E>(&mut self, upstream: F, head: Head)
@@ -137,7 +128,7 @@ impl Exchange {
                 ServerAction::Forward => bytes,
                 ServerAction::ForwardRewritten(rewritten) => Bytes::from(rewritten),
                 ServerAction::Record { claim, outcome, .. } => {
-                    self.complete(&claim, outcome).await;
+                    let _ = claim.finish(outcome).await;
                     bytes
                 }
             },
@@ -207,17 +198,9 @@ impl Exchange {
             ServerAction::Forward => Bytes::from(event.raw),
             ServerAction::ForwardRewritten(rewritten) => Bytes::from(event.with_data(&rewritten)),
             ServerAction::Record { claim, outcome, .. } => {
-                self.complete(&claim, outcome).await;
+                let _ = claim.finish(outcome).await;
                 Bytes::from(event.raw)
             }
-        }
-    }
-
-    async fn complete(&mut self, claim: &Claim, outcome: Outcome) {
-        if let Err(err) = self.shared.dedup.complete(claim, outcome).await {
-            // The record stays in progress; once its lease runs out, retries are answered by the
-            // after-crash policy.
-            tracing::error!(key = %claim.id().key, error = %err, "cannot record the outcome of a call");
         }
     }
 
@@ -226,10 +209,7 @@ impl Exchange {
     async fn record_unknown(&mut self, reason: &str) -> Option<String> {
         let mut response = None;
         for orphan in self.interceptor.on_server_gone(reason) {
-            let outcome = Outcome::Unknown {
-                reason: reason.to_owned(),
-            };
-            self.complete(&orphan.claim, outcome).await;
+            orphan.claim.abandon(reason).await;
             response = orphan.response;
         }
         response
@@ -238,9 +218,7 @@ impl Exchange {
     /// Gives up the claim of a call that certainly did not run.
     async fn release(&mut self, reason: &str) {
         for orphan in self.interceptor.on_server_gone(reason) {
-            if let Err(err) = self.shared.dedup.release(&orphan.claim).await {
-                tracing::warn!(key = %orphan.claim.id().key, error = %err, "cannot release a claim");
-            }
+            orphan.claim.release(reason).await;
         }
     }
 }
@@ -257,24 +235,6 @@ impl Client {
                 tracing::debug!("the client went away; relaying on to record the outcome");
                 self.tx = None;
             }
-        }
-    }
-}
-
-/// Keeps the lease of a running call alive, forever (the caller drops it when the call ends).
-async fn renew_while_running(
-    shared: Arc<Shared>,
-    claim: Option<Claim>,
-) -> std::convert::Infallible {
-    let Some(mut claim) = claim else {
-        return std::future::pending().await;
-    };
-    let every =
-        (shared.dedup.engine().config().lease_duration() / 3).max(Duration::from_millis(10));
-    loop {
-        tokio::time::sleep(every).await;
-        if let Err(err) = shared.dedup.renew(&mut claim).await {
-            tracing::warn!(key = %claim.id().key, error = %err, "cannot renew a lease");
         }
     }
 }

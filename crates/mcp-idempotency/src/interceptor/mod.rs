@@ -124,10 +124,11 @@ impl KeyedCall {
     }
 }
 
-/// What to do with a message from the client.
+/// What to do with a message from the client. `C` is what the interceptor holds for a claimed
+/// call: the engine's [`Claim`], or the deduplicator's [`RunningClaim`](crate::RunningClaim).
 #[must_use]
 #[derive(Debug)]
-pub enum ClientAction {
+pub enum ClientAction<C = Claim> {
     /// Send the message to the server unchanged.
     Forward,
     /// Ask the deduplicator about this call, then pass its decision to
@@ -138,7 +139,7 @@ pub enum ClientAction {
     /// Send this message (a response) back to the client; nothing goes to the server.
     Respond(String),
     /// Record `outcome` for `claim`, then send the original message to the server.
-    RecordThenForward(Claim, Outcome),
+    RecordThenForward(C, Outcome),
 }
 
 /// What to do with a keyed call once decided.
@@ -154,7 +155,7 @@ pub enum Decided {
 /// What to do with a message from the server.
 #[must_use]
 #[derive(Debug)]
-pub enum ServerAction {
+pub enum ServerAction<C = Claim> {
     /// Send the message to the client unchanged.
     Forward,
     /// Send this message to the client instead.
@@ -163,7 +164,7 @@ pub enum ServerAction {
     /// (not when the client cancelled the call and the cancellation was absorbed).
     Record {
         /// The claimed call.
-        claim: Claim,
+        claim: C,
         /// What the server answered.
         outcome: Outcome,
         /// Whether the client still wants the response.
@@ -173,24 +174,28 @@ pub enum ServerAction {
 
 /// A claimed call left unanswered when the server went away.
 #[derive(Debug)]
-pub struct Orphan {
+pub struct Orphan<C = Claim> {
     /// The claim, to record as outcome-unknown.
-    pub claim: Claim,
+    pub claim: C,
     /// The error response for the client, unless it had cancelled the call.
     pub response: Option<String>,
 }
 
 #[derive(Debug)]
-struct InFlight {
-    claim: Claim,
+struct InFlight<C> {
+    claim: C,
     cancelled: bool,
 }
 
 /// The interceptor's state: claimed calls in flight and discovery requests awaiting results.
-#[derive(Debug, Default)]
-pub struct Interceptor {
+///
+/// `C` is what a claimed call is held as: anything that shows its [`Claim`] (the engine's claim
+/// itself, or a [`RunningClaim`](crate::RunningClaim) that renews its lease). The interceptor
+/// only stores it and hands it back with the call's outcome.
+#[derive(Debug)]
+pub struct Interceptor<C = Claim> {
     config: InterceptorConfig,
-    in_flight: HashMap<RequestId, InFlight>,
+    in_flight: HashMap<RequestId, InFlight<C>>,
     discovery: HashSet<RequestId>,
     /// Ids of other client requests forwarded and not answered yet: a keyed call must not reuse
     /// one, or that request's response would be recorded as the call's outcome.
@@ -202,7 +207,19 @@ pub struct Interceptor {
 /// answers), new ones are not tracked.
 const MAX_PENDING: usize = 65_536;
 
-impl Interceptor {
+impl<C> Default for Interceptor<C> {
+    fn default() -> Self {
+        Self {
+            config: InterceptorConfig::default(),
+            in_flight: HashMap::new(),
+            discovery: HashSet::new(),
+            pending: HashSet::new(),
+            store_unusable: false,
+        }
+    }
+}
+
+impl<C: AsRef<Claim>> Interceptor<C> {
     /// An interceptor with the given settings.
     pub fn new(config: InterceptorConfig) -> Self {
         Self {
@@ -212,7 +229,7 @@ impl Interceptor {
     }
 
     /// Classifies a message from the client.
-    pub fn on_client_message(&mut self, message: &str) -> ClientAction {
+    pub fn on_client_message(&mut self, message: &str) -> ClientAction<C> {
         let Some(envelope) = RawObject::parse(message) else {
             return ClientAction::Forward;
         };
@@ -261,7 +278,7 @@ impl Interceptor {
         message: &str,
         envelope: &RawObject<'_>,
         id: RequestId,
-    ) -> ClientAction {
+    ) -> ClientAction<C> {
         let Some(params) = envelope
             .get("params")
             .and_then(|p| RawObject::parse(p.get()))
@@ -270,7 +287,7 @@ impl Interceptor {
         };
         let Some(raw_key) = params.get("idempotencyKey") else {
             #[cfg(feature = "metrics")]
-            crate::metrics::on_decision(&crate::Decision::Bypass(crate::BypassReason::NoKey));
+            crate::metrics::on_decision(&crate::Decision::<C>::Bypass(crate::BypassReason::NoKey));
             return ClientAction::Forward;
         };
         if self.pending.contains(&id) {
@@ -306,7 +323,7 @@ impl Interceptor {
         })
     }
 
-    fn on_cancelled(&mut self, envelope: &RawObject<'_>) -> ClientAction {
+    fn on_cancelled(&mut self, envelope: &RawObject<'_>) -> ClientAction<C> {
         let request_id = envelope
             .get("params")
             .and_then(|p| RawObject::parse(p.get()))
@@ -337,11 +354,10 @@ impl Interceptor {
     }
 
     /// Applies the deduplicator's decision about a keyed call.
-    pub fn on_decision(&mut self, call: KeyedCall, decision: Decision) -> Decided {
+    pub fn on_decision(&mut self, call: KeyedCall, decision: Decision<C>) -> Decided {
         match decision {
             Decision::Execute(claim) => {
-                self.store_unusable = false;
-                let key = claim.id().key.as_str().to_owned();
+                let key = claim.as_ref().id().key.as_str().to_owned();
                 self.in_flight.insert(
                     call.id,
                     InFlight {
@@ -354,14 +370,8 @@ impl Interceptor {
             Decision::Bypass(BypassReason::MrtrContinuation | BypassReason::NoKey) => {
                 Decided::Forward(self.rewrite_for_server(&call.message, None))
             }
-            Decision::Replay(replay) => {
-                self.store_unusable = false;
-                Decided::Respond(replay.to_response_raw(call.id.as_json()))
-            }
+            Decision::Replay(replay) => Decided::Respond(replay.to_response_raw(call.id.as_json())),
             Decision::Reject(rejection) => {
-                if rejection.kind() == RejectionKind::StoreUnavailable {
-                    self.store_unusable = true;
-                }
                 Decided::Respond(rejection_response(&call.id, &rejection))
             }
         }
@@ -396,7 +406,7 @@ impl Interceptor {
     }
 
     /// Classifies a message from the server.
-    pub fn on_server_message(&mut self, message: &str) -> ServerAction {
+    pub fn on_server_message(&mut self, message: &str) -> ServerAction<C> {
         let Some(envelope) = RawObject::parse(message) else {
             return ServerAction::Forward;
         };
@@ -450,7 +460,7 @@ impl Interceptor {
     pub fn claims_in_flight(&self) -> Vec<Claim> {
         self.in_flight
             .values()
-            .map(|call| call.claim.clone())
+            .map(|call| call.claim.as_ref().clone())
             .collect()
     }
 
@@ -467,7 +477,7 @@ impl Interceptor {
 
     /// The server went away: every claimed call in flight becomes an orphan to record as
     /// outcome-unknown and to answer with `idempotency_outcome_unknown`.
-    pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan> {
+    pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan<C>> {
         self.discovery.clear();
         self.pending.clear();
         self.in_flight
@@ -480,7 +490,7 @@ impl Interceptor {
                             "{reason} before answering; the call may or may not have taken effect"
                         ),
                     )
-                    .with_key(call.claim.id().key.as_str());
+                    .with_key(call.claim.as_ref().id().key.as_str());
                     rejection_response(&id, &rejection)
                 });
                 Orphan {
@@ -491,7 +501,9 @@ impl Interceptor {
             .collect()
     }
 
-    /// Marks the store usable or not: the capability is advertised only while it is.
+    /// Tells the interceptor whether the store is usable
+    /// ([`Deduplicator::store_usable`](crate::Deduplicator::store_usable)): the capability is
+    /// advertised only while it is.
     pub fn set_store_usable(&mut self, usable: bool) {
         self.store_unusable = !usable;
     }

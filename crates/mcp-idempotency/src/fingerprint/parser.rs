@@ -4,8 +4,9 @@
 
 use sha2::{Digest, Sha256};
 
+use super::bytes::extend_short;
 use super::order::{key_prefix, Layout, Sink};
-use super::{number, ArgumentsError, DOMAIN_TAG, MAX_DEPTH};
+use super::{malformed, number, ArgumentsError, DOMAIN_TAG, MAX_DEPTH};
 
 /// Buffers reused across calls on the same thread.
 pub(super) struct Buffers {
@@ -113,10 +114,6 @@ pub(super) fn parse(tool_name: &str, text: &str, bufs: &mut Buffers) -> Result<(
     bufs.out = out;
     // Every `Stop` comes with an error; the fallback is never used.
     parsed.map_err(|Stop| error.unwrap_or_else(|| malformed(0, "invalid JSON")))
-}
-
-pub(super) fn malformed(offset: usize, reason: &'static str) -> ArgumentsError {
-    ArgumentsError::Malformed { offset, reason }
 }
 
 /// Parsing stopped; the reason is in [`Parser::error`]. Keeping the error out of the
@@ -452,26 +449,6 @@ fn special_bytes(v: u64) -> u64 {
     let q = v ^ QUOTES;
     let b = v ^ BACKSLASHES;
     (q.wrapping_sub(ONES) & !q | b.wrapping_sub(ONES) & !b | v.wrapping_sub(SPACES) & !v) & HIGHS
-}
-
-/// Appends `src[start..start + len]`; runs of at most `BLOCK` bytes are copied as one fixed-size
-/// block (reading past the run when `src` allows), which avoids a `memcpy` call.
-#[inline(always)]
-pub(super) fn extend_short<const BLOCK: usize>(
-    out: &mut Vec<u8>,
-    src: &[u8],
-    start: usize,
-    len: usize,
-) {
-    match src.get(start..start + BLOCK) {
-        Some(block) if len <= BLOCK => {
-            let mut copy = [0u8; BLOCK];
-            copy.copy_from_slice(block);
-            out.extend_from_slice(&copy);
-            out.truncate(out.len() - BLOCK + len);
-        }
-        _ => out.extend_from_slice(&src[start..start + len]),
-    }
 }
 
 /// Decodes the escape sequence at `src[at]` (a backslash) into `out`; returns the position after it.
