@@ -3,19 +3,19 @@
 //! today); with `--loss P`, what each bridge does when a share P of the answers is lost.
 //!
 //! ```text
-//! cargo build --release -p mcp-idem && (cd interop && npm ci)
-//! cargo bench -p mcp-idem --bench bridge_latency -- [--calls N] [--quick] [--warmup N] [--rounds N]
+//! (cd interop && npm ci)
+//! cargo bench -p mcp-idem --bench bridge_latency -- [--calls N] [--quick] [--warmup N] [--rounds N] [--rows direct,legacy,bridge,mcp-remote]
 //! cargo bench -p mcp-idem --bench bridge_latency -- --loss 0.1 [--calls N] [--seed S] [--call-timeout 20s]
 //! ```
 //!
-//! It measures the release binary at `$MCP_IDEM_BIN` (default `target/release/mcp-idem`) and the
-//! `mcp-remote` pinned in `interop/package-lock.json` (installed in `interop/node_modules`), run
-//! by `$NODE` (default `node`). One `mcp-idem demo-server --http` (stateless, plain JSON answers)
+//! It measures the binary at `$MCP_IDEM_BIN` (default `target/release/mcp-idem`, which `cargo
+//! bench` builds) and the `mcp-remote` pinned in `interop/package-lock.json` (installed in
+//! `interop/node_modules`), run by `$NODE` (default `node`). One `mcp-idem demo-server --http` (stateless, plain JSON answers)
 //! serves every row; the tool is `noop`, which answers at once, so the rows differ only in the
 //! path a call takes. One call is in flight at a time; a sample is the time from sending the
 //! request to the parsed response. All clients run in this process on one current-thread Tokio
-//! runtime, so each row pays the same client-side costs: an HTTP exchange for the direct rows, a
-//! pipe write and read for the bridges. Every row gets its warm-up calls, then the measured calls
+//! runtime (no thread hand-offs on the client side): one HTTP exchange for the direct rows, a line
+//! written to the bridge's stdin and one read from its stdout (both epoll-driven) for the bridges. Every row gets its warm-up calls, then the measured calls
 //! run in rounds, each visiting every row (starting at a different one), so machine noise hits
 //! them alike.
 //!
