@@ -36,6 +36,9 @@ use serde_json::{json, Value};
 
 mod support;
 use support::{load_average, mcp_idem_bin, Progress};
+#[path = "support/latency.rs"]
+mod latency;
+use latency::stats;
 
 const DEFAULT_CALLS: usize = 2000;
 const QUICK_CALLS: usize = 200;
@@ -568,33 +571,6 @@ fn print_header(bin: &Path, options: &Options, dir: &Path) {
         dir.join("bench.sqlite3").display()
     );
     println!("  machine: {cores} cores, load average {}", load_average());
-}
-
-/// Nearest-rank percentile of sorted samples, in microseconds.
-fn percentile_us(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1000.0
-}
-
-struct Stats {
-    p50: f64,
-    p99: f64,
-    mean: f64,
-    min: f64,
-}
-
-fn stats(samples: &mut [u64]) -> Stats {
-    samples.sort_unstable();
-    let mean = samples.iter().map(|&ns| ns as f64).sum::<f64>() / samples.len().max(1) as f64;
-    Stats {
-        p50: percentile_us(samples, 50.0),
-        p99: percentile_us(samples, 99.0),
-        mean: mean / 1000.0,
-        min: samples.first().map_or(f64::NAN, |&ns| ns as f64 / 1000.0),
-    }
 }
 
 /// PASS when `ratio` is at most `max` (or, if `strict`, below it).
