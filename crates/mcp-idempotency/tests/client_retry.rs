@@ -244,9 +244,9 @@ async fn pipe(client: DuplexStream, server_side: DuplexStream, server: Arc<Serve
 
 fn patient() -> RetryPolicy {
     RetryPolicy::default()
-        .max_attempts(20)
-        .max_elapsed(PATIENCE)
-        .backoff(Duration::from_millis(10), Duration::from_millis(100))
+        .with_max_attempts(20)
+        .with_max_elapsed(PATIENCE)
+        .with_backoff(Duration::from_millis(10), Duration::from_millis(100))
 }
 
 fn text(outcome: &CallOutcome) -> String {

@@ -126,11 +126,11 @@ impl CallArgs {
 
     async fn run(self) -> u8 {
         let policy = RetryPolicy::default()
-            .max_attempts(self.retries.saturating_add(1))
-            .attempt_timeout(self.timeout)
-            .connect_timeout(self.connect_timeout)
-            .max_elapsed(self.max_time)
-            .trust_idempotent_hint(self.trust_idempotent_hint);
+            .with_max_attempts(self.retries.saturating_add(1))
+            .with_attempt_timeout(self.timeout)
+            .with_connect_timeout(self.connect_timeout)
+            .with_max_elapsed(self.max_time)
+            .with_trust_idempotent_hint(self.trust_idempotent_hint);
         let mut request = CallRequest::new(&self.tool);
         if let Some(arguments) = &self.arguments {
             request = request.arguments(arguments.clone());

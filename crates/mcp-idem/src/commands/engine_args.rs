@@ -30,7 +30,7 @@ pub(crate) struct EngineArgs {
 
     /// What a retry gets when the original call's owner died before recording an outcome:
     /// `reject` (idempotency_outcome_unknown, never a second execution) or `reexecute`.
-    #[arg(long, env = "MCP_IDEM_AFTER_CRASH", default_value = "reject", value_parser = parse_after_crash)]
+    #[arg(long, env = "MCP_IDEM_AFTER_CRASH", default_value = "reject", value_parser = str::parse::<AfterCrash>)]
     pub(crate) after_crash: AfterCrash,
 
     /// Longest accepted idempotencyKey, in bytes.
@@ -52,10 +52,6 @@ pub(crate) struct EngineArgs {
     /// Most live records in the store.
     #[arg(long, env = "MCP_IDEM_MAX_RECORDS_TOTAL", default_value_t = config::DEFAULT_MAX_RECORDS_TOTAL)]
     pub(crate) max_records_total: u64,
-}
-
-fn parse_after_crash(s: &str) -> Result<AfterCrash, String> {
-    s.parse()
 }
 
 impl EngineArgs {

@@ -40,7 +40,7 @@ pub(crate) struct WrapArgs {
 
     /// What to do with `notifications/cancelled` for a keyed call: `absorb` (let it finish and
     /// record its outcome) or `forward` (and record it as outcome-unknown).
-    #[arg(long, env = "MCP_IDEM_CANCEL", default_value = "absorb", value_parser = parse_cancel)]
+    #[arg(long, env = "MCP_IDEM_CANCEL", default_value = "absorb", value_parser = str::parse::<CancelPolicy>)]
     cancel: CancelPolicy,
 
     /// Longest client message (one line) read, e.g. 4MiB, 512KiB; a longer one is discarded
@@ -73,16 +73,6 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     n.checked_mul(1 << shift)
         .filter(|&bytes| bytes > 0)
         .ok_or_else(|| format!("size {s:?} out of range"))
-}
-
-fn parse_cancel(s: &str) -> Result<CancelPolicy, String> {
-    match s {
-        "absorb" => Ok(CancelPolicy::Absorb),
-        "forward" => Ok(CancelPolicy::Forward),
-        other => Err(format!(
-            "unknown cancel policy {other:?}; expected `absorb` or `forward`"
-        )),
-    }
 }
 
 impl WrapArgs {

@@ -222,9 +222,9 @@ impl BridgeConfig {
 
     fn policy(&self) -> RetryPolicy {
         RetryPolicy::default()
-            .max_attempts(u32::MAX)
-            .max_elapsed(self.max_time)
-            .attempt_timeout(self.attempt_timeout)
+            .with_max_attempts(u32::MAX)
+            .with_max_elapsed(self.max_time)
+            .with_attempt_timeout(self.attempt_timeout)
     }
 }
 
@@ -347,7 +347,7 @@ impl Bridge {
         // The client is gone: its requests in flight get until their own deadline to be answered
         // (a call that may not be re-issued has none, so the wait is bounded here).
         let drain = async { while relay.tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(shared.policy.get_max_elapsed(), drain)
+        if tokio::time::timeout(shared.policy.max_elapsed(), drain)
             .await
             .is_err()
         {

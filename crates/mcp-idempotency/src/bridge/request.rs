@@ -56,7 +56,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mu
         };
         let end = if reissuable {
             let deadline = retries.attempt_deadline(Instant::now());
-            let timeout = shared.policy.get_attempt_timeout();
+            let timeout = shared.policy.attempt_timeout();
             tokio::time::timeout_at(deadline, send(&shared, &request.method, &message, &id))
                 .await
                 .unwrap_or_else(|_| AttemptEnd::Lost {

@@ -241,7 +241,7 @@ impl<C: Connect> Client<C> {
     async fn attempt(&self, request: &CallRequest, key: &str, retries: &Retries) -> Attempt {
         let started = Instant::now();
         let deadline = retries.deadline();
-        let connect_deadline = deadline.min(started + self.policy.get_connect_timeout());
+        let connect_deadline = deadline.min(started + self.policy.connect_timeout());
         let session = match tokio::time::timeout_at(connect_deadline, self.session()).await {
             Ok(Ok(session)) => session,
             Ok(Err(error)) => {
@@ -265,7 +265,7 @@ impl<C: Connect> Client<C> {
         let deadline = retries.attempt_deadline(Instant::now());
         // Decided before sending: after a transport failure the session cannot list tools.
         let safe = session.advertises_idempotency()
-            || (self.policy.get_trust_idempotent_hint()
+            || (self.policy.trust_idempotent_hint()
                 && tokio::time::timeout_at(deadline, session.tool_is_idempotent(&request.name))
                     .await
                     .unwrap_or(false));

@@ -92,11 +92,11 @@ pub enum GaveUp {
     Final,
     /// A retry could help but might run the tool twice: the server does not advertise
     /// `tools.idempotency` and the tool is not trusted as idempotent
-    /// ([`RetryPolicy::trust_idempotent_hint`](super::RetryPolicy::trust_idempotent_hint)).
+    /// ([`RetryPolicy::trust_idempotent_hint`](super::RetryPolicy::with_trust_idempotent_hint)).
     Unsafe,
-    /// [`RetryPolicy::max_attempts`](super::RetryPolicy::max_attempts) were made.
+    /// [`RetryPolicy::max_attempts`](super::RetryPolicy::with_max_attempts) were made.
     MaxAttempts,
-    /// [`RetryPolicy::max_elapsed`](super::RetryPolicy::max_elapsed) ran out.
+    /// [`RetryPolicy::max_elapsed`](super::RetryPolicy::with_max_elapsed) ran out.
     MaxElapsed,
 }
 

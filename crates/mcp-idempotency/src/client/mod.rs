@@ -58,7 +58,7 @@
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! let server = StdioConnector::new("mcp-idem")
 //!     .args(["wrap", "--store", "sqlite:records.sqlite3", "--", "my-mcp-server"]);
-//! let client = Client::new(server).with_policy(RetryPolicy::default().max_attempts(4));
+//! let client = Client::new(server).with_policy(RetryPolicy::default().with_max_attempts(4));
 //!
 //! let call = CallRequest::new("charge_payment").arguments(json!({"amount": 4200, "currency": "usd"}));
 //! match client.call_tool(call).await {

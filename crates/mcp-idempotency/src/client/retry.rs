@@ -37,7 +37,7 @@ impl Retries {
         Self {
             policy: policy.clone(),
             started: now,
-            deadline: now + policy.get_max_elapsed(),
+            deadline: now + policy.max_elapsed(),
             attempts: 0,
         }
     }
@@ -60,7 +60,7 @@ impl Retries {
 
     /// When an attempt started at `now` stops waiting for its answer.
     pub(crate) fn attempt_deadline(&self, now: Instant) -> Instant {
-        self.deadline.min(now + self.policy.get_attempt_timeout())
+        self.deadline.min(now + self.policy.attempt_timeout())
     }
 
     /// Time since the call started.
@@ -76,7 +76,7 @@ impl Retries {
             Retry::IfSafe { safe: true, after } => after,
             Retry::NotSent => None,
         };
-        if self.attempts >= self.policy.get_max_attempts() {
+        if self.attempts >= self.policy.max_attempts() {
             return Err(GaveUp::MaxAttempts);
         }
         let delay = self.policy.delay(self.attempts, after);
@@ -139,10 +139,10 @@ mod tests {
 
     fn policy() -> RetryPolicy {
         RetryPolicy::default()
-            .max_attempts(3)
-            .max_elapsed(Duration::from_secs(10))
-            .backoff(Duration::from_millis(100), Duration::from_secs(1))
-            .jitter(false)
+            .with_max_attempts(3)
+            .with_max_elapsed(Duration::from_secs(10))
+            .with_backoff(Duration::from_millis(100), Duration::from_secs(1))
+            .with_jitter(false)
     }
 
     #[test]

@@ -50,6 +50,21 @@ pub enum CancelPolicy {
     Forward,
 }
 
+impl std::str::FromStr for CancelPolicy {
+    type Err = String;
+
+    /// `absorb` or `forward`, as `mcp-idem wrap --cancel` takes them.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "absorb" => Ok(Self::Absorb),
+            "forward" => Ok(Self::Forward),
+            other => Err(format!(
+                "unknown cancel policy {other:?}; expected `absorb` or `forward`"
+            )),
+        }
+    }
+}
+
 /// Settings of an [`Interceptor`].
 #[derive(Clone, Debug, Default)]
 pub struct InterceptorConfig {
