@@ -74,32 +74,34 @@ pub struct EngineConfig {
     pub(crate) limits: RecordLimits,
 }
 
-/// Default retention window: 24 hours, as Stripe keeps keys.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-/// Default lease of an in-progress call; the owner renews it while the call runs.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
-/// Default size limit of a call's `arguments`.
-pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
-/// Default size limit of a recorded outcome.
-pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 1024 * 1024;
-/// Default number of live records one scope may hold.
-pub const DEFAULT_MAX_RECORDS_PER_SCOPE: u64 = 10_000;
-/// Default number of live records a store may hold.
-pub const DEFAULT_MAX_RECORDS_TOTAL: u64 = 100_000;
+impl EngineConfig {
+    /// Default retention window: 24 hours, as Stripe keeps keys.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// Default lease of an in-progress call; the owner renews it while the call runs.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+    /// Default size limit of a call's `arguments`.
+    pub const DEFAULT_MAX_ARGUMENT_BYTES: usize = 1024 * 1024;
+    /// Default size limit of a recorded outcome.
+    pub const DEFAULT_MAX_OUTCOME_BYTES: usize = 1024 * 1024;
+    /// Default number of live records one scope may hold.
+    pub const DEFAULT_MAX_RECORDS_PER_SCOPE: u64 = 10_000;
+    /// Default number of live records a store may hold.
+    pub const DEFAULT_MAX_RECORDS_TOTAL: u64 = 100_000;
+}
 
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            retention: DEFAULT_RETENTION,
-            lease: DEFAULT_LEASE,
+            retention: Self::DEFAULT_RETENTION,
+            lease: Self::DEFAULT_LEASE,
             after_crash: AfterCrash::Reject,
             in_progress_retry_after: Duration::from_secs(1),
             max_key_bytes: DEFAULT_MAX_KEY_BYTES,
-            max_argument_bytes: DEFAULT_MAX_ARGUMENT_BYTES,
-            max_outcome_bytes: DEFAULT_MAX_OUTCOME_BYTES,
+            max_argument_bytes: Self::DEFAULT_MAX_ARGUMENT_BYTES,
+            max_outcome_bytes: Self::DEFAULT_MAX_OUTCOME_BYTES,
             limits: RecordLimits {
-                max_records_per_scope: DEFAULT_MAX_RECORDS_PER_SCOPE,
-                max_records_total: DEFAULT_MAX_RECORDS_TOTAL,
+                max_records_per_scope: Self::DEFAULT_MAX_RECORDS_PER_SCOPE,
+                max_records_total: Self::DEFAULT_MAX_RECORDS_TOTAL,
             },
         }
     }

@@ -64,7 +64,7 @@
 pub mod bridge;
 #[cfg(feature = "client")]
 pub mod client;
-pub mod config;
+mod config;
 mod deduplicator;
 mod engine;
 pub mod fingerprint;

@@ -268,7 +268,7 @@ async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_lost_to_a_timeout_is_replayed_to_the_retry() {
     let server = Server::with_idempotency();
-    let client = server.client(patient().attempt_timeout(Duration::from_millis(500)));
+    let client = server.client(patient().with_attempt_timeout(Duration::from_millis(500)));
     assert!(client.advertises_idempotency().await.unwrap());
     server.drop_responses(1, false);
 
@@ -337,7 +337,7 @@ async fn a_call_in_progress_is_retried_until_it_completes() {
     let server = Server::with_idempotency();
     let first = server.client(patient());
     // Every "in progress" answer counts as an attempt.
-    let second = server.client(patient().max_attempts(u32::MAX));
+    let second = server.client(patient().with_max_attempts(u32::MAX));
 
     let original = tokio::spawn(async move {
         first
@@ -437,8 +437,8 @@ async fn without_the_capability_a_lost_call_is_not_retried() {
     let server = Server::without_idempotency();
     let client = server.client(
         patient()
-            .attempt_timeout(Duration::from_millis(300))
-            .trust_idempotent_hint(true),
+            .with_attempt_timeout(Duration::from_millis(300))
+            .with_trust_idempotent_hint(true),
     );
     assert!(!client.advertises_idempotency().await.unwrap());
     server.drop_responses(1, false);
@@ -454,7 +454,7 @@ async fn without_the_capability_a_lost_call_is_not_retried() {
     assert_eq!(server.executions(), 1);
 
     // Without the opt-in, an idempotentHint tool is not retried either.
-    let cautious = server.client(patient().attempt_timeout(Duration::from_millis(300)));
+    let cautious = server.client(patient().with_attempt_timeout(Duration::from_millis(300)));
     server.drop_responses(1, false);
     let error = within("the call", cautious.call_tool(CallRequest::new("hinted")))
         .await
@@ -466,7 +466,7 @@ async fn without_the_capability_a_lost_call_is_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_opt_in_an_idempotent_hint_tool_is_retried() {
     let server = Server::without_idempotency();
-    let client = server.client(patient().trust_idempotent_hint(true));
+    let client = server.client(patient().with_trust_idempotent_hint(true));
     server.drop_responses(1, true);
 
     let report = within("the call", client.call_tool(CallRequest::new("hinted")))
@@ -481,7 +481,7 @@ async fn with_the_opt_in_an_idempotent_hint_tool_is_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_attempts_is_respected() {
     let server = Server::with_idempotency();
-    let client = server.client(patient().max_attempts(3));
+    let client = server.client(patient().with_max_attempts(3));
     server.drop_responses(u32::MAX, true);
 
     let error = within("the call", client.call_tool(CallRequest::new("bump")))
@@ -500,8 +500,8 @@ async fn max_elapsed_is_respected() {
     server.drop_responses(u32::MAX, true);
     let client = server.client(
         patient()
-            .max_attempts(u32::MAX)
-            .max_elapsed(Duration::from_millis(500)),
+            .with_max_attempts(u32::MAX)
+            .with_max_elapsed(Duration::from_millis(500)),
     );
     let error = within("the call", client.call_tool(CallRequest::new("bump")))
         .await
@@ -513,8 +513,8 @@ async fn max_elapsed_is_respected() {
     server.drop_responses(u32::MAX, false);
     let client = server.client(
         patient()
-            .attempt_timeout(Duration::from_secs(3600))
-            .max_elapsed(Duration::from_millis(500)),
+            .with_attempt_timeout(Duration::from_secs(3600))
+            .with_max_elapsed(Duration::from_millis(500)),
     );
     client
         .session()
@@ -556,7 +556,8 @@ mod over_http {
     use axum::body::Body;
     use http_body_util::BodyExt;
     use mcp_idempotency::client::HttpConnector;
-    use mcp_idempotency::http::{IdempotencyLayer, ScopeBy};
+    use mcp_idempotency::http::principal::ScopeBy;
+    use mcp_idempotency::http::IdempotencyLayer;
     use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
     use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
     use tower::ServiceExt as _;
@@ -649,7 +650,7 @@ mod over_http {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
         drop(listener);
-        let client = Client::new(HttpConnector::new(url)).with_policy(patient().max_attempts(2));
+        let client = Client::new(HttpConnector::new(url)).with_policy(patient().with_max_attempts(2));
         let error = client
             .call_tool(CallRequest::new("bump"))
             .await

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use mcp_idempotency::config::{DEFAULT_LEASE, DEFAULT_RETENTION};
 use mcp_idempotency::jsonrpc::{INTERNAL_ERROR, INVALID_PARAMS};
 use mcp_idempotency::key::DEFAULT_MAX_KEY_BYTES;
 use mcp_idempotency::store::{
@@ -557,9 +556,18 @@ fn an_in_progress_record_outlives_its_lease_even_with_a_shorter_retention() {
 fn defaults_match_the_documented_values() {
     let engine = Engine::default();
     let req = default_request(&engine, FencingToken::random());
-    assert_eq!(req.lease_expires_at, at(T0).saturating_add(DEFAULT_LEASE));
-    assert_eq!(req.expires_at, at(T0).saturating_add(DEFAULT_RETENTION));
-    assert_eq!(DEFAULT_RETENTION, Duration::from_secs(24 * 3600));
+    assert_eq!(
+        req.lease_expires_at,
+        at(T0).saturating_add(EngineConfig::DEFAULT_LEASE)
+    );
+    assert_eq!(
+        req.expires_at,
+        at(T0).saturating_add(EngineConfig::DEFAULT_RETENTION)
+    );
+    assert_eq!(
+        EngineConfig::DEFAULT_RETENTION,
+        Duration::from_secs(24 * 3600)
+    );
     assert_eq!(engine.config().after_crash_policy(), AfterCrash::Reject);
 }
 
@@ -1078,7 +1086,10 @@ fn completion_drops_outcomes_over_the_limit() {
     for outcome in [Outcome::Success(big.into()), Outcome::Error(big.into())] {
         let req = engine.completion(&claim, outcome, at(T0 + 1));
         assert_eq!(req.outcome, Outcome::NotRetained { size: 17 });
-        assert_eq!(req.expires_at, at(T0 + 1).saturating_add(DEFAULT_RETENTION));
+        assert_eq!(
+            req.expires_at,
+            at(T0 + 1).saturating_add(EngineConfig::DEFAULT_RETENTION)
+        );
     }
     // Multi-byte text is measured in bytes.
     let req = engine.completion(&claim, Outcome::Success("\"ééééééééé\"".into()), at(T0));

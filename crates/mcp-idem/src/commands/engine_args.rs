@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::store::{self, Store, StoreUrl};
-use mcp_idempotency::{config, AfterCrash, Deduplicator, EngineConfig, Timestamp};
+use mcp_idempotency::{AfterCrash, Deduplicator, EngineConfig, Timestamp};
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(600);
@@ -38,19 +38,19 @@ pub(crate) struct EngineArgs {
     pub(crate) max_key_bytes: usize,
 
     /// Largest accepted `arguments` of a keyed call, in bytes.
-    #[arg(long, env = "MCP_IDEM_MAX_ARGUMENT_BYTES", default_value_t = config::DEFAULT_MAX_ARGUMENT_BYTES)]
+    #[arg(long, env = "MCP_IDEM_MAX_ARGUMENT_BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ARGUMENT_BYTES)]
     pub(crate) max_argument_bytes: usize,
 
     /// Largest outcome kept for replay, in bytes; larger ones are recorded as not retained.
-    #[arg(long, env = "MCP_IDEM_MAX_OUTCOME_BYTES", default_value_t = config::DEFAULT_MAX_OUTCOME_BYTES)]
+    #[arg(long, env = "MCP_IDEM_MAX_OUTCOME_BYTES", default_value_t = EngineConfig::DEFAULT_MAX_OUTCOME_BYTES)]
     pub(crate) max_outcome_bytes: usize,
 
     /// Most live records per principal.
-    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_PER_SCOPE", default_value_t = config::DEFAULT_MAX_RECORDS_PER_SCOPE)]
+    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_PER_SCOPE", default_value_t = EngineConfig::DEFAULT_MAX_RECORDS_PER_SCOPE)]
     pub(crate) max_records_per_scope: u64,
 
     /// Most live records in the store.
-    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_TOTAL", default_value_t = config::DEFAULT_MAX_RECORDS_TOTAL)]
+    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_TOTAL", default_value_t = EngineConfig::DEFAULT_MAX_RECORDS_TOTAL)]
     pub(crate) max_records_total: u64,
 }
 

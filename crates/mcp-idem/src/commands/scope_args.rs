@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use mcp_idempotency::http::principal::ScopeBy;
 use mcp_idempotency::http::principal::{JwtConfig, JwtKey};
-use mcp_idempotency::http::ScopeBy;
 
 /// The authorization boundary records are scoped to.
 #[derive(Debug, Args)]

@@ -216,7 +216,10 @@ mod tests {
 
     #[test]
     fn at_least_one_attempt() {
-        assert_eq!(RetryPolicy::default().with_max_attempts(0).with_max_attempts(), 1);
-        assert_eq!(RetryPolicy::no_retries().with_max_attempts(), 1);
+        assert_eq!(
+            RetryPolicy::default().with_max_attempts(0).max_attempts(),
+            1
+        );
+        assert_eq!(RetryPolicy::no_retries().max_attempts(), 1);
     }
 }

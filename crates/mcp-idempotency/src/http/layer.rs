@@ -20,10 +20,34 @@ use super::relay::{self, Exchange};
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig};
 use crate::jsonrpc::{error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST};
 use crate::record::Scope;
-use crate::Deduplicator;
+use crate::store::{self, StoreError, StoreUrl};
+use crate::{Deduplicator, EngineConfig};
 
 /// Default for [`IdempotencyLayer::body_timeout`].
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A layer recording in the store at `store_url` (`memory`, `sqlite:PATH`, `redis://…`,
+/// `postgres://…`) with the default engine settings: HTTP embedding in one statement, as
+/// [`idempotent_stdio`](crate::stdio::idempotent_stdio) is for stdio. Set the namespace and the
+/// scope on the result.
+///
+/// ```no_run
+/// # async fn example() -> Result<(), mcp_idempotency::store::StoreError> {
+/// use mcp_idempotency::http::idempotent_layer;
+/// use mcp_idempotency::http::principal::ScopeBy;
+///
+/// let layer = idempotent_layer("redis://127.0.0.1:6379").await?
+///     .namespace("payments")
+///     .scope_by(ScopeBy::Bearer);
+/// # let _ = layer; Ok(()) }
+/// ```
+pub async fn idempotent_layer(store_url: &str) -> Result<IdempotencyLayer, StoreError> {
+    let store = store::open(&store_url.parse::<StoreUrl>()?).await?;
+    Ok(IdempotencyLayer::new(Deduplicator::new(
+        EngineConfig::default(),
+        store,
+    )))
+}
 
 /// Adds SEP-3182 request idempotency to a Streamable HTTP MCP service, such as rmcp's
 /// `StreamableHttpService` or a reverse proxy to any MCP server.
@@ -43,7 +67,8 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// ```no_run
 /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::sync::Arc;
-/// use mcp_idempotency::http::{IdempotencyLayer, ScopeBy};
+/// use mcp_idempotency::http::IdempotencyLayer;
+/// use mcp_idempotency::http::principal::ScopeBy;
 /// use mcp_idempotency::{store, Deduplicator, EngineConfig};
 ///
 /// let store = store::open(&"sqlite:/var/lib/my-server/idem.sqlite3".parse()?).await?;

@@ -3,7 +3,8 @@
 //!
 //! [`IdempotencyLayer`] reads each POSTed JSON-RPC message and hands it to the same
 //! [`Interceptor`](crate::interceptor::Interceptor) the stdio proxy uses; only reading bodies and
-//! relaying JSON or SSE answers is HTTP-specific. [`ScopeBy`] says whose records a request may see.
+//! relaying JSON or SSE answers is HTTP-specific. [`ScopeBy`](principal::ScopeBy) says whose
+//! records a request may see. [`idempotent_layer`] builds a layer from a store URL in one statement.
 
 mod body;
 mod layer;
@@ -11,5 +12,4 @@ pub mod principal;
 mod relay;
 
 pub use body::{BoxError, ResponseBody};
-pub use layer::{IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT};
-pub use principal::ScopeBy;
+pub use layer::{idempotent_layer, IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT};

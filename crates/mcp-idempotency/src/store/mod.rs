@@ -3,7 +3,7 @@
 //! Every store offers the same few atomic operations. A claim is one atomic step (a mutex-guarded map
 //! update, one SQL transaction, one server-side script): either the key was free and is now owned by
 //! the caller, or the existing record is returned. Every store passes the same test suite,
-//! [`testsuite`].
+//! `testsuite` (feature `testsuite`).
 //!
 //! | URL | store |
 //! | --- | --- |
@@ -26,6 +26,7 @@ mod sql_list;
 mod sql_row;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "testsuite")]
 pub mod testsuite;
 mod url;
 
