@@ -66,18 +66,57 @@ impl BridgeArgs {
         if let Some(ca) = self.ca_cert {
             config = config.ca_cert(ca);
         }
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        // One thread: a bridge serves one client, and every hand-off between threads costs a
+        // wake-up on each call (measured in docs/benchmarks.md, "Bridge latency").
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
         runtime.block_on(async {
             let bridge = Bridge::connect(config).await?;
+            let (input, output) = stdio();
             bridge
-                .run(tokio::io::stdin(), tokio::io::stdout())
+                .run(input, output)
                 .await
                 .context("cannot read the client's input")?;
             Ok(ExitCode::SUCCESS)
         })
+    }
+}
+
+type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
+type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;
+
+/// The process's stdin and stdout. When they are pipes (as a client that launches the bridge
+/// makes them) they are read and written on the runtime's own thread, without tokio's blocking
+/// thread pool; a terminal or a file falls back to `tokio::io::stdin()` / `stdout()`.
+fn stdio() -> (Input, Output) {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        use tokio::net::unix::pipe;
+        let input = std::io::stdin()
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .and_then(|fd| pipe::Receiver::from_owned_fd(fd).ok());
+        let output = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .ok()
+            .and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
+        let input: Input = match input {
+            Some(pipe) => Box::new(pipe),
+            None => Box::new(tokio::io::stdin()),
+        };
+        let output: Output = match output {
+            Some(pipe) => Box::new(pipe),
+            None => Box::new(tokio::io::stdout()),
+        };
+        (input, output)
+    }
+    #[cfg(not(unix))]
+    {
+        (Box::new(tokio::io::stdin()), Box::new(tokio::io::stdout()))
     }
 }
