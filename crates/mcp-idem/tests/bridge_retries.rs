@@ -2,6 +2,7 @@
 //! line), `mcp-idem proxy` (the SEP-3182 server) or the bare `demo-server --http` (no capability)
 //! behind it, and the demo server's ledger counting executions.
 
+mod bridge_support;
 mod common;
 mod http_support;
 
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use bridge_support::{Fault, Forwarder, Plan};
 use common::{ledger_lines, meta_2026, StdioPeer};
 use http_support::{ledger_in, HttpDemo, Proxy};
 
@@ -263,5 +265,50 @@ fn malformed_and_oversized_lines_are_answered_and_the_bridge_goes_on() {
         "{ok}"
     );
     assert!(!bridge.stderr().contains("panicked"));
+    assert!(bridge.finish().success());
+}
+
+/// Without the capability, a tool that `tools/list` annotates read-only is re-issued after its
+/// answer was lost (a second run is harmless), while a charge is not.
+#[test]
+fn without_the_capability_a_read_only_tool_is_reissued() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let demo = HttpDemo::spawn(&ledger, &[]);
+    // The first answer to every call is dropped after the server ran it.
+    let plan = Plan::new(|call| {
+        if call.attempt == 0 {
+            Fault::Drop
+        } else {
+            Fault::Forward
+        }
+    });
+    let forwarder = Forwarder::start(&demo.url, None, plan, Duration::from_secs(5));
+    let mut bridge = bridge(&dir, &forwarder.url, &[]);
+
+    let listed = bridge.request(json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
+                                       "params": {"_meta": meta_2026()}}));
+    let tools = listed["result"]["tools"].as_array().expect("tools").clone();
+    let balance = tools
+        .iter()
+        .find(|t| t["name"] == "get_balance")
+        .expect("get_balance");
+    assert_eq!(balance["annotations"]["readOnlyHint"], true, "{balance}");
+
+    let answer = bridge.request(call(2, "get_balance", json!({})));
+    assert!(
+        answer["result"].is_object(),
+        "re-issued and answered: {answer}"
+    );
+    assert_eq!(reissues(&bridge), 1, "{}", bridge.stderr());
+
+    let lost = bridge.request(call(
+        3,
+        "charge_payment",
+        json!({"amount": 9, "currency": "usd"}),
+    ));
+    assert_eq!(lost["error"]["data"]["reissued"], false, "{lost}");
+    assert_eq!(reissues(&bridge), 1, "the charge was not re-issued");
+    assert_eq!(ledger_lines(&ledger).len(), 1, "the charge ran once");
     assert!(bridge.finish().success());
 }

@@ -650,7 +650,8 @@ mod over_http {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}/mcp", listener.local_addr().unwrap());
         drop(listener);
-        let client = Client::new(HttpConnector::new(url)).with_policy(patient().with_max_attempts(2));
+        let client =
+            Client::new(HttpConnector::new(url)).with_policy(patient().with_max_attempts(2));
         let error = client
             .call_tool(CallRequest::new("bump"))
             .await
