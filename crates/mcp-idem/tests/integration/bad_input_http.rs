@@ -7,22 +7,19 @@
 //! unreadable arguments, duplicate member names, one id used by two concurrent POSTs, a truncated
 //! SSE stream from the upstream (outcome-unknown, also for the retry) with a response nobody asked
 //! for in it (passed through), and a slowloris body (other clients are served meanwhile).
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{ledger_lines, meta_2026, TIMEOUT};
 use http_body_util::BodyExt;
-use http_support::{charge, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use crate::common::{ledger_lines, meta_2026, TIMEOUT};
+use crate::http_support::{charge, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw};
 
 /// Demo server + proxy (sqlite store) and the ledger.
 struct Setup {
@@ -65,7 +62,7 @@ fn assert_no_panic(proxy: &Proxy) {
 }
 
 /// `(error.code, error.data.type)` of a JSON answer.
-fn error_of(answer: &http_support::Answer) -> (i64, String) {
+fn error_of(answer: &crate::http_support::Answer) -> (i64, String) {
     let json = answer.json();
     (
         json["error"]["code"]
@@ -87,7 +84,7 @@ fn raw_keyed_charge(id: u64, key: &str, arguments: &str) -> String {
 }
 
 /// POSTs `body` as is, with the headers of a `charge_payment` call.
-async fn post_raw(raw: &Raw, body: impl Into<Bytes>) -> http_support::Answer {
+async fn post_raw(raw: &Raw, body: impl Into<Bytes>) -> crate::http_support::Answer {
     let request = raw.post(&charge(0, 0, None));
     raw.send_bytes(request, body.into()).await
 }

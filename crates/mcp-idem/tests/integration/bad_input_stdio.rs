@@ -3,14 +3,11 @@
 //! specific JSON-RPC error, or a pass-through where that is the documented behaviour), that nothing
 //! runs that must not (the demo server's ledger counts executed charges), that `wrap` never panics,
 //! and that the same session keeps serving keyed calls afterwards.
-#![cfg(unix)]
 
-mod common;
-mod wrap_support;
-
-use common::{ledger_lines, meta_2026, StdioPeer, TIMEOUT};
 use serde_json::json;
-use wrap_support::{
+
+use crate::common::{ledger_lines, meta_2026, StdioPeer, TIMEOUT};
+use crate::wrap_support::{
     assert_rejected, call, charge, charge_id, padded_charge, peak_rss_kb, sh_quote, Sandbox, EXE,
 };
 
@@ -229,7 +226,7 @@ fn a_response_nobody_asked_for_passes_through() {
         .expect("the stray response passes through");
     assert_eq!(stray["result"], json!({"stray": true}));
     // ... and logged (at debug level).
-    wrap_support::wait_until("the stray response is logged", TIMEOUT, || {
+    crate::wrap_support::wait_until("the stray response is logged", TIMEOUT, || {
         wrap.stderr()
             .contains("passing through a response to no known request")
     });

@@ -2,16 +2,13 @@
 //! line), `mcp-idem proxy` (the SEP-3182 server) or the bare `demo-server --http` (no capability)
 //! behind it, and the demo server's ledger counting executions.
 
-mod common;
-mod http_support;
-
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::{ledger_lines, meta_2026, StdioPeer};
-use http_support::{ledger_in, HttpDemo, Proxy};
+use crate::common::{ledger_lines, meta_2026, StdioPeer};
+use crate::http_support::{ledger_in, HttpDemo, Proxy};
 
 /// `mcp-idem bridge ARGS URL` as a stdio peer, logging at `warn` (the re-issue lines).
 fn bridge(dir: &tempfile::TempDir, url: &str, args: &[&str]) -> StdioPeer {
@@ -164,7 +161,7 @@ fn without_the_capability_a_lost_answer_is_not_reissued() {
         "charge_payment",
         json!({"amount": 5, "currency": "usd", "delay_ms": 3000}),
     ));
-    common::wait_for_ledger(&ledger, 1);
+    crate::common::wait_for_ledger(&ledger, 1);
     std::thread::sleep(Duration::from_millis(300));
     drop(demo.take());
     let lost = bridge.response(&json!(2));
@@ -189,7 +186,7 @@ fn a_cancelled_call_stops_being_reissued_and_gets_no_answer() {
         "charge_payment",
         json!({"amount": 6, "currency": "usd", "delay_ms": 4000}),
     ));
-    let deadline = std::time::Instant::now() + common::TIMEOUT;
+    let deadline = std::time::Instant::now() + crate::common::TIMEOUT;
     while reissues(&bridge) < 2 {
         assert!(std::time::Instant::now() < deadline, "{}", bridge.stderr());
         std::thread::sleep(Duration::from_millis(20));
@@ -216,7 +213,7 @@ fn a_cancelled_call_stops_being_reissued_and_gets_no_answer() {
         next["result"]["structuredContent"]["chargeId"].is_string(),
         "{next}"
     );
-    assert_eq!(common::wait_for_ledger(&ledger, 2).len(), 2);
+    assert_eq!(crate::common::wait_for_ledger(&ledger, 2).len(), 2);
     assert!(bridge.finish().success());
 }
 
@@ -228,21 +225,23 @@ fn malformed_and_oversized_lines_are_answered_and_the_bridge_goes_on() {
     let mut bridge = bridge(&dir, &demo.url, &["--max-line-bytes", "1000"]);
 
     bridge.send_raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"#);
-    let parse_error = bridge.next_message(common::TIMEOUT).expect("an answer");
+    let parse_error = bridge
+        .next_message(crate::common::TIMEOUT)
+        .expect("an answer");
     assert_eq!(parse_error["error"]["code"], -32700, "{parse_error}");
     bridge.send_bytes(b"\xff\xfe\n");
     assert_eq!(
-        bridge.next_message(common::TIMEOUT).unwrap()["error"]["code"],
+        bridge.next_message(crate::common::TIMEOUT).unwrap()["error"]["code"],
         -32700
     );
     bridge.send_raw("[1,2]x");
     assert_eq!(
-        bridge.next_message(common::TIMEOUT).unwrap()["error"]["code"],
+        bridge.next_message(crate::common::TIMEOUT).unwrap()["error"]["code"],
         -32700
     );
     bridge.send_raw(r#"{"jsonrpc":"2.0","id":7,"nothing":true}"#);
     assert_eq!(
-        bridge.next_message(common::TIMEOUT).unwrap()["error"]["code"],
+        bridge.next_message(crate::common::TIMEOUT).unwrap()["error"]["code"],
         -32600
     );
     let long = format!(

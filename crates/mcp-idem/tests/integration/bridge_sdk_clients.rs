@@ -18,13 +18,6 @@
 //! (`interop/snippet_py_key.py`, `interop/snippet-ts-key.mjs`) against `mcp-idem wrap`, and a
 //! check that the forwarder injects what it claims. A missing SDK or Redis skips a test with a
 //! note, or fails it under `CI=true`.
-#![cfg(unix)]
-
-mod bridge_support;
-mod common;
-mod http_support;
-mod interop_support;
-mod wrap_support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
@@ -35,11 +28,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
-use bridge_support::{Done, Exchange, Fault, Forwarder, Plan};
-use common::ledger_lines;
-use http_support::{tool_call, unique_namespace, HttpDemo, Proxy, Raw, SharedStore};
-use interop_support::{run_report, script, Toolchain};
-use wrap_support::{sh_join, Sandbox, EXE};
+use crate::bridge_support::{Done, Exchange, Fault, Forwarder, Plan};
+use crate::common::ledger_lines;
+use crate::http_support::{tool_call, unique_namespace, HttpDemo, Proxy, Raw, SharedStore};
+use crate::interop_support::{run_report, script, Toolchain};
+use crate::wrap_support::{sh_join, Sandbox, EXE};
 
 /// The bridge's `--attempt-timeout`.
 const ATTEMPT_TIMEOUT: &str = "2s";
@@ -107,7 +100,7 @@ fn bridge_command(url: &str, log: &Path) -> Vec<OsString> {
     let script = format!(
         "exec {} 2>>{}",
         sh_join(&bridge),
-        wrap_support::sh_quote(log)
+        crate::wrap_support::sh_quote(log)
     );
     vec!["sh".into(), "-c".into(), script.into()]
 }
@@ -446,7 +439,11 @@ fn no_capability_no_second_execution(sdk: Sdk, base: u64) {
             .unwrap_or_else(|| panic!("call {i} never reached the forwarder\n{context}"));
         if !dropped.contains(&i) {
             let charge = charge_id(call, base + i, &context);
-            assert_eq!(common::count_charge(&ledger, &charge), 1, "{context}");
+            assert_eq!(
+                crate::common::count_charge(&ledger, &charge),
+                1,
+                "{context}"
+            );
             continue;
         }
         let error = &call["error"];
@@ -541,7 +538,7 @@ async fn post(raw: &Raw, message: &Value) -> Seen {
         .post(message)
         .body(Full::new(Bytes::from(message.to_string())))
         .unwrap();
-    let response = tokio::time::timeout(common::TIMEOUT, raw.client.request(request))
+    let response = tokio::time::timeout(crate::common::TIMEOUT, raw.client.request(request))
         .await
         .map_err(|_| "no answer in time".to_owned())?
         .map_err(|err| err.to_string())?;
@@ -566,7 +563,7 @@ async fn post(raw: &Raw, message: &Value) -> Seen {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarder_injects_the_planned_faults() {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = http_support::ledger_in(&dir);
+    let ledger = crate::http_support::ledger_in(&dir);
     let (json_demo, sse_demo) = (
         HttpDemo::spawn(&ledger, &[]),
         HttpDemo::spawn(&ledger, &["--http-sse"]),
@@ -599,7 +596,7 @@ async fn forwarder_injects_the_planned_faults() {
     // Forward, and a non-tools/call request passes through.
     let seen = post(&raw, &call(0)).await;
     assert!(complete(&seen)["result"]["structuredContent"]["chargeId"].is_string());
-    let seen = post(&raw, &http_support::discover(9)).await;
+    let seen = post(&raw, &crate::http_support::discover(9)).await;
     assert!(complete(&seen)["result"]["capabilities"].is_object());
     // Drop: no response head at all.
     let seen = post(&raw, &call(1)).await;

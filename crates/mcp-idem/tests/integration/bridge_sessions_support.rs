@@ -2,10 +2,6 @@
 //! at startup), the messages of an `initialize`-era client, the sessions a stateful demo server
 //! opened, a CA and a server certificate made in the test with a TLS listener in front of a demo
 //! server, and a remote that answers chosen `tools/call`s with garbage.
-//!
-//! Use it with `mod common; mod http_support; mod bridge_sessions_support;`.
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::convert::Infallible;

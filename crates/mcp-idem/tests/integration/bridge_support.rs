@@ -16,10 +16,6 @@
 //! connection closed mid-body. Every other request (the bridge's `server/discover`, `initialize`,
 //! `tools/list`, a GET stream) is passed through untouched. Each `tools/call` is recorded as an
 //! [`Exchange`].
-//!
-//! Use it with `mod bridge_support;`.
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -117,11 +113,6 @@ impl Plan {
     /// A plan from a function of the call.
     pub(crate) fn new(decide: impl Fn(&ToolCall<'_>) -> Fault + Send + Sync + 'static) -> Self {
         Self(Arc::new(decide))
-    }
-
-    /// Every call forwarded.
-    pub(crate) fn forward_all() -> Self {
-        Self::new(|_| Fault::Forward)
     }
 
     /// For charges whose `arguments.amount` is `base + i`: attempt `a` of call `i` gets

@@ -3,19 +3,16 @@
 //! shared through the SQLite file), and over HTTP against `mcp-idem proxy` in front of
 //! `mcp-idem demo-server --http`. The demo server's ledger counts the charges that really happened;
 //! the exit status says success (0), tool error (1) or no outcome (2).
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::ffi::OsString;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use common::{ledger_lines, TIMEOUT};
-use http_support::{closed_port_url, HttpDemo, Proxy};
 use serde_json::{json, Value};
+
+use crate::common::{ledger_lines, TIMEOUT};
+use crate::http_support::{closed_port_url, HttpDemo, Proxy};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 

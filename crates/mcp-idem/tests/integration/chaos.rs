@@ -10,7 +10,7 @@
 //! same arguments: once with `--after-crash reject`, three times with `reexecute`.
 //!
 //! At the end the demo server's ledger (one line per execution; the amount names the logical
-//! call) is compared with what the clients saw (see `chaos_support::verify`). With `reject`: no
+//! call) is compared with what the clients saw (see `crate::chaos_support::verify`). With `reject`: no
 //! logical call executed twice; every call the client saw succeed executed exactly once, with the
 //! charge id the client got; calls answered `idempotency_outcome_unknown` (possible for calls in
 //! flight at the SIGKILL) executed at most once. With `reexecute`: a call executed at most once
@@ -18,11 +18,6 @@
 //!
 //! `CHAOS_CALLS` sets the number of logical calls (default 500), `CHAOS_SEED` the seed (default:
 //! from the clock; printed either way). Run with `--nocapture` to see the report.
-#![cfg(unix)]
-
-mod chaos_support;
-mod common;
-mod http_support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -40,11 +35,13 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use chaos_support::{
+use crate::chaos_support::{
     classify, executions, size_and_seed, verify, AfterCrash, AnswerMeans, CallResult, Outcome,
 };
-use common::TIMEOUT;
-use http_support::{charge, ledger_in, unique_namespace, Answer, HttpDemo, Raw, SharedStore};
+use crate::common::TIMEOUT;
+use crate::http_support::{
+    charge, ledger_in, unique_namespace, Answer, HttpDemo, Raw, SharedStore,
+};
 
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 16;

@@ -23,11 +23,6 @@
 //!
 //! `CHAOS_CALLS` sets the number of logical calls (default 300), `CHAOS_SEED` the seed (default:
 //! from the clock; printed either way). Run with `--nocapture` to see the report.
-#![cfg(unix)]
-
-mod chaos_support;
-mod common;
-mod wrap_support;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -43,12 +38,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use chaos_support::{
+use crate::chaos_support::{
     classify, executions, size_and_seed, unix_ms, verify, AfterCrash, AnswerMeans, CallResult,
     Outcome,
 };
-use common::TIMEOUT;
-use wrap_support::{charge, is_running, EXE};
+use crate::common::TIMEOUT;
+use crate::wrap_support::{charge, is_running, EXE};
 
 const CLIENTS: usize = 6;
 /// How long a client waits for one answer before it retries.

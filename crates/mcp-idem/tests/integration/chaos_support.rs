@@ -1,10 +1,6 @@
 //! What the chaos runs (tests/chaos.rs over Streamable HTTP, tests/chaos_stdio.rs over stdio)
 //! share: the run's size and seed from the environment, how a logical call ended, and the
 //! comparison of the demo server's ledger with what the clients saw.
-//!
-//! Use it with `mod common; mod chaos_support;`.
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -1,17 +1,14 @@
 //! `mcp-idem check` against real servers: it passes `wrap` around the demo server (stdio) and
 //! `proxy` in front of the HTTP demo server, and it fails exactly the right checks of small
 //! deliberately-broken SEP-3182 servers written in Python (tests/fixtures/broken_servers/).
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use http_support::{ledger_in, HttpDemo, Proxy};
 use serde_json::Value;
+
+use crate::http_support::{ledger_in, HttpDemo, Proxy};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 
@@ -161,7 +158,7 @@ fn check_passes_wrap_around_the_demo_server_over_stdio() {
         .starts_with("2026-07-28"));
     // Executions: two calls without a key, then one per key that ran (replay, three
     // equivalences, conflict, in-progress, error); rejected and replayed calls ran nothing.
-    let charges = common::ledger_lines(Path::new(ledger)).len();
+    let charges = crate::common::ledger_lines(Path::new(ledger)).len();
     assert_eq!(charges, 9, "{:#}", run.report);
 }
 
@@ -174,7 +171,12 @@ fn check_through_the_proxy(extra: &[&str]) {
     let run = Run::new(&witness_options(), &["--url", &proxy.url]);
     run.assert_outcome(&[], &["mrtr.continuation"]);
     assert_eq!(run.code(), Some(0));
-    assert_eq!(common::ledger_lines(&ledger).len(), 9, "{:#}", run.report);
+    assert_eq!(
+        crate::common::ledger_lines(&ledger).len(),
+        9,
+        "{:#}",
+        run.report
+    );
 }
 
 #[test]

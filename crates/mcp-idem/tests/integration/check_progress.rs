@@ -1,6 +1,5 @@
 //! `mcp-idem check` draws a progress line on stderr when stderr is a terminal (here a pseudo
 //! terminal from `script`), and nothing when it is a pipe.
-#![cfg(unix)]
 
 use std::process::Command;
 

@@ -1,9 +1,5 @@
 //! Shared helpers for end-to-end tests: a child process that speaks newline-delimited JSON-RPC
 //! on its stdin/stdout (MCP stdio), and a reader for the demo server's ledger.
-//!
-//! Use it from a test file with `mod common;`.
-
-#![allow(dead_code)]
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};

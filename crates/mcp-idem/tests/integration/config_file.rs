@@ -1,15 +1,11 @@
 //! `--config FILE` / `MCP_IDEM_CONFIG` for `wrap` and `proxy`, and `mcp-idem config-check`:
 //! command line beats environment beats file beats default, `[wrap]`/`[proxy]` tables, unknown keys
 //! and bad values named in the error, passwords redacted; and a real proxy run by a config file.
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use http_support::{charge, ledger_in, HttpDemo, Proxy, Raw};
+use crate::http_support::{charge, ledger_in, HttpDemo, Proxy, Raw};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 
@@ -258,7 +254,7 @@ async fn a_proxy_runs_with_the_file_and_a_flag_overrides_it() {
         "{}",
         refused.body
     );
-    assert_eq!(common::ledger_lines(&ledger).len(), 0);
+    assert_eq!(crate::common::ledger_lines(&ledger).len(), 0);
 
     let overridden = Proxy::spawn(
         &server.base_url(),
@@ -268,5 +264,5 @@ async fn a_proxy_runs_with_the_file_and_a_flag_overrides_it() {
         .call(charge(2, 10, Some(long_key)))
         .await;
     assert!(charged.charge_id().is_some(), "{}", charged.body);
-    assert_eq!(common::ledger_lines(&ledger).len(), 1);
+    assert_eq!(crate::common::ledger_lines(&ledger).len(), 1);
 }

@@ -29,14 +29,13 @@
 //! answers `{"jsonrpc":"2.0","id":N,"error":{"code":-32603,"message":"charge ch_... was recorded,
 //! then the call failed (fail_after_charge)","data":{"chargeId":"ch_..."}}}`.
 
-mod common;
-
 use std::collections::HashSet;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{count_charge, ledger_lines, meta_2026, wait_for_ledger, StdioPeer, TIMEOUT};
 use serde_json::{json, Value};
+
+use crate::common::{count_charge, ledger_lines, meta_2026, wait_for_ledger, StdioPeer, TIMEOUT};
 
 fn legacy_initialize(id: u64) -> Value {
     json!({"jsonrpc":"2.0","id":id,"method":"initialize","params":{

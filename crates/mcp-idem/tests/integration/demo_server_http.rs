@@ -14,22 +14,19 @@
 //! POST /mcp  Host: evil.example   -> 403 (rmcp's DNS-rebinding guard)
 //! GET /mcp                        -> 405, Allow: POST
 //! ```
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{ledger_lines, meta_2026, wait_for_ledger, TIMEOUT};
 use http_body_util::Full;
-use http_support::{content_type, ledger_in, HttpDemo, Raw};
 use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use serde_json::{json, Value};
+
+use crate::common::{ledger_lines, meta_2026, wait_for_ledger, TIMEOUT};
+use crate::http_support::{content_type, ledger_in, HttpDemo, Raw};
 
 async fn rmcp_client(url: &str) -> RunningService<RoleClient, ClientConfig> {
     let transport = StreamableHttpClientTransport::from_config(

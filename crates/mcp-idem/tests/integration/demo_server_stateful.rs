@@ -14,17 +14,11 @@
 //! tools/call confirm_charge -> the server sends elicitation/create on the call's stream;
 //!   accept -> one ledger line and the charge_payment answer; decline -> {charged: false}
 //! ```
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use common::{free_port, ledger_lines, TIMEOUT};
 use http_body_util::Full;
-use http_support::{ledger_in, sse_messages, HttpDemo, Raw};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult,
     ElicitationAction, ErrorData, Implementation, ProtocolVersion,
@@ -34,6 +28,9 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ClientHandler;
 use serde_json::{json, Value};
+
+use crate::common::{free_port, ledger_lines, TIMEOUT};
+use crate::http_support::{ledger_in, sse_messages, HttpDemo, Raw};
 
 /// The session ids after `prefix` in the server's stderr (`session opened: ID`,
 /// `stream opened: ID`).

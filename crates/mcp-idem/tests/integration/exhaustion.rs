@@ -4,19 +4,16 @@
 //! still replay, and another principal is not affected; several principals together hit
 //! `--max-records-total`. The proxy's resident memory (from `/proc/PID/status`) and the SQLite
 //! file stay bounded. Run with `--nocapture` to see the figures (they are in docs/reliability.md).
-#![cfg(target_os = "linux")]
-
-mod common;
-mod http_support;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::ledger_lines;
-use http_support::{charge, ledger_in, tool_call, unique_namespace, HttpDemo, Proxy, Raw};
 use serde_json::json;
+
+use crate::common::ledger_lines;
+use crate::http_support::{charge, ledger_in, tool_call, unique_namespace, HttpDemo, Proxy, Raw};
 
 const PER_SCOPE: u64 = 500;
 const TOTAL: u64 = 2000;

@@ -2,9 +2,7 @@
 //! and `mcp-idem proxy` instances as child processes killed on drop, a raw HTTP/1.1 client for
 //! MCP POSTs whose answers may be plain JSON or SSE streams, and the Redis/PostgreSQL URLs.
 //!
-//! Use it from a test file with `mod common; mod http_support;` (it uses `common`'s helpers).
-
-#![allow(dead_code)]
+//! It builds on `common`'s helpers.
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;

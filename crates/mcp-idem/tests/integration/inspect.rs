@@ -1,17 +1,14 @@
 //! `mcp-idem inspect` on the store `mcp-idem wrap` filled: calls run through `wrap` around the demo
 //! payment server (executions counted in its ledger), then `inspect list/show/stats/purge/delete`
 //! read and change the same SQLite file, as tables and as JSON.
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
-use common::ledger_lines;
 use serde_json::{json, Value};
-use wrap_support::{charge, charge_id, raw_outcome, Sandbox, EXE};
+
+use crate::common::ledger_lines;
+use crate::wrap_support::{charge, charge_id, raw_outcome, Sandbox, EXE};
 
 /// Options that put `wrap`'s records in the `shop` namespace for principal `alice`.
 const SHOP: [&str; 4] = ["--namespace", "shop", "--principal", "alice"];
@@ -366,7 +363,7 @@ fn delete_asks_on_a_terminal() {
     );
     // `script` gives the command a pseudo-terminal; its stdin is what we type.
     let answer = |typed: &str| -> Inspect {
-        let line = wrap_support::sh_join(&[
+        let line = crate::wrap_support::sh_join(&[
             EXE.to_owned(),
             "inspect".into(),
             "--store".into(),

@@ -8,21 +8,15 @@
 //! sends two calls with one key at once while the first runs (one executes, the other is told the
 //! key is in progress) and retries that key once both answered (the replay). The demo server's
 //! ledger then holds exactly one charge per key.
-#![cfg(unix)]
-
-mod common;
-mod http_support;
-mod interop_support;
-mod wrap_support;
 
 use std::ffi::OsString;
 
 use serde_json::Value;
 
-use common::ledger_lines;
-use http_support::{HttpDemo, Proxy};
-use interop_support::{assert_advertises_idempotency, run_report, script, Toolchain};
-use wrap_support::{Sandbox, EXE};
+use crate::common::ledger_lines;
+use crate::http_support::{HttpDemo, Proxy};
+use crate::interop_support::{assert_advertises_idempotency, run_report, script, Toolchain};
+use crate::wrap_support::{Sandbox, EXE};
 
 /// `-32602` with `error.data.type == kind`.
 fn assert_rejection(step: &Value, kind: &str, report: &Value) {

@@ -4,21 +4,17 @@
 //!
 //! Discovery through the gateway shows `tools.idempotency`; a keyed `charge` runs once (the server
 //! appends one line per execution to its executions file) and its retry is the replay.
-#![cfg(unix)]
-
-mod common;
-mod http_support;
-mod interop_support;
-mod wrap_support;
 
 use std::ffi::OsString;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
-use http_support::{Proxy, Raw};
-use interop_support::{assert_advertises_idempotency, executions, script, HttpFixture, Toolchain};
-use wrap_support::{call, discover, Sandbox};
+use crate::http_support::{Proxy, Raw};
+use crate::interop_support::{
+    assert_advertises_idempotency, executions, script, HttpFixture, Toolchain,
+};
+use crate::wrap_support::{call, discover, Sandbox};
 
 const KEY: &str = "interop-server-key";
 

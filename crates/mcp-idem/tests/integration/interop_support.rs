@@ -5,10 +5,6 @@
 //! The toolchains are installed by `.ci/run` (`npm ci` in `interop/`, `pip install -r
 //! interop/requirements.txt`). When one is missing, [`Toolchain::require`] fails the test under
 //! `CI=true` and otherwise prints a note so the test can end early.
-//!
-//! Use it with `mod common; mod interop_support;` (and `mod http_support;` for the proxy).
-
-#![allow(dead_code)]
 
 use std::ffi::OsString;
 use std::fs::File;

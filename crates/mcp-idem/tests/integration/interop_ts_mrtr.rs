@@ -9,23 +9,17 @@
 //! round is the gateway's replay of the stored `input_required`, so it never reaches the server)
 //! and two `executed` rounds (each continuation passes through to the server, so the tool runs
 //! twice). Over stdio (`wrap`) and over Streamable HTTP (`proxy`).
-#![cfg(unix)]
-
-mod common;
-mod http_support;
-mod interop_support;
-mod wrap_support;
 
 use std::ffi::OsString;
 use std::path::Path;
 
 use serde_json::Value;
 
-use http_support::Proxy;
-use interop_support::{
+use crate::http_support::Proxy;
+use crate::interop_support::{
     assert_advertises_idempotency, executions, run_report, script, HttpFixture, Toolchain,
 };
-use wrap_support::{Sandbox, EXE};
+use crate::wrap_support::{Sandbox, EXE};
 
 const KEY: &str = "interop-mrtr-key";
 

@@ -3,22 +3,21 @@
 //! is one that sends nothing; a kept-alive connection idle for `--idle-timeout` is closed, while a
 //! request that takes longer than both is answered; connections beyond `--max-connections` wait
 //! unaccepted until one closes, then are served.
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{ledger_lines, TIMEOUT};
 use http_body_util::{BodyExt, Full};
-use http_support::{charge, discover, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw};
 use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
+
+use crate::common::{ledger_lines, TIMEOUT};
+use crate::http_support::{
+    charge, discover, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw,
+};
 
 struct Setup {
     _dir: tempfile::TempDir,
@@ -79,7 +78,7 @@ impl Connection {
         let json = if text.trim_start().starts_with('{') {
             serde_json::from_str(&text).unwrap()
         } else {
-            http_support::sse_messages(&text)
+            crate::http_support::sse_messages(&text)
                 .into_iter()
                 .find(|m| m.get("id").is_some())
                 .unwrap_or_else(|| panic!("no response in {text}"))

@@ -3,17 +3,14 @@
 //! answered with a JSON-RPC error, nothing runs, and the session goes on; a server line over the
 //! gateway's reading limit reaches the client intact, without being held whole either. Memory is
 //! checked with the process's peak resident set (`VmHWM`).
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use common::{ledger_lines, StdioPeer, TIMEOUT};
 use serde_json::{json, Value};
-use wrap_support::{charge, charge_id, padded_charge, peak_rss_kb, Sandbox, EXE};
+
+use crate::common::{ledger_lines, StdioPeer, TIMEOUT};
+use crate::wrap_support::{charge, charge_id, padded_charge, peak_rss_kb, Sandbox, EXE};
 
 /// A keyed charge still executes once and replays: the session survived what came before.
 fn assert_still_serving(wrap: &mut StdioPeer, id: u64, key: &str) {

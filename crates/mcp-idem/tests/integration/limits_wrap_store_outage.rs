@@ -3,17 +3,14 @@
 //! charged (fail closed); once Redis is back on the same port, the same `wrap` process serves
 //! again, without a restart. The Redis server is a private `redis-server` on a free port, started
 //! and stopped by the test (the shared one is never disturbed).
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_port, ledger_lines, PrivateRedis, StdioPeer};
 use serde_json::{json, Value};
-use wrap_support::{charge, charge_id, discover, Sandbox, EXE};
+
+use crate::common::{free_port, ledger_lines, PrivateRedis, StdioPeer};
+use crate::wrap_support::{charge, charge_id, discover, Sandbox, EXE};
 
 fn error_type(response: &Value) -> Option<&str> {
     response["error"]["data"]["type"].as_str()

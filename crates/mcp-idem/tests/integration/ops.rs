@@ -2,20 +2,16 @@
 //! after real calls, replays and conflicts; `/healthz` and `/readyz` on the metrics listener and on
 //! the proxy's own address; `/readyz` following a Redis store that goes down and comes back (a
 //! private `redis-server` on a free port, started and killed by the test).
-#![cfg(unix)]
-
-mod common;
-mod http_support;
-mod wrap_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{free_port, ledger_lines, PrivateRedis, TIMEOUT};
-use http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
 use serde_json::json;
-use wrap_support::Sandbox;
+
+use crate::common::{free_port, ledger_lines, PrivateRedis, TIMEOUT};
+use crate::http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
+use crate::wrap_support::Sandbox;
 
 /// `GET path` on `authority` (`HOST:PORT`): the status and the body.
 fn get(authority: &str, path: &str) -> (u16, String) {
@@ -174,16 +170,21 @@ fn wrap_serves_metrics_while_it_runs() {
     let sandbox = Sandbox::new();
     let mut wrap = sandbox.wrap_demo(&["--metrics-listen", "127.0.0.1:0"]);
     let arguments = json!({"amount": 5, "currency": "EUR"});
-    let first = wrap.request(wrap_support::charge(1, arguments.clone(), "w-1"));
-    let charged = wrap_support::charge_id(&first);
-    let replay = wrap.request(wrap_support::charge(2, arguments, "w-1"));
-    assert_eq!(wrap_support::charge_id(&replay), charged);
-    let conflict = wrap.request(wrap_support::charge(
+    let first = wrap.request(crate::wrap_support::charge(1, arguments.clone(), "w-1"));
+    let charged = crate::wrap_support::charge_id(&first);
+    let replay = wrap.request(crate::wrap_support::charge(2, arguments, "w-1"));
+    assert_eq!(crate::wrap_support::charge_id(&replay), charged);
+    let conflict = wrap.request(crate::wrap_support::charge(
         3,
         json!({"amount": 6, "currency": "EUR"}),
         "w-1",
     ));
-    wrap_support::assert_rejected(&conflict, -32602, "idempotency_key_conflict", Some("w-1"));
+    crate::wrap_support::assert_rejected(
+        &conflict,
+        -32602,
+        "idempotency_key_conflict",
+        Some("w-1"),
+    );
 
     let metrics = metrics_authority(&wrap.stderr());
     let scraped = scrape(&metrics);

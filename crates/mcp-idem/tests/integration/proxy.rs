@@ -6,17 +6,14 @@
 //! unusable arguments get -32602, that a call that charged and then failed replays its error, and
 //! that a request naming a foreign Host or Origin (DNS rebinding) is refused before anything runs.
 //! The demo server's ledger counts the charges that really happened.
-#![cfg(unix)]
 
-mod common;
-mod http_support;
+use serde_json::{json, Value};
 
-use common::ledger_lines;
-use http_support::{
+use crate::common::ledger_lines;
+use crate::http_support::{
     await_ledger, call_until_settled, charge, closed_port_url, discover, initialize, ledger_in,
     slow_charge, sqlite_in, tool_call, Answer, HttpDemo, Proxy, Raw,
 };
-use serde_json::{json, Value};
 
 /// Demo server + one proxy with `--store STORE`, and the ledger.
 struct Setup {

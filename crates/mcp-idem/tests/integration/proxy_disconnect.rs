@@ -4,15 +4,11 @@
 //! retry gets the original outcome (after `in progress` answers while it runs), and the demo
 //! server's ledger shows exactly one charge. Proven for a SQLite file shared by two proxies (with
 //! plain JSON and SSE answers), and for Redis and PostgreSQL when they are reachable.
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::time::Duration;
 
-use common::ledger_lines;
-use http_support::{
+use crate::common::ledger_lines;
+use crate::http_support::{
     call_until_settled, ledger_in, slow_charge, sqlite_in, unique_namespace, HttpDemo, Proxy, Raw,
     SharedStore,
 };

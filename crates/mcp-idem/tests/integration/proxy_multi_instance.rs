@@ -7,17 +7,14 @@
 //! The stores come from `REDIS_URL` (default redis://127.0.0.1:6379) and `DATABASE_URL` (default
 //! postgres://postgres@127.0.0.1:5432/test); each run uses a namespace of its own. An unreachable
 //! store skips the test with a note, or fails it when `CI=true`.
-#![cfg(unix)]
 
-mod common;
-mod http_support;
-
-use common::ledger_lines;
-use http_support::{
-    call_until_settled, ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw, SharedStore,
-};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+
+use crate::common::ledger_lines;
+use crate::http_support::{
+    call_until_settled, ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw, SharedStore,
+};
 
 const INSTANCES: usize = 3;
 const CALLERS: u64 = 200;

@@ -7,17 +7,14 @@
 //!
 //! JWTs are minted here with HMAC-SHA256 built on `sha2` (a dependency of the binary), so no
 //! token fixtures are needed.
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::ledger_lines;
-use http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+
+use crate::common::ledger_lines;
+use crate::http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
 
 const ISSUER: &str = "https://issuer.mcp-idem.test";
 const AUDIENCE: &str = "mcp-idem-proxy-tests";

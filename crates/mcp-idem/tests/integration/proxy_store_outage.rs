@@ -2,15 +2,11 @@
 //! `idempotency_store_unavailable` and nothing is charged (fail closed); once Redis is back the same
 //! proxy process serves again, without a restart. The Redis server is a private `redis-server` on a
 //! free port, started and stopped by the test (the shared one is never disturbed).
-#![cfg(unix)]
-
-mod common;
-mod http_support;
 
 use std::time::{Duration, Instant};
 
-use common::{free_port, ledger_lines, PrivateRedis};
-use http_support::{charge, discover, ledger_in, HttpDemo, Proxy, Raw};
+use crate::common::{free_port, ledger_lines, PrivateRedis};
+use crate::http_support::{charge, discover, ledger_in, HttpDemo, Proxy, Raw};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_fails_closed_and_the_proxy_recovers() {

@@ -10,23 +10,20 @@
 //!   that is not a database, a read-only file system and a full one (small tmpfs mounts, skipped
 //!   with a note where mounting is not permitted). The proxy refuses to start with an error naming
 //!   the file, or answers keyed calls `idempotency_store_unavailable` without running them.
-#![cfg(target_os = "linux")]
-
-mod common;
-mod http_support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::ledger_lines;
-use http_support::{
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::AbortHandle;
+
+use crate::common::ledger_lines;
+use crate::http_support::{
     call_until_settled, charge, discover, ledger_in, slow_charge, unique_namespace, HttpDemo,
     Proxy, Raw, SharedStore,
 };
-use tokio::net::{TcpSocket, TcpStream};
-use tokio::task::AbortHandle;
 
 /// A TCP forwarder from a local port to `target`, which can simulate an outage.
 struct Forwarder {
@@ -116,7 +113,7 @@ fn through_port(url: &str, port: u16) -> (String, String) {
 }
 
 /// Sends `message` until it is not refused `idempotency_store_unavailable`; panics after 30 s.
-async fn until_available(raw: &Raw, message: &serde_json::Value) -> http_support::Answer {
+async fn until_available(raw: &Raw, message: &serde_json::Value) -> crate::http_support::Answer {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let answer = raw.call(message.clone()).await;
@@ -132,7 +129,7 @@ async fn until_available(raw: &Raw, message: &serde_json::Value) -> http_support
     }
 }
 
-fn assert_unavailable(answer: &http_support::Answer) {
+fn assert_unavailable(answer: &crate::http_support::Answer) {
     assert_eq!(
         answer.error_type().as_deref(),
         Some("idempotency_store_unavailable"),

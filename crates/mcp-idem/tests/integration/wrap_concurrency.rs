@@ -1,15 +1,12 @@
 //! `mcp-idem wrap` with calls in flight: a duplicate of a running call is refused at once, and
 //! responses that arrive out of order are matched (and recorded) by id.
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::time::{Duration, Instant};
 
-use common::{count_charge, ledger_lines, TIMEOUT};
 use serde_json::json;
-use wrap_support::{
+
+use crate::common::{count_charge, ledger_lines, TIMEOUT};
+use crate::wrap_support::{
     assert_rejected, call, charge, charge_id, raw_outcome, request_while_in_progress, Sandbox,
 };
 
@@ -120,8 +117,8 @@ fn a_cancelled_keyed_call_is_absorbed_by_default_or_forwarded_as_outcome_unknown
         let arguments = json!({"amount":4,"currency":"EUR","delay_ms":300});
         wrap.send(&charge(1, arguments.clone(), "cancelled-1"));
         wrap.send(&json!({"jsonrpc":"2.0","method":"notifications/cancelled",
-            "params":{"_meta": common::meta_2026(), "requestId":1, "reason":"timeout"}}));
-        let lines = common::wait_for_ledger(&sandbox.ledger(), 1);
+            "params":{"_meta": crate::common::meta_2026(), "requestId":1, "reason":"timeout"}}));
+        let lines = crate::common::wait_for_ledger(&sandbox.ledger(), 1);
 
         // The server charged; `wrap` records its (dropped) response a moment later.
         let retry = request_while_in_progress(&mut wrap, 2, |id| {

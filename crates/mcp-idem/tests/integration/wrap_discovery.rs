@@ -2,14 +2,11 @@
 //! 2026-07-28 `server/discover` result get `capabilities.tools.idempotency = {}`, and every other
 //! member is the upstream's, unchanged. Each test compares the wrapped answer with the answer of
 //! the bare demo server to the same request.
-#![cfg(unix)]
 
-mod common;
-mod wrap_support;
-
-use common::{meta_2026, StdioPeer};
 use serde_json::{json, Value};
-use wrap_support::{charge_id, discover, legacy_initialize, raw_outcome, Sandbox};
+
+use crate::common::{meta_2026, StdioPeer};
+use crate::wrap_support::{charge_id, discover, legacy_initialize, raw_outcome, Sandbox};
 
 /// `response["result"]` of the bare demo server, with `tools.idempotency = {}` added.
 fn expected_with_capability(bare: &Value) -> Value {
@@ -69,7 +66,7 @@ fn legacy_initialize_advertises_idempotency_and_keeps_the_rest() {
         raw_outcome(&wrapped, &json!(4)),
         raw_outcome(&wrapped, &json!(3))
     );
-    assert_eq!(common::ledger_lines(&sandbox.ledger()).len(), 1);
+    assert_eq!(crate::common::ledger_lines(&sandbox.ledger()).len(), 1);
 
     assert_eq!(bare.finish().code(), Some(0));
     assert_eq!(wrapped.finish().code(), Some(0));

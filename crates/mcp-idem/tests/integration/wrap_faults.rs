@@ -9,18 +9,15 @@
 //!   `idempotency_key_in_progress` until its lease runs out, then `--after-crash` decides: `reject`
 //!   (default) answers `idempotency_outcome_unknown`; `reexecute` runs the tool again, which may
 //!   execute it twice (the orphaned upstream may well have finished the first run).
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::fs::File;
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ledger_lines, wait_for_ledger, TIMEOUT};
 use serde_json::{json, Value};
-use wrap_support::{
+
+use crate::common::{ledger_lines, wait_for_ledger, TIMEOUT};
+use crate::wrap_support::{
     assert_rejected, call, charge, charge_id, is_running, kill_pid, raw_outcome, read_pid,
     wait_until, PidGuard, Sandbox, EXE,
 };

@@ -1,15 +1,12 @@
 //! `mcp-idem wrap` around the demo payment server: what a key does to a `tools/call`. Executions are
 //! counted in the demo server's ledger (one line per executed charge).
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::time::Duration;
 
-use common::{ledger_lines, meta_2026};
 use serde_json::{json, Value};
-use wrap_support::{
+
+use crate::common::{ledger_lines, meta_2026};
+use crate::wrap_support::{
     assert_rejected, call, captured, charge, charge_id, raw_outcome, wait_until, Sandbox,
 };
 

@@ -1,16 +1,13 @@
 //! Records in one store are scoped by namespace (default: derived from the wrapped command line)
 //! and principal (default: the local user): different servers never share records, the same server
 //! does across restarts.
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::time::{Duration, Instant};
 
-use common::ledger_lines;
 use serde_json::json;
-use wrap_support::{assert_rejected, charge, charge_id, Sandbox};
+
+use crate::common::ledger_lines;
+use crate::wrap_support::{assert_rejected, charge, charge_id, Sandbox};
 
 #[test]
 fn different_commands_on_one_store_do_not_share_records_and_the_same_command_does() {

@@ -8,21 +8,18 @@
 //! as a `CallToolResult`. rmcp's typed peer info drops `tools.idempotency` too, so the discovery
 //! result is checked on the wire: `tee` on both sides of `wrap` records what rmcp sent and received,
 //! and a second `tee` records what the upstream received.
-#![cfg(unix)]
-
-mod common;
-mod wrap_support;
 
 use std::fs::File;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::ledger_lines;
 use rmcp::model::{ClientRequest, CustomRequest, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, PeerRequestOptions, ServiceError};
 use rmcp::transport::TokioChildProcess;
 use serde_json::{json, Value};
-use wrap_support::{captured, sh_join, sh_quote, Sandbox, EXE};
+
+use crate::common::ledger_lines;
+use crate::wrap_support::{captured, sh_join, sh_quote, Sandbox, EXE};
 
 /// What each `tee` recorded.
 struct Captures {

@@ -3,10 +3,7 @@
 //!
 //! Every test spawns the real binary: `mcp-idem wrap --store sqlite:<dir>/r.sqlite3 -- <upstream>`,
 //! with `mcp-idem demo-server --ledger <dir>/ledger.jsonl` as the upstream (sometimes behind `sh -c`
-//! to capture what it receives with `tee`, or to learn its pid). Use it with `mod common; mod
-//! wrap_support;`.
-
-#![allow(dead_code)]
+//! to capture what it receives with `tee`, or to learn its pid).
 
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
