@@ -3,7 +3,6 @@
 //! A fault-injecting pipe between client and server drops `tools/call` responses after the
 //! server executed the call, and may drop the connection with them; the tools count their
 //! executions.
-#![cfg(feature = "client")]
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

@@ -1,7 +1,6 @@
 //! The HTTP layer over an in-process upstream that behaves like a Streamable HTTP MCP server:
 //! decisions, recording of JSON and SSE answers, disconnects, upstream failures, principals.
 //! (End-to-end tests with the real `mcp-idem proxy` and demo server live in the binary crate.)
-#![cfg(feature = "http")]
 
 use std::convert::Infallible;
 use std::future::Future;

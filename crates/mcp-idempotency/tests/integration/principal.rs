@@ -1,7 +1,6 @@
 //! `ScopeBy`: the principal of an HTTP request in each mode, and every way a JWT is refused.
 //!
 //! The key pairs in `tests/fixtures/` were made with `openssl genpkey` for these tests only.
-#![cfg(feature = "http")]
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -599,4 +598,4 @@ fn a_weak_rsa_key_is_refused() {
     );
 }
 
-const RSA_1024_PUBLIC: &str = include_str!("fixtures/rsa1024_public.pem");
+const RSA_1024_PUBLIC: &str = include_str!("../fixtures/rsa1024_public.pem");

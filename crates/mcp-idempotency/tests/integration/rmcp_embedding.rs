@@ -1,13 +1,10 @@
 //! A real rmcp server embedded behind the interceptor in process (`StdioProxy::spawn_in_process`,
 //! what `idempotent_stdio` does with the process's stdin and stdout): SEP-3182 with no gateway.
 
-mod counter_server;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use counter_server::Counter;
 use mcp_idempotency::stdio::StdioProxy;
 use mcp_idempotency::store::MemoryStore;
 use mcp_idempotency::{Deduplicator, EngineConfig, Scope};
@@ -16,6 +13,8 @@ use serde_json::{json, Value};
 use tokio::io::{
     AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, ReadHalf, WriteHalf,
 };
+
+use crate::counter_server::Counter;
 
 struct Client {
     lines: Lines<BufReader<ReadHalf<DuplexStream>>>,

@@ -1,14 +1,10 @@
 //! A real rmcp Streamable HTTP server (stateless `StreamableHttpService` on axum) with
 //! `IdempotencyLayer` in front: what a Rust server author writes to get SEP-3182 over HTTP.
-#![cfg(feature = "http")]
-
-mod counter_server;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use counter_server::Counter;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -18,6 +14,8 @@ use mcp_idempotency::{Deduplicator, EngineConfig};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{json, Value};
+
+use crate::counter_server::Counter;
 
 async fn post(url: &str, message: Value, token: &str) -> Value {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();

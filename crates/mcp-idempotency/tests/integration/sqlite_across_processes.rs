@@ -1,7 +1,7 @@
 //! A record completed by one process is replayed by another process on the same SQLite file.
 //!
 //! The test re-runs its own test binary as the writer process (the `#[ignore]`d `writer_process`
-//! test, which does nothing unless the parent sets `MCP_IDEM_WRITER_DB`).
+//! test of this module, which does nothing unless the parent sets `MCP_IDEM_WRITER_DB`).
 
 use std::path::Path;
 use std::process::Command;
@@ -12,6 +12,15 @@ use mcp_idempotency::{Decision, Deduplicator, EngineConfig, Outcome, Replay, Sco
 use serde_json::json;
 
 const WRITER_DB: &str = "MCP_IDEM_WRITER_DB";
+
+/// The writer's test name as the harness knows it (`sqlite_across_processes::writer_process`):
+/// this module's path without the crate name.
+fn writer_test_name() -> String {
+    let module = module_path!()
+        .split_once("::")
+        .map_or(module_path!(), |(_, path)| path);
+    format!("{module}::writer_process")
+}
 
 fn call<'a>(key: &'a serde_json::Value) -> ToolCall<'a> {
     ToolCall {
@@ -51,7 +60,8 @@ async fn record_completed_by_one_process_is_replayed_by_another() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("records.sqlite3");
     let writer = Command::new(std::env::current_exe().unwrap())
-        .args(["writer_process", "--exact", "--ignored", "--nocapture"])
+        .arg(writer_test_name())
+        .args(["--exact", "--ignored", "--nocapture"])
         .env(WRITER_DB, &path)
         .output()
         .expect("spawn the writer process");

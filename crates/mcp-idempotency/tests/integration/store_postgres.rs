@@ -4,7 +4,6 @@
 //! Runs against `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/test`). When the server
 //! cannot be reached the tests fail if `CI=true`, and otherwise print a note and end without
 //! checking anything.
-#![cfg(feature = "postgres")]
 
 use std::net::SocketAddr;
 use std::str::FromStr;

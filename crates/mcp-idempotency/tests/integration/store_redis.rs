@@ -4,7 +4,6 @@
 //! prefix so the checks never see each other's records. If that server cannot be reached the
 //! checks fail when `CI=true`; otherwise they print a note and end without checking anything. The outage
 //! check runs its own `redis-server` on a free port and never touches the shared server.
-#![cfg(feature = "redis")]
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
