@@ -48,6 +48,9 @@ async def serve_http(server: MCPServer) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
+    # Listen before announcing the port: a client that connects as soon as it reads the line
+    # must not be refused while uvicorn is still starting.
+    listener.listen(128)
     port = listener.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning")
     print(f"listening on http://127.0.0.1:{port}/mcp", file=sys.stderr, flush=True)
