@@ -1,0 +1,268 @@
+//! `--config FILE` / `MCP_IDEM_CONFIG` for `wrap` and `proxy`, and `mcp-idem config-check`:
+//! command line beats environment beats file beats default, `[wrap]`/`[proxy]` tables, unknown keys
+//! and bad values named in the error, passwords redacted; and a real proxy run by a config file.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::http_support::{charge, ledger_in, HttpDemo, Proxy, Raw};
+
+const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
+
+/// `mcp-idem ARGS` with only `env` in its environment (no stray `MCP_IDEM_*` from outside).
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(EXE);
+    command.env_clear().args(args);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    command.output().expect("run mcp-idem")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "status {:?}; stderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+/// The line of `key` in a config-check report.
+fn line<'a>(report: &'a str, key: &str) -> &'a str {
+    report
+        .lines()
+        .find(|line| line.starts_with(&format!("{key} = ")))
+        .unwrap_or_else(|| panic!("no {key} in:\n{report}"))
+}
+
+#[test]
+fn flags_beat_environment_beat_file_beat_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "mcp-idem.toml",
+        r#"
+            retention = "1h"
+            lease = "10s"
+            max-key-bytes = 100
+            store = "memory"
+            listen = "127.0.0.1:9000"
+            upstream = "http://127.0.0.1:9001"
+            forward-key = true
+
+            [proxy]
+            namespace = "from-the-proxy-table"
+        "#,
+    );
+    let file = file.to_str().unwrap();
+    let report = stdout(&run(
+        &[
+            "config-check",
+            "proxy",
+            "--config",
+            file,
+            "--max-key-bytes",
+            "300",
+        ],
+        &[("MCP_IDEM_LEASE", "20s"), ("MCP_IDEM_MAX_KEY_BYTES", "200")],
+    ));
+    assert_eq!(
+        line(&report, "max-key-bytes"),
+        r#"max-key-bytes = "300"  # command line"#
+    );
+    assert_eq!(
+        line(&report, "lease"),
+        r#"lease = "20s"  # environment MCP_IDEM_LEASE"#
+    );
+    assert_eq!(
+        line(&report, "retention"),
+        r#"retention = "1h"  # config file"#
+    );
+    assert_eq!(
+        line(&report, "after-crash"),
+        r#"after-crash = "reject"  # default"#
+    );
+    assert_eq!(
+        line(&report, "namespace"),
+        r#"namespace = "from-the-proxy-table"  # config file"#
+    );
+    assert_eq!(
+        line(&report, "forward-key"),
+        r#"forward-key = "true"  # config file"#
+    );
+    assert_eq!(
+        line(&report, "listen"),
+        r#"listen = "127.0.0.1:9000"  # config file"#
+    );
+    assert!(report.contains("# jwt-issuer = (unset)"), "{report}");
+    assert!(
+        report.contains(&format!("# config file: {file}")),
+        "{report}"
+    );
+
+    // The same file through MCP_IDEM_CONFIG; `listen` is not a `wrap` option and is left out.
+    let report = stdout(&run(
+        &["config-check", "wrap"],
+        &[("MCP_IDEM_CONFIG", file)],
+    ));
+    assert_eq!(
+        line(&report, "retention"),
+        r#"retention = "1h"  # config file"#
+    );
+    assert!(!report.contains("127.0.0.1:9000"), "{report}");
+    assert!(!report.contains("from-the-proxy-table"), "{report}");
+}
+
+#[test]
+fn a_flag_overrides_a_conflicting_file_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "jwt.toml",
+        "jwt-key = \"/etc/mcp-idem/jwks.json\"\n",
+    );
+    let report = stdout(&run(
+        &[
+            "config-check",
+            "proxy",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+            "--jwt-hmac-secret",
+            "/run/secrets/hmac",
+        ],
+        &[],
+    ));
+    assert_eq!(
+        line(&report, "jwt-hmac-secret"),
+        r#"jwt-hmac-secret = "/run/secrets/hmac"  # command line"#
+    );
+    assert!(report.contains("# jwt-key = (unset)"), "{report}");
+}
+
+#[test]
+fn passwords_are_redacted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "secret.toml",
+        "store = \"redis://app:hunter2@127.0.0.1:6379/0\"\n",
+    );
+    let report = stdout(&run(
+        &["config-check", "wrap", "--config", file.to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(
+        line(&report, "store"),
+        r#"store = "redis://app:***@127.0.0.1:6379/0"  # config file"#
+    );
+    assert!(!report.contains("hunter2"), "{report}");
+}
+
+/// Runs `config-check proxy --config FILE` on `text`; returns its stderr, after checking it
+/// failed with status 2.
+fn rejected(text: &str) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "bad.toml", text);
+    let output = run(
+        &[
+            "config-check",
+            "proxy",
+            "--config",
+            file.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://127.0.0.1:1",
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(output.stdout.is_empty(), "{output:?}");
+    String::from_utf8(output.stderr).unwrap()
+}
+
+#[test]
+fn bad_files_are_errors_that_name_the_key() {
+    let unknown = rejected("retention = \"1h\"\nretentoin = \"2h\"\n");
+    assert!(unknown.contains("unknown key `retentoin`"), "{unknown}");
+
+    let misplaced = rejected("[wrap]\nlisten = \"127.0.0.1:1\"\n");
+    assert!(misplaced.contains("unknown key `listen`"), "{misplaced}");
+    assert!(misplaced.contains("mcp-idem wrap"), "{misplaced}");
+
+    let bad_value = rejected("retention = \"soon\"\n");
+    assert!(bad_value.contains("`retention`"), "{bad_value}");
+
+    let bad_number = rejected("max-key-bytes = \"many\"\n");
+    assert!(bad_number.contains("`max-key-bytes`"), "{bad_number}");
+
+    let not_toml = rejected("retention = \n");
+    assert!(not_toml.contains("invalid TOML"), "{not_toml}");
+
+    let not_scalar = rejected("retention = [\"1h\"]\n");
+    assert!(not_scalar.contains("`retention`"), "{not_scalar}");
+
+    let itself = rejected("config = \"other.toml\"\n");
+    assert!(itself.contains("unknown key `config`"), "{itself}");
+
+    let missing = run(
+        &[
+            "config-check",
+            "wrap",
+            "--config",
+            "/nonexistent/mcp-idem.toml",
+        ],
+        &[],
+    );
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("cannot read the config file"));
+}
+
+/// A real proxy takes its limits from the file unless a flag overrides them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_runs_with_the_file_and_a_flag_overrides_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let file = write(
+        dir.path(),
+        "mcp-idem.toml",
+        "store = \"memory\"\n[proxy]\nmax-key-bytes = 8\n",
+    );
+    let file = file.to_str().unwrap();
+    let long_key = "a-key-of-20-bytes-xx";
+
+    let from_file = Proxy::spawn(&server.base_url(), &["--config", file]);
+    let refused = Raw::new(&from_file)
+        .call(charge(1, 10, Some(long_key)))
+        .await;
+    assert_eq!(
+        refused.error_type().as_deref(),
+        Some("idempotency_key_invalid"),
+        "{}",
+        refused.body
+    );
+    assert_eq!(crate::common::ledger_lines(&ledger).len(), 0);
+
+    let overridden = Proxy::spawn(
+        &server.base_url(),
+        &["--config", file, "--max-key-bytes", "64"],
+    );
+    let charged = Raw::new(&overridden)
+        .call(charge(2, 10, Some(long_key)))
+        .await;
+    assert!(charged.charge_id().is_some(), "{}", charged.body);
+    assert_eq!(crate::common::ledger_lines(&ledger).len(), 1);
+}

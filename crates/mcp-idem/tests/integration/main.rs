@@ -1,0 +1,92 @@
+//! The end-to-end tests of `mcp-idem`, in one test binary (one link of the crate instead of one
+//! per file): the real `mcp-idem` binary (`CARGO_BIN_EXE_mcp-idem`) driven over stdio and
+//! Streamable HTTP, real SDK clients and servers, the demo server's ledger counting side effects.
+//! One module per concern; the `*_support` modules, `common` and `http_support` are the shared
+//! helpers.
+//!
+//! Run one concern with a filter, e.g. `cargo test -p mcp-idem --test integration proxy_scope::`.
+
+// Shared helpers.
+#[cfg(unix)]
+mod bridge_sessions_support;
+#[cfg(unix)]
+mod bridge_support;
+#[cfg(unix)]
+mod chaos_support;
+mod common;
+mod http_support;
+#[cfg(unix)]
+mod interop_support;
+#[cfg(unix)]
+mod wrap_support;
+
+// One module per concern.
+#[cfg(unix)]
+mod bad_input_http;
+#[cfg(unix)]
+mod bad_input_stdio;
+mod bridge_retries;
+#[cfg(unix)]
+mod bridge_sdk_clients;
+#[cfg(unix)]
+mod bridge_sessions;
+#[cfg(unix)]
+mod call;
+#[cfg(unix)]
+mod chaos;
+#[cfg(unix)]
+mod chaos_stdio;
+#[cfg(unix)]
+mod check;
+#[cfg(unix)]
+mod check_progress;
+#[cfg(unix)]
+mod config_file;
+mod demo;
+mod demo_server;
+#[cfg(unix)]
+mod demo_server_http;
+#[cfg(unix)]
+mod demo_server_stateful;
+#[cfg(target_os = "linux")]
+mod exhaustion;
+#[cfg(unix)]
+mod inspect;
+#[cfg(unix)]
+mod interop_clients;
+#[cfg(unix)]
+mod interop_servers;
+#[cfg(unix)]
+mod interop_ts_mrtr;
+#[cfg(unix)]
+mod limits_http;
+#[cfg(unix)]
+mod limits_stdio;
+#[cfg(unix)]
+mod limits_wrap_store_outage;
+#[cfg(unix)]
+mod ops;
+#[cfg(unix)]
+mod proxy;
+#[cfg(unix)]
+mod proxy_disconnect;
+#[cfg(unix)]
+mod proxy_multi_instance;
+#[cfg(unix)]
+mod proxy_scope;
+#[cfg(unix)]
+mod proxy_store_outage;
+#[cfg(target_os = "linux")]
+mod store_faults;
+#[cfg(unix)]
+mod wrap_concurrency;
+#[cfg(unix)]
+mod wrap_discovery;
+#[cfg(unix)]
+mod wrap_faults;
+#[cfg(unix)]
+mod wrap_keys;
+#[cfg(unix)]
+mod wrap_namespaces;
+#[cfg(unix)]
+mod wrap_rmcp_client;

@@ -1,0 +1,529 @@
+//! Store faults through the real proxy (issue 6).
+//!
+//! * PostgreSQL behind a TCP forwarder the test controls: during an outage (the forwarder stops
+//!   listening and drops its live connections) keyed calls are answered
+//!   `idempotency_store_unavailable` and nothing runs; after recovery the same proxy process serves
+//!   the failed key exactly once, and a key completed before the outage still replays. An outage
+//!   that starts while a call runs leaves its record in progress, so a retry never runs it twice.
+//!   The shared PostgreSQL server is never disturbed.
+//! * SQLite files that cannot be used: a path whose parent is a regular file, a directory, a file
+//!   that is not a database, a read-only file system and a full one (small tmpfs mounts, skipped
+//!   with a note where mounting is not permitted). The proxy refuses to start with an error naming
+//!   the file, or answers keyed calls `idempotency_store_unavailable` without running them.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::task::AbortHandle;
+
+use crate::common::ledger_lines;
+use crate::http_support::{
+    call_until_settled, charge, discover, ledger_in, slow_charge, unique_namespace, HttpDemo,
+    Proxy, Raw, SharedStore,
+};
+
+/// A TCP forwarder from a local port to `target`, which can simulate an outage.
+struct Forwarder {
+    port: u16,
+    target: String,
+    /// The accept loop and every live connection.
+    tasks: Arc<Mutex<Vec<AbortHandle>>>,
+}
+
+impl Forwarder {
+    async fn start(target: &str) -> Self {
+        let forwarder = Self {
+            port: 0,
+            target: target.to_owned(),
+            tasks: Arc::default(),
+        };
+        forwarder.listen(0).await
+    }
+
+    /// Listens on `port` (0: any) and forwards each connection until aborted.
+    async fn listen(mut self, port: u16) -> Self {
+        let socket = TcpSocket::new_v4().expect("a socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket
+            .bind(([127, 0, 0, 1], port).into())
+            .expect("bind the forwarder");
+        let listener = socket.listen(128).expect("listen");
+        self.port = listener.local_addr().unwrap().port();
+        let (target, tasks) = (self.target.clone(), Arc::clone(&self.tasks));
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                let target = target.clone();
+                let pipe = tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                tasks.lock().unwrap().push(pipe.abort_handle());
+            }
+        });
+        self.tasks.lock().unwrap().push(accept.abort_handle());
+        self
+    }
+
+    /// The outage: stops listening (connections are refused) and drops every live connection.
+    fn cut(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+
+    /// The end of the outage: listens on the same port again.
+    async fn resume(self) -> Self {
+        let port = self.port;
+        self.listen(port).await
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.cut();
+    }
+}
+
+/// `postgres://…` with its `HOST:PORT` replaced by `127.0.0.1:port`, and the original `HOST:PORT`.
+fn through_port(url: &str, port: u16) -> (String, String) {
+    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, host) = match authority.rsplit_once('@') {
+        Some((user, host)) => (format!("{user}@"), host),
+        None => (String::new(), authority),
+    };
+    let host = if host.contains(':') {
+        host.to_owned()
+    } else {
+        format!("{host}:5432")
+    };
+    let sep = if tail.contains('?') { '&' } else { '?' };
+    (
+        format!("{scheme}://{userinfo}127.0.0.1:{port}{tail}{sep}connect_timeout=2"),
+        host,
+    )
+}
+
+/// Sends `message` until it is not refused `idempotency_store_unavailable`; panics after 30 s.
+async fn until_available(raw: &Raw, message: &serde_json::Value) -> crate::http_support::Answer {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let answer = raw.call(message.clone()).await;
+        if answer.error_type().as_deref() != Some("idempotency_store_unavailable") {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy did not recover: {}",
+            answer.body
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn assert_unavailable(answer: &crate::http_support::Answer) {
+    assert_eq!(
+        answer.error_type().as_deref(),
+        Some("idempotency_store_unavailable"),
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_fails_closed_and_the_proxy_recovers() {
+    let Some(url) = SharedStore::Postgres.url() else {
+        return;
+    };
+    let (_, target) = through_port(&url, 0);
+    let forwarder = Forwarder::start(&target).await;
+    let (store, _) = through_port(&url, forwarder.port);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let namespace = unique_namespace("store-faults-pg");
+    let proxy = Proxy::spawn(
+        &server.base_url(),
+        &["--store", &store, "--namespace", &namespace],
+    );
+    let raw = Raw::new(&proxy);
+
+    let before = raw.call(charge(1, 10, Some("before-outage"))).await;
+    let before_id = before
+        .charge_id()
+        .unwrap_or_else(|| panic!("{}", before.body));
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+
+    forwarder.cut();
+    let started = Instant::now();
+    let during = raw.call(charge(2, 20, Some("during-outage"))).await;
+    let refused_in = started.elapsed();
+    assert_unavailable(&during);
+    assert_unavailable(&raw.call(charge(3, 20, Some("during-outage"))).await);
+    // A completed key cannot be read either: refused too, not run again.
+    assert_unavailable(&raw.call(charge(4, 10, Some("before-outage"))).await);
+    assert_eq!(
+        ledger_lines(&ledger).len(),
+        1,
+        "nothing runs without a record"
+    );
+    let discovered = raw.call(discover(5)).await;
+    assert_eq!(discovered.status, 200, "{}", discovered.body);
+
+    let forwarder = forwarder.resume().await;
+    let started = Instant::now();
+    let after = until_available(&raw, &charge(6, 20, Some("during-outage"))).await;
+    let recovered_in = started.elapsed();
+    let after_id = after
+        .charge_id()
+        .unwrap_or_else(|| panic!("{}", after.body));
+    assert_eq!(ledger_lines(&ledger).len(), 2, "the failed key runs once");
+    let replay = raw.call(charge(7, 20, Some("during-outage"))).await;
+    assert_eq!(replay.charge_id().as_deref(), Some(after_id.as_str()));
+    let replay_before = raw.call(charge(8, 10, Some("before-outage"))).await;
+    assert_eq!(
+        replay_before.charge_id().as_deref(),
+        Some(before_id.as_str())
+    );
+    assert_eq!(ledger_lines(&ledger).len(), 2);
+    eprintln!(
+        "store_faults/postgres: refused in {refused_in:.2?} during the outage; served again \
+         {recovered_in:.2?} after it ended"
+    );
+    drop(forwarder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_during_a_call_never_runs_it_twice() {
+    let Some(url) = SharedStore::Postgres.url() else {
+        return;
+    };
+    let (_, target) = through_port(&url, 0);
+    let forwarder = Forwarder::start(&target).await;
+    let (store, _) = through_port(&url, forwarder.port);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let namespace = unique_namespace("store-faults-pg-mid");
+    let proxy = Proxy::spawn(
+        &server.base_url(),
+        &[
+            "--store",
+            &store,
+            "--namespace",
+            &namespace,
+            "--lease",
+            "2s",
+        ],
+    );
+    let raw = Raw::new(&proxy);
+
+    // The charge is claimed, then the store goes away while it runs (1.5 s) and is still away
+    // when it completes: the outcome cannot be recorded.
+    let call = {
+        let raw = raw.clone();
+        tokio::spawn(async move { raw.call(slow_charge(1, 10, 1500, Some("mid-call"))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    forwarder.cut();
+    let answer = call.await.unwrap();
+    assert_eq!(ledger_lines(&ledger).len(), 1, "the charge ran once");
+    let forwarder = forwarder.resume().await;
+
+    // Whatever the first answer was, retries of the key never run the charge again: the record
+    // stays in progress until its lease runs out, then the after-crash policy (reject) answers.
+    let retry = until_available(&raw, &slow_charge(2, 10, 1500, Some("mid-call"))).await;
+    let settled = call_until_settled(&raw, &slow_charge(3, 10, 1500, Some("mid-call"))).await;
+    assert_eq!(ledger_lines(&ledger).len(), 1, "never twice");
+    let first = answer.charge_id().map_or_else(
+        || format!("{:?}", answer.error_type()),
+        |id| format!("charge {id}"),
+    );
+    eprintln!(
+        "store_faults/postgres mid-call: first answer {first}; retry after recovery {:?}; \
+         settled {:?}",
+        retry.error_type().or(retry.charge_id()),
+        settled.error_type().or(settled.charge_id()),
+    );
+    match settled.charge_id() {
+        // The outcome was recorded after all: the replay is the same charge.
+        Some(id) => assert_eq!(Some(id), answer.charge_id(), "{}", settled.body),
+        None => assert_eq!(
+            settled.error_type().as_deref(),
+            Some("idempotency_outcome_unknown"),
+            "{}",
+            settled.body
+        ),
+    }
+    drop(forwarder);
+}
+
+/// Spawns `mcp-idem proxy --store STORE` and returns its exit status and stderr if it exits
+/// within 20 s, or `None` (killed) if it starts listening instead.
+fn proxy_startup(upstream: &str, store: &str) -> Option<(std::process::ExitStatus, String)> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mcp-idem"))
+        .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
+        .args(["--store", store])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the proxy");
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some((status, reader.join().unwrap()));
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = reader.join().unwrap();
+            assert!(
+                stderr.contains("listening on"),
+                "neither exited nor listened: {stderr}"
+            );
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The proxy must not start: exit status 2, and an error naming `path`.
+fn assert_refuses_to_start(upstream: &str, path: &Path, case: &str) -> String {
+    let store = format!("sqlite:{}", path.display());
+    let (status, stderr) = proxy_startup(upstream, &store)
+        .unwrap_or_else(|| panic!("{case}: the proxy started on {store}"));
+    assert_eq!(status.code(), Some(2), "{case}: {stderr}");
+    assert!(
+        stderr.contains("cannot open the record store")
+            && stderr.contains(&*path.to_string_lossy()),
+        "{case}: the error names the file: {stderr}"
+    );
+    let line = stderr.lines().last().unwrap_or("").to_owned();
+    eprintln!("store_faults/sqlite {case}: exit 2: {line}");
+    line
+}
+
+#[test]
+fn sqlite_unusable_paths_stop_the_proxy_at_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let upstream = server.base_url();
+
+    // Root ignores permission bits: say so, and rely on the cases below that do not need them.
+    let locked = dir.path().join("locked");
+    std::fs::create_dir(&locked).unwrap();
+    set_mode(&locked, 0o555);
+    let root = std::fs::write(locked.join("probe"), b"x").is_ok();
+    if root {
+        eprintln!(
+            "store_faults/sqlite: a 0555 directory is writable here (root): permission bits are \
+             not tested; read-only and full file systems are tested with tmpfs mounts instead"
+        );
+    } else {
+        assert_refuses_to_start(&upstream, &locked.join("records.sqlite3"), "0555 directory");
+    }
+    set_mode(&locked, 0o755);
+
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"not a directory").unwrap();
+    assert_refuses_to_start(&upstream, &file.join("records.sqlite3"), "parent is a file");
+    assert_refuses_to_start(&upstream, dir.path(), "path is a directory");
+    let garbage = dir.path().join("garbage.sqlite3");
+    std::fs::write(&garbage, vec![b'x'; 8192]).unwrap();
+    assert_refuses_to_start(&upstream, &garbage, "not a database");
+    assert_refuses_to_start(
+        &upstream,
+        Path::new("/proc/self/no-such-dir/records.sqlite3"),
+        "under /proc",
+    );
+    assert_eq!(ledger_lines(&ledger).len(), 0);
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+/// A small tmpfs mounted for the test, unmounted on drop.
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None` (with a note) where mounting is not permitted.
+    fn mount(size: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().unwrap();
+        let status = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .stderr(Stdio::null())
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("note: cannot mount a tmpfs here (not permitted); this part is skipped");
+            return None;
+        }
+        Some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn remount_read_only(&self) -> bool {
+        Command::new("mount")
+            .args(["-o", "remount,ro"])
+            .arg(self.path())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.path()).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_read_only_file_system() {
+    let Some(fs) = Tmpfs::mount("1m") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let db = fs.path().join("records.sqlite3");
+    let store = format!("sqlite:{}", db.display());
+
+    // A store with one completed record, then the file system becomes read-only.
+    let charged = {
+        let proxy = Proxy::spawn(&server.base_url(), &["--store", &store]);
+        Raw::new(&proxy).call(charge(1, 10, Some("done"))).await
+    };
+    let charge_id = charged
+        .charge_id()
+        .unwrap_or_else(|| panic!("{}", charged.body));
+    assert!(fs.remount_read_only(), "remount read-only");
+    assert!(
+        std::fs::write(fs.path().join("probe"), b"x").is_err(),
+        "really read-only"
+    );
+
+    let upstream = server.base_url();
+    let outcome = tokio::task::spawn_blocking(move || proxy_startup(&upstream, &store))
+        .await
+        .unwrap();
+    match outcome {
+        Some((status, stderr)) => {
+            assert_eq!(status.code(), Some(2), "{stderr}");
+            assert!(
+                stderr.contains("cannot open the record store")
+                    && stderr.contains(&*db.to_string_lossy()),
+                "the error names the file: {stderr}"
+            );
+            eprintln!(
+                "store_faults/sqlite read-only fs: refuses to start: {}",
+                stderr.lines().last().unwrap_or("")
+            );
+        }
+        None => {
+            // It started read-only: keyed calls must be refused and must not run.
+            let proxy = Proxy::spawn(
+                &server.base_url(),
+                &["--store", &format!("sqlite:{}", db.display())],
+            );
+            let raw = Raw::new(&proxy);
+            assert_unavailable(&raw.call(charge(2, 20, Some("new"))).await);
+            let replay = raw.call(charge(3, 10, Some("done"))).await;
+            eprintln!(
+                "store_faults/sqlite read-only fs: starts; new key refused store_unavailable; \
+                 replay of a completed key: {:?}",
+                replay.charge_id().or(replay.error_type())
+            );
+            if let Some(id) = replay.charge_id() {
+                assert_eq!(id, charge_id);
+            }
+        }
+    }
+    assert_eq!(
+        ledger_lines(&ledger).len(),
+        1,
+        "nothing ran on the read-only store"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_on_a_full_file_system() {
+    let Some(fs) = Tmpfs::mount("256k") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let db = fs.path().join("records.sqlite3");
+    let store = format!("sqlite:{}", db.display());
+    let proxy = Proxy::spawn(&server.base_url(), &["--store", &store]);
+    let raw = Raw::new(&proxy);
+
+    // Large keys fill the file system quickly; go on until the store refuses.
+    let mut ok = 0usize;
+    let mut refused = 0usize;
+    let mut other = Vec::new();
+    let pad = "k".repeat(200);
+    for i in 0..5000u64 {
+        let answer = raw.call(charge(i, 1, Some(&format!("{pad}-{i}")))).await;
+        if answer.charge_id().is_some() {
+            ok += 1;
+        } else if answer.error_type().as_deref() == Some("idempotency_store_unavailable") {
+            refused += 1;
+            if refused >= 20 {
+                break;
+            }
+        } else {
+            other.push(answer.body);
+        }
+    }
+    let executed = ledger_lines(&ledger).len();
+    eprintln!(
+        "store_faults/sqlite full fs (256 KiB tmpfs): {ok} charges recorded, then {refused} \
+         refused store_unavailable; {executed} executed; other answers: {}",
+        other.len()
+    );
+    assert!(refused > 0, "the file system never filled ({ok} calls)");
+    assert!(other.is_empty(), "{other:?}");
+    assert_eq!(executed, ok, "a refused call does not run");
+    // Retrying every accepted key runs nothing again: completed ones replay from the full store;
+    // one whose outcome could not be written (the disk filled between claim and completion) is
+    // still in progress, and the after-crash policy will answer it once its lease runs out.
+    let (mut replayed, mut in_progress) = (0, 0);
+    for i in 0..ok as u64 {
+        let answer = raw.call(charge(i, 1, Some(&format!("{pad}-{i}")))).await;
+        match answer.error_type().as_deref() {
+            None if answer.charge_id().is_some() => replayed += 1,
+            Some("idempotency_key_in_progress") => in_progress += 1,
+            _ => panic!("retry of accepted key {i}: {}", answer.body),
+        }
+    }
+    eprintln!(
+        "store_faults/sqlite full fs: retries of the {ok} accepted keys: {replayed} replayed, \
+         {in_progress} in progress (outcome not recorded)"
+    );
+    assert!(replayed > 0);
+    assert_eq!(
+        ledger_lines(&ledger).len(),
+        executed,
+        "a retry does not run again"
+    );
+}

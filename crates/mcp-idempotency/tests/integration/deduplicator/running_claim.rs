@@ -1,0 +1,111 @@
+//! The running-claim handle: one claim lifecycle for every transport (renewing its own lease until
+//! finished; ending by release, abandon or drop).
+
+use super::*;
+
+// ---------------------------------------------------------------------------------------------
+// The running-claim handle: one claim lifecycle for every transport
+
+async fn begin(d: &Deduplicator, key: &str) -> mcp_idempotency::RunningClaim {
+    let key = json!(key);
+    let call = ToolCall {
+        tool_name: TOOL,
+        arguments: Some(ARGS),
+        idempotency_key: Some(&key),
+        mrtr_continuation: false,
+    };
+    match d.begin(&scope(), &call).await {
+        Decision::Execute(running) => running,
+        other => panic!("expected Execute, got {other:?}"),
+    }
+}
+
+fn lease_in(record: Option<Record>) -> Timestamp {
+    match record.map(|record| record.state) {
+        Some(RecordState::InProgress {
+            lease_expires_at, ..
+        }) => lease_expires_at,
+        other => panic!("expected a record in progress, got {other:?}"),
+    }
+}
+
+/// The handle renews the lease itself, a third into it, on the deduplicator's clock; after
+/// `finish` it renews no more and the outcome replays.
+#[tokio::test(start_paused = true)]
+async fn a_running_claim_renews_its_own_lease_until_finished() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let lease = Duration::from_secs(30);
+    let d = dedup(&store, EngineConfig::default().lease(lease)).with_clock(clock.clone());
+    let start = clock.now();
+    let running = begin(&d, "k-renewed").await;
+    assert_eq!(
+        lease_in(record(&store, &scope(), "k-renewed").await),
+        start.saturating_add(lease)
+    );
+
+    // A third of the lease later (on the clock and on tokio's paused timer) it has been renewed.
+    clock.advance(Duration::from_secs(11));
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let renewed = lease_in(record(&store, &scope(), "k-renewed").await);
+    assert_eq!(renewed, start.saturating_add(Duration::from_secs(41)));
+
+    assert_eq!(
+        running
+            .finish(Outcome::Success(RESULT.into()))
+            .await
+            .unwrap(),
+        Fenced::Applied
+    );
+    clock.advance(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        replay(decide(&d, &scope(), TOOL, ARGS, "k-renewed").await),
+        Replay::Result(RESULT.into())
+    );
+}
+
+/// `release` frees the key (the call did not run); `abandon` records outcome-unknown (it may
+/// have); a handle dropped without either is abandoned too, never left to its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_claim_ends_by_release_abandon_or_drop() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let d = dedup(&store, EngineConfig::default());
+
+    begin(&d, "k-released")
+        .await
+        .release("the server was unreachable")
+        .await;
+    let again = begin(&d, "k-released").await;
+    again.finish(Outcome::Success(RESULT.into())).await.unwrap();
+
+    begin(&d, "k-abandoned")
+        .await
+        .abandon("the server exited")
+        .await;
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k-abandoned").await,
+        RejectionKind::OutcomeUnknown,
+    );
+
+    drop(begin(&d, "k-dropped").await);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = record(&store, &scope(), "k-dropped").await.unwrap().state;
+        if matches!(
+            state,
+            RecordState::Completed {
+                outcome: Outcome::Unknown { .. },
+                ..
+            }
+        ) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still {state:?}");
+        tokio::task::yield_now().await;
+    }
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k-dropped").await,
+        RejectionKind::OutcomeUnknown,
+    );
+}
