@@ -1,6 +1,6 @@
 """A client built on the Python SDK `mcp` 2.x that runs the `dedup` scenario of ts-client.mjs and
 prints what it saw as one JSON document on stdout (same shape as ts-client.mjs). The Rust tests
-(crates/mcp-idem/tests/interop_*.rs) make the assertions.
+(crates/mcp-idem/tests/integration/interop_*.rs) make the assertions.
 
     python3 py_client.py dedup stdio -- COMMAND [ARGS...]
     python3 py_client.py dedup http URL

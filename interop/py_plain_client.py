@@ -1,8 +1,8 @@
 """An UNMODIFIED Python SDK (`mcp` 2.x) client that sends no idempotency key: it launches a stdio
 server (e.g. `mcp-idem bridge URL`), pinned to protocol 2026-07-28, and makes N sequential
 `charge_payment` calls with the SDK's plain `client.call_tool(...)`. It prints what it saw as one
-JSON document on stdout; the Rust tests (crates/mcp-idem/tests/bridge_sdk_clients.rs) make the
-assertions.
+JSON document on stdout; the Rust tests (crates/mcp-idem/tests/integration/bridge_sdk_clients.rs)
+make the assertions.
 
     python3 py_plain_client.py charges N AMOUNT_BASE stdio -- COMMAND [ARGS...]
 

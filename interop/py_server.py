@@ -1,5 +1,5 @@
 """A small MCP server built on the Python SDK 2.x (`MCPServer`, formerly FastMCP), the upstream of
-the gateway in crates/mcp-idem/tests/interop_py_server.rs.
+the gateway in crates/mcp-idem/tests/integration/interop_servers.rs.
 
     python3 py_server.py --executions FILE           serve stdio
     python3 py_server.py --executions FILE --http    serve Streamable HTTP on 127.0.0.1, a free

@@ -1,5 +1,5 @@
 // Sending the SEP-3182 idempotency key yourself from the TypeScript SDK v2 client. Tested by
-// crates/mcp-idem/tests/bridge_sdk_clients.rs:   node snippet-ts-key.mjs COMMAND [ARGS...]
+// crates/mcp-idem/tests/integration/bridge_sdk_clients.rs:   node snippet-ts-key.mjs COMMAND [ARGS...]
 import { randomUUID } from 'node:crypto';
 import { Client } from '@modelcontextprotocol/client';
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';

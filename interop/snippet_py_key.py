@@ -1,5 +1,5 @@
 """Sending the SEP-3182 idempotency key yourself from the Python SDK (`mcp` 2.x) client. Tested by
-crates/mcp-idem/tests/bridge_sdk_clients.rs:   python3 snippet_py_key.py COMMAND [ARGS...]
+crates/mcp-idem/tests/integration/bridge_sdk_clients.rs:   python3 snippet_py_key.py COMMAND [ARGS...]
 """
 
 import json

@@ -1,6 +1,6 @@
 // A client built on the TypeScript SDK v2 (@modelcontextprotocol/client), pinned to protocol
 // 2026-07-28, that runs one scenario against a server and prints what it saw as one JSON document
-// on stdout. The Rust tests (crates/mcp-idem/tests/interop_*.rs) make the assertions.
+// on stdout. The Rust tests (crates/mcp-idem/tests/integration/interop_*.rs) make the assertions.
 //
 //   node ts-client.mjs SCENARIO stdio -- COMMAND [ARGS...]
 //   node ts-client.mjs SCENARIO http URL

@@ -2,7 +2,8 @@
 // key: it launches a stdio server (e.g. `mcp-idem bridge URL`) with the SDK's DEFAULT version
 // negotiation (the legacy `initialize` handshake) and makes N sequential `charge_payment` calls
 // with the SDK's plain `client.callTool(...)`. It prints what it saw as one JSON document on
-// stdout; the Rust tests (crates/mcp-idem/tests/bridge_sdk_clients.rs) make the assertions.
+// stdout; the Rust tests (crates/mcp-idem/tests/integration/bridge_sdk_clients.rs) make the
+// assertions.
 //
 //   node ts-plain-client.mjs charges N AMOUNT_BASE stdio -- COMMAND [ARGS...]
 //

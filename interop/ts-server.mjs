@@ -1,5 +1,5 @@
 // A small MCP server built on the TypeScript SDK v2 (@modelcontextprotocol/server), the upstream of
-// the gateway in crates/mcp-idem/tests/interop_ts_server.rs and interop_ts_mrtr.rs.
+// the gateway in crates/mcp-idem/tests/integration/interop_servers.rs and interop_ts_mrtr.rs.
 //
 //   node ts-server.mjs --executions FILE            serve stdio
 //   node ts-server.mjs --executions FILE --http     serve Streamable HTTP on 127.0.0.1, a free port;

@@ -52,7 +52,7 @@ fn a_3_mb_arguments_line_is_refused_as_too_large_and_wrap_survives() {
     let mut wrap = sandbox.wrap_demo(&[]);
     assert_still_serving(&mut wrap, 1, "before-huge");
 
-    // Under the 4 MiB line limit (tests/limits_stdio.rs has lines over it), over the 1 MiB
+    // Under the 4 MiB line limit (`limits_stdio` has lines over it), over the 1 MiB
     // arguments limit. The line is streamed while `wrap` reads it (the pipe holds 64 kB).
     let line = padded_charge(3, "huge-1", 3 << 20, false);
     let len = line.len();

@@ -5,7 +5,7 @@
 //! stdio server and make sequential `charge_payment` calls with the SDKs' plain call APIs.
 //!
 //! Between the bridge and the server sits the fault-injecting HTTP forwarder of
-//! tests/bridge_support, which lets the upstream execute a call and then drops its answer, cuts
+//! `bridge_support`, which lets the upstream execute a call and then drops its answer, cuts
 //! it in the middle (a JSON body, an SSE stream), or holds it back past the attempt timeout:
 //! - with the capability (forwarder -> two `mcp-idem proxy` instances on one Redis namespace ->
 //!   `demo-server --http` and `--http-sse`, one ledger): every call gets its original charge, each

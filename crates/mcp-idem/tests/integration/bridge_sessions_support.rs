@@ -1,4 +1,4 @@
-//! Helpers for tests/bridge_sessions.rs: `mcp-idem bridge` as a stdio peer (or run until it exits
+//! Helpers for `bridge_sessions`: `mcp-idem bridge` as a stdio peer (or run until it exits
 //! at startup), the messages of an `initialize`-era client, the sessions a stateful demo server
 //! opened, a CA and a server certificate made in the test with a TLS listener in front of a demo
 //! server, and a remote that answers chosen `tools/call`s with garbage.

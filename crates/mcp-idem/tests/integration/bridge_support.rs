@@ -1,8 +1,8 @@
-//! A fault-injecting HTTP forwarder for the `mcp-idem bridge` tests (tests/bridge_*.rs).
+//! A fault-injecting HTTP forwarder for the `mcp-idem bridge` tests (`bridge_*`).
 //!
 //! [`Forwarder`] listens on `127.0.0.1` in the test's own process and sits between the bridge and
 //! the next hop (a `mcp-idem proxy` or a `demo-server --http`). Unlike the TCP injector of
-//! tests/chaos.rs it speaks HTTP/1.1 itself (a hyper server towards the bridge, a hyper client
+//! `chaos` it speaks HTTP/1.1 itself (a hyper server towards the bridge, a hyper client
 //! towards the upstream), so it handles the bridge's keep-alive connections request by request.
 //!
 //! Every `tools/call` POST is first forwarded and its WHOLE upstream answer read (so the upstream

@@ -1,4 +1,4 @@
-//! What the chaos runs (tests/chaos.rs over Streamable HTTP, tests/chaos_stdio.rs over stdio)
+//! What the chaos runs (`chaos` over Streamable HTTP, `chaos_stdio` over stdio)
 //! share: the run's size and seed from the environment, how a logical call ended, and the
 //! comparison of the demo server's ledger with what the clients saw.
 

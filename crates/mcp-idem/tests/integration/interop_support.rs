@@ -1,4 +1,4 @@
-//! Helpers for the third-party SDK tests (tests/interop_*.rs): the TypeScript SDK v2 and Python
+//! Helpers for the third-party SDK tests (`interop_*`): the TypeScript SDK v2 and Python
 //! `mcp` 2.x scripts in `interop/` at the repository root, run as real processes against
 //! `mcp-idem wrap` and `mcp-idem proxy`.
 //!

@@ -1,4 +1,4 @@
-//! Helpers for the `mcp-idem wrap` end-to-end tests (tests/wrap_*.rs): a sandbox per test (its own
+//! Helpers for the `mcp-idem wrap` end-to-end tests (`wrap_*`): a sandbox per test (its own
 //! store, ledger and logs), the wrap command line, request builders, and checks on JSON-RPC errors.
 //!
 //! Every test spawns the real binary: `mcp-idem wrap --store sqlite:<dir>/r.sqlite3 -- <upstream>`,

@@ -155,7 +155,7 @@ fn no_capability_while_the_store_is_unusable() {
     expect_rewritten(h.server(DISCOVER_RESULT));
 
     // A decision alone changes nothing: the deduplicator owns the store's health and the driver
-    // tells the interceptor (tests/deduplicator.rs, failing_claim_fails_closed).
+    // tells the interceptor (`deduplicator::failing_store::failing_claim_fails_closed`).
     let call = h.keyed(&call_line("1", "k"));
     let decision = h.decision(&call, |_| {
         Err(StoreError::Unavailable {
