@@ -33,7 +33,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
 mod support;
-use support::{load_average, mcp_idem_bin, Progress};
+use support::{load_average, mcp_idem_bin, modified_ago, Progress};
 
 struct Options {
     concurrency: usize,
@@ -326,7 +326,7 @@ fn run() -> Result<(), String> {
         "http_throughput: keyed tools/call {} over Streamable HTTP, {} in flight, {} rounds of {}s",
         options.tool, options.concurrency, options.rounds, options.seconds
     );
-    println!("  binary:  {}", bin.display());
+    println!("  binary:  {} ({})", bin.display(), modified_ago(&bin));
     println!("  machine: {cores} cores, load average {}", load_average());
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

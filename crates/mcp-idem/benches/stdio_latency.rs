@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 mod support;
-use support::{load_average, mcp_idem_bin, Progress};
+use support::{load_average, mcp_idem_bin, modified_ago, Progress};
 #[path = "support/latency.rs"]
 mod latency;
 use latency::stats;
@@ -551,12 +551,7 @@ fn parse_args() -> Result<Option<Options>, String> {
 }
 
 fn print_header(bin: &Path, options: &Options, dir: &Path) {
-    let built = std::fs::metadata(bin)
-        .and_then(|meta| meta.modified())
-        .ok()
-        .and_then(|time| time.elapsed().ok())
-        .map(|age| format!("file modified {}s ago", age.as_secs()))
-        .unwrap_or_else(|| "modification time unknown".into());
+    let built = modified_ago(bin);
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("stdio_latency: sequential tools/call over stdio, one call in flight at a time");
     println!("  binary:  {} ({built})", bin.display());

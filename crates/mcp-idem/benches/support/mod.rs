@@ -33,6 +33,16 @@ pub(crate) fn mcp_idem_bin() -> Result<PathBuf, String> {
 }
 
 /// The 1, 5 and 15 minute load averages, as the kernel prints them.
+/// How long ago `bin` was written, for the header of a run ("file modified 39s ago").
+pub(crate) fn modified_ago(bin: &Path) -> String {
+    std::fs::metadata(bin)
+        .and_then(|meta| meta.modified())
+        .ok()
+        .and_then(|time| time.elapsed().ok())
+        .map(|age| format!("file modified {}s ago", age.as_secs()))
+        .unwrap_or_else(|| "modification time unknown".into())
+}
+
 pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
