@@ -47,6 +47,16 @@ fn sessions_opened(server: &HttpDemo) -> Vec<String> {
     ids_after(server, "session opened: ")
 }
 
+/// The server logs a session on stderr around the time it answers; a drain thread reads that log,
+/// so the line may arrive a little after the answer: waits (up to [`TIMEOUT`]) for `expected`.
+fn assert_sessions_opened(server: &HttpDemo, expected: &[String]) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while sessions_opened(server) != expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(sessions_opened(server), expected, "{}", server.stderr());
+}
+
 /// A POST of `message` as a 2025-06-18 client sends it: no per-request protocol metadata, the
 /// session id once it has one.
 fn legacy_post(raw: &Raw, session: Option<&str>) -> http::request::Builder {
@@ -156,7 +166,7 @@ async fn initialize_opens_a_session_that_later_posts_carry_and_a_restart_forgets
     assert_eq!(missing.status, http::StatusCode::BAD_REQUEST, "{missing:?}");
     let unknown = raw.send(legacy_post(&raw, Some("no-such")), &list).await;
     assert_eq!(unknown.status, http::StatusCode::NOT_FOUND, "{unknown:?}");
-    assert_eq!(sessions_opened(&server), std::slice::from_ref(&session));
+    assert_sessions_opened(&server, std::slice::from_ref(&session));
 
     // Restarted on the same port, the server has forgotten the session.
     drop(server);
@@ -173,7 +183,7 @@ async fn initialize_opens_a_session_that_later_posts_carry_and_a_restart_forgets
         .await;
     let renewed = again.headers["mcp-session-id"].to_str().unwrap().to_owned();
     assert_ne!(renewed, session);
-    assert_eq!(sessions_opened(&server), [renewed]);
+    assert_sessions_opened(&server, &[renewed]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
