@@ -192,6 +192,17 @@ pub(crate) fn sessions_opened(server: &HttpDemo) -> Vec<String> {
     ids_after(server, "session opened: ")
 }
 
+/// Waits (up to [`TIMEOUT`](crate::common::TIMEOUT)) until [`sessions_opened`] is `expected`: the
+/// server logs a session around the time it answers, and a drain thread reads that log, so the
+/// line may arrive a little after the answer.
+pub(crate) fn assert_sessions_opened(server: &HttpDemo, expected: &[String]) {
+    let deadline = std::time::Instant::now() + crate::common::TIMEOUT;
+    while sessions_opened(server) != expected && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(sessions_opened(server), expected, "{}", server.stderr());
+}
+
 /// The session ids of the GET streams a `demo-server --http-stateful` opened so far (its
 /// `stream opened: ID` lines on stderr).
 pub(crate) fn streams_opened(server: &HttpDemo) -> Vec<String> {

@@ -29,33 +29,9 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ClientHandler;
 use serde_json::{json, Value};
 
+use crate::bridge_sessions_support::{assert_sessions_opened, sessions_opened, streams_opened};
 use crate::common::{free_port, ledger_lines, TIMEOUT};
 use crate::http_support::{ledger_in, sse_messages, HttpDemo, Raw};
-
-/// The session ids after `prefix` in the server's stderr (`session opened: ID`,
-/// `stream opened: ID`).
-fn ids_after(server: &HttpDemo, prefix: &str) -> Vec<String> {
-    server
-        .stderr()
-        .lines()
-        .filter_map(|line| line.strip_prefix(prefix))
-        .map(str::to_owned)
-        .collect()
-}
-
-fn sessions_opened(server: &HttpDemo) -> Vec<String> {
-    ids_after(server, "session opened: ")
-}
-
-/// The server logs a session on stderr around the time it answers; a drain thread reads that log,
-/// so the line may arrive a little after the answer: waits (up to [`TIMEOUT`]) for `expected`.
-fn assert_sessions_opened(server: &HttpDemo, expected: &[String]) {
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while sessions_opened(server) != expected && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert_eq!(sessions_opened(server), expected, "{}", server.stderr());
-}
 
 /// A POST of `message` as a 2025-06-18 client sends it: no per-request protocol metadata, the
 /// session id once it has one.
@@ -153,13 +129,10 @@ async fn initialize_opens_a_session_that_later_posts_carry_and_a_restart_forgets
         .starts_with("text/event-stream"));
     drop(stream);
     let deadline = std::time::Instant::now() + TIMEOUT;
-    while ids_after(&server, "stream opened: ").is_empty() && std::time::Instant::now() < deadline {
+    while streams_opened(&server).is_empty() && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    assert_eq!(
-        ids_after(&server, "stream opened: "),
-        std::slice::from_ref(&session)
-    );
+    assert_eq!(streams_opened(&server), std::slice::from_ref(&session));
 
     // Without a session id, or with one the server never issued: refused.
     let missing = raw.send(legacy_post(&raw, None), &list).await;
