@@ -77,6 +77,8 @@ pub struct EngineConfig {
 impl EngineConfig {
     /// Default retention window: 24 hours, as Stripe keeps keys.
     pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// Default longest `idempotencyKey`, in bytes of UTF-8, as Stripe and the IETF draft use.
+    pub const DEFAULT_MAX_KEY_BYTES: usize = DEFAULT_MAX_KEY_BYTES;
     /// Default lease of an in-progress call; the owner renews it while the call runs.
     pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
     /// Default size limit of a call's `arguments`.

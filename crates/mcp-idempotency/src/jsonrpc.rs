@@ -55,9 +55,36 @@ pub(crate) fn raw_error_response(id_json: &str, error_json: &str) -> String {
     format!(r#"{{"jsonrpc":"2.0","id":{id_json},"error":{error_json}}}"#)
 }
 
+/// The text of the first JSON-RPC response (a message with a `result` or an `error`) among the
+/// events of the `text/event-stream` body `stream`, and only of one answering `id` when it is
+/// given. Events that are not JSON, and requests and notifications, are skipped; an event cut off
+/// at the end is not read.
+pub fn sse_response(stream: &[u8], id: Option<&Value>) -> Option<String> {
+    crate::sse::event_data(stream).into_iter().find(|data| {
+        let Ok(message) = serde_json::from_str::<Value>(data) else {
+            return false;
+        };
+        let answers = message.get("result").is_some() || message.get("error").is_some();
+        answers && id.is_none_or(|id| message.get("id") == Some(id))
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sse_response_skips_notifications_and_other_ids() {
+        let stream = b"data: not json\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\"}\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"id\":1,\"error\":{\"code\":1,\"message\":\"m\"}}\n\n\
+            data: {\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{}}\n\n";
+        let first = sse_response(stream, None).unwrap();
+        assert!(first.contains("\"id\":1"), "{first}");
+        let two = sse_response(stream, Some(&Value::from(2))).unwrap();
+        assert_eq!(two, r#"{"jsonrpc":"2.0","id":2,"result":{}}"#);
+        assert_eq!(sse_response(stream, Some(&Value::from(3))), None);
+    }
     use serde_json::json;
 
     #[test]

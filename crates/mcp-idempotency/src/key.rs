@@ -1,7 +1,7 @@
 //! `idempotencyKey` validation.
 //!
 //! The SEP says the key is an opaque, client-generated string. We accept any JSON string that is
-//! non-empty, at most [`DEFAULT_MAX_KEY_BYTES`] bytes of UTF-8 (configurable) and free of control
+//! non-empty, at most [`EngineConfig::DEFAULT_MAX_KEY_BYTES`](crate::EngineConfig::DEFAULT_MAX_KEY_BYTES) bytes of UTF-8 (configurable) and free of control
 //! characters (Unicode category Cc: U+0000..U+001F and U+007F..U+009F), which would make logs and
 //! store keys ambiguous. Anything else is refused before the tool runs.
 
@@ -10,7 +10,7 @@ use std::fmt;
 use serde_json::Value;
 
 /// Default upper bound on a key's length in bytes, as Stripe and the IETF draft use.
-pub const DEFAULT_MAX_KEY_BYTES: usize = 255;
+pub(crate) const DEFAULT_MAX_KEY_BYTES: usize = 255;
 
 /// A validated `idempotencyKey`.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -74,13 +74,18 @@ pub mod http;
 pub mod http_client;
 pub mod interceptor;
 pub mod jsonrpc;
-pub mod key;
+mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 mod record;
 mod rejection;
 mod running_claim;
+// Public only to the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`).
+#[cfg(fuzzing)]
 pub mod sse;
+#[cfg(not(fuzzing))]
+#[allow(unreachable_pub)]
+mod sse;
 pub mod stdio;
 pub mod store;
 mod time;
@@ -88,8 +93,7 @@ mod time;
 pub use config::{AfterCrash, EngineConfig};
 pub use deduplicator::Deduplicator;
 pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall};
-pub use fingerprint::Fingerprint;
-pub use key::IdempotencyKey;
+pub use key::{IdempotencyKey, KeyError};
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };

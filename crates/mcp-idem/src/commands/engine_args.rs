@@ -34,7 +34,7 @@ pub(crate) struct EngineArgs {
     pub(crate) after_crash: AfterCrash,
 
     /// Longest accepted idempotencyKey, in bytes.
-    #[arg(long, env = "MCP_IDEM_MAX_KEY_BYTES", default_value_t = mcp_idempotency::key::DEFAULT_MAX_KEY_BYTES)]
+    #[arg(long, env = "MCP_IDEM_MAX_KEY_BYTES", default_value_t = mcp_idempotency::EngineConfig::DEFAULT_MAX_KEY_BYTES)]
     pub(crate) max_key_bytes: usize,
 
     /// Largest accepted `arguments` of a keyed call, in bytes.

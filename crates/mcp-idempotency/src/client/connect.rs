@@ -570,10 +570,7 @@ fn is_event_stream(content_type: Option<&impl AsRef<[u8]>>) -> bool {
 /// `result.capabilities` of the JSON-RPC response in `body` (plain JSON, or an SSE stream).
 fn capabilities_in(body: &[u8], is_sse: bool) -> Option<Value> {
     let response = if is_sse {
-        crate::sse::event_data(body).into_iter().find_map(|data| {
-            let message: Value = serde_json::from_str(&data).ok()?;
-            message.get("result").is_some().then_some(message)
-        })?
+        serde_json::from_str::<Value>(&crate::jsonrpc::sse_response(body, None)?).ok()?
     } else {
         serde_json::from_slice::<Value>(body).ok()?
     };

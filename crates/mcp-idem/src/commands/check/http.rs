@@ -178,15 +178,7 @@ fn parse_header(header: &str) -> anyhow::Result<(HeaderName, HeaderValue)> {
 
 /// The data of the first SSE event in `stream` that is the response to request `id`.
 fn sse_response(stream: &[u8], id: u64) -> Option<String> {
-    mcp_idempotency::sse::event_data(stream)
-        .into_iter()
-        .find(|data| {
-            let Ok(message) = serde_json::from_str::<serde_json::Value>(data) else {
-                return false;
-            };
-            let answers = message.get("result").is_some() || message.get("error").is_some();
-            answers && message.get("id") == Some(&id.into())
-        })
+    mcp_idempotency::jsonrpc::sse_response(stream, Some(&id.into()))
 }
 
 #[cfg(test)]

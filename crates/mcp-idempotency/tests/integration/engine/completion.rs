@@ -205,7 +205,7 @@ fn record_ids_are_built_from_valid_keys() {
     // A sanity check of the public constructors the tests above rely on.
     let id = RecordId {
         scope: scope(),
-        key: IdempotencyKey::new(KEY, DEFAULT_MAX_KEY_BYTES).unwrap(),
+        key: IdempotencyKey::new(KEY, EngineConfig::DEFAULT_MAX_KEY_BYTES).unwrap(),
     };
     let req = default_request(&Engine::default(), FencingToken::random());
     assert_eq!(req.id, id);

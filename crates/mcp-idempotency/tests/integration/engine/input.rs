@@ -124,7 +124,7 @@ fn empty_key_is_invalid() {
 
 #[test]
 fn key_length_limit_defaults_to_255_bytes() {
-    assert_eq!(DEFAULT_MAX_KEY_BYTES, 255);
+    assert_eq!(EngineConfig::DEFAULT_MAX_KEY_BYTES, 255);
     let engine = Engine::default();
     let longest = "k".repeat(255);
     assert!(matches!(

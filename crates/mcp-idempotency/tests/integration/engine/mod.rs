@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
+use mcp_idempotency::fingerprint::Fingerprint;
 use mcp_idempotency::jsonrpc::{INTERNAL_ERROR, INVALID_PARAMS};
-use mcp_idempotency::key::DEFAULT_MAX_KEY_BYTES;
 use mcp_idempotency::store::{
     ClaimOutcome, ClaimRequest, Fenced, QuotaExceeded, RecordLimits, StoreError, TakeOverRequest,
 };
 use mcp_idempotency::{
     AfterCrash, BypassReason, Claim, CorruptRecord, Decision, Engine, EngineConfig, FencingToken,
-    Fingerprint, IdempotencyKey, Outcome, Record, RecordId, RecordState, Rejection, RejectionKind,
-    Replay, Scope, Step, Timestamp, ToolCall,
+    IdempotencyKey, Outcome, Record, RecordId, RecordState, Rejection, RejectionKind, Replay,
+    Scope, Step, Timestamp, ToolCall,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};

@@ -3,14 +3,15 @@
 
 use std::collections::BTreeMap;
 
+use mcp_idempotency::fingerprint::Fingerprint;
 use mcp_idempotency::interceptor::{
     CancelPolicy, ClientAction, Decided, Interceptor, InterceptorConfig, KeyedCall, ServerAction,
     META_KEY,
 };
 use mcp_idempotency::store::{ClaimOutcome, StoreError};
 use mcp_idempotency::{
-    BypassReason, Claim, Decision, Engine, EngineConfig, FencingToken, Fingerprint, Outcome,
-    Record, RecordState, Replay, Scope, Step, Timestamp,
+    BypassReason, Claim, Decision, Engine, EngineConfig, FencingToken, Outcome, Record,
+    RecordState, Replay, Scope, Step, Timestamp,
 };
 use proptest::prelude::*;
 use serde_json::value::RawValue;
