@@ -57,10 +57,10 @@ impl FromStr for AfterCrash {
 /// use mcp_idempotency::{AfterCrash, EngineConfig};
 ///
 /// let config = EngineConfig::default()
-///     .retention(Duration::from_secs(3600))
-///     .after_crash(AfterCrash::Reexecute)
-///     .max_records_per_scope(1_000);
-/// assert_eq!(config.retention_window(), Duration::from_secs(3600));
+///     .with_retention(Duration::from_secs(3600))
+///     .with_after_crash(AfterCrash::Reexecute)
+///     .with_max_records_per_scope(1_000);
+/// assert_eq!(config.retention(), Duration::from_secs(3600));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -111,72 +111,72 @@ impl Default for EngineConfig {
 
 impl EngineConfig {
     /// How long a record is kept after its call completes. A retry after that runs as a new call.
-    pub fn retention(mut self, retention: Duration) -> Self {
+    pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
         self
     }
 
     /// How long an in-progress claim lives without renewal.
-    pub fn lease(mut self, lease: Duration) -> Self {
+    pub fn with_lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
     }
 
     /// What a retry gets after the original call's owner died.
-    pub fn after_crash(mut self, policy: AfterCrash) -> Self {
+    pub fn with_after_crash(mut self, policy: AfterCrash) -> Self {
         self.after_crash = policy;
         self
     }
 
     /// The `retryAfterMs` hint sent with `idempotency_key_in_progress`.
-    pub fn in_progress_retry_after(mut self, after: Duration) -> Self {
+    pub fn with_in_progress_retry_after(mut self, after: Duration) -> Self {
         self.in_progress_retry_after = after;
         self
     }
 
     /// Longest accepted key, in bytes.
-    pub fn max_key_bytes(mut self, max: usize) -> Self {
+    pub fn with_max_key_bytes(mut self, max: usize) -> Self {
         self.max_key_bytes = max;
         self
     }
 
     /// Largest accepted `arguments`, in bytes of JSON text.
-    pub fn max_argument_bytes(mut self, max: usize) -> Self {
+    pub fn with_max_argument_bytes(mut self, max: usize) -> Self {
         self.max_argument_bytes = max;
         self
     }
 
     /// Largest outcome kept for replay, in bytes of JSON text. A larger outcome is recorded as
     /// completed but not retained: retries get `idempotency_outcome_not_retained`, never a second run.
-    pub fn max_outcome_bytes(mut self, max: usize) -> Self {
+    pub fn with_max_outcome_bytes(mut self, max: usize) -> Self {
         self.max_outcome_bytes = max;
         self
     }
 
     /// Most live records per scope.
-    pub fn max_records_per_scope(mut self, max: u64) -> Self {
+    pub fn with_max_records_per_scope(mut self, max: u64) -> Self {
         self.limits.max_records_per_scope = max;
         self
     }
 
     /// Most live records in the store.
-    pub fn max_records_total(mut self, max: u64) -> Self {
+    pub fn with_max_records_total(mut self, max: u64) -> Self {
         self.limits.max_records_total = max;
         self
     }
 
     /// The retention window.
-    pub fn retention_window(&self) -> Duration {
+    pub fn retention(&self) -> Duration {
         self.retention
     }
 
     /// The lease duration.
-    pub fn lease_duration(&self) -> Duration {
+    pub fn lease(&self) -> Duration {
         self.lease
     }
 
     /// The after-crash policy.
-    pub fn after_crash_policy(&self) -> AfterCrash {
+    pub fn after_crash(&self) -> AfterCrash {
         self.after_crash
     }
 

@@ -133,7 +133,7 @@ impl Drop for RunningClaim {
 /// Renews the lease whenever the engine says it is due, until the task is aborted or the claim is
 /// lost to another owner.
 async fn renew_until_stopped(dedup: Deduplicator, mut claim: Claim) {
-    let retry = (dedup.engine().config().lease_duration() / 6).max(MIN_RENEWAL_WAIT);
+    let retry = (dedup.engine().config().lease() / 6).max(MIN_RENEWAL_WAIT);
     loop {
         let due = dedup.engine().renewal_due(&claim);
         let wait = due

@@ -57,14 +57,14 @@ pub(crate) struct EngineArgs {
 impl EngineArgs {
     pub(crate) fn engine_config(&self) -> EngineConfig {
         EngineConfig::default()
-            .retention(self.retention)
-            .lease(self.lease)
-            .after_crash(self.after_crash)
-            .max_key_bytes(self.max_key_bytes)
-            .max_argument_bytes(self.max_argument_bytes)
-            .max_outcome_bytes(self.max_outcome_bytes)
-            .max_records_per_scope(self.max_records_per_scope)
-            .max_records_total(self.max_records_total)
+            .with_retention(self.retention)
+            .with_lease(self.lease)
+            .with_after_crash(self.after_crash)
+            .with_max_key_bytes(self.max_key_bytes)
+            .with_max_argument_bytes(self.max_argument_bytes)
+            .with_max_outcome_bytes(self.max_outcome_bytes)
+            .with_max_records_per_scope(self.max_records_per_scope)
+            .with_max_records_total(self.max_records_total)
     }
 
     /// The store URL, with the default SQLite file when none was given.

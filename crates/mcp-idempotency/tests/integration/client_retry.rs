@@ -111,7 +111,8 @@ struct Server {
 
 impl Server {
     fn with_idempotency() -> Arc<Self> {
-        let config = EngineConfig::default().in_progress_retry_after(Duration::from_millis(50));
+        let config =
+            EngineConfig::default().with_in_progress_retry_after(Duration::from_millis(50));
         Self::new(Some(Deduplicator::new(
             config,
             Arc::new(MemoryStore::new()),

@@ -118,7 +118,7 @@ async fn failing_take_over_fails_closed() {
     flaky.fail_take_over.store(true, Ordering::SeqCst);
     let d = dedup(
         &store,
-        EngineConfig::default().after_crash(AfterCrash::Reexecute),
+        EngineConfig::default().with_after_crash(AfterCrash::Reexecute),
     );
     reject(
         decide(&d, &scope(), TOOL, ARGS, "k").await,

@@ -52,8 +52,9 @@ async fn release_lets_a_retry_execute(store: Arc<dyn Store>) {
 /// took over, retries replay it.
 async fn after_crash_reject(store: Arc<dyn Store>) {
     let clock = Arc::new(ManualClock::new(Timestamp::now()));
-    let d = dedup(&store, EngineConfig::default().lease(SHORT_LEASE)).with_clock(clock.clone());
-    assert_eq!(d.engine().config().after_crash_policy(), AfterCrash::Reject);
+    let d =
+        dedup(&store, EngineConfig::default().with_lease(SHORT_LEASE)).with_clock(clock.clone());
+    assert_eq!(d.engine().config().after_crash(), AfterCrash::Reject);
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "order-6").await);
     reject(
         decide(&d, &scope(), TOOL, ARGS, "order-6").await,
@@ -89,8 +90,8 @@ async fn after_crash_reject(store: Arc<dyn Store>) {
 /// the old owner is fenced off and its late outcome is never recorded.
 async fn after_crash_reexecute(store: Arc<dyn Store>) {
     let config = EngineConfig::default()
-        .lease(SHORT_LEASE)
-        .after_crash(AfterCrash::Reexecute);
+        .with_lease(SHORT_LEASE)
+        .with_after_crash(AfterCrash::Reexecute);
     let clock = Arc::new(ManualClock::new(Timestamp::now()));
     let d = dedup(&store, config).with_clock(clock.clone());
     let mut dead = execute(decide(&d, &scope(), TOOL, ARGS, "order-7").await);
@@ -138,8 +139,8 @@ async fn after_crash_reexecute(store: Arc<dyn Store>) {
 async fn renewal_keeps_the_claim_alive(store: Arc<dyn Store>) {
     let lease = Duration::from_millis(400);
     let config = EngineConfig::default()
-        .lease(lease)
-        .after_crash(AfterCrash::Reexecute);
+        .with_lease(lease)
+        .with_after_crash(AfterCrash::Reexecute);
     let clock = Arc::new(ManualClock::new(Timestamp::now()));
     let d = dedup(&store, config).with_clock(clock.clone());
     let mut claim = execute(decide(&d, &scope(), TOOL, ARGS, "order-8").await);
@@ -176,7 +177,7 @@ async fn renewal_keeps_the_claim_alive(store: Arc<dyn Store>) {
 /// A retention window shorter than the lease must not let a record expire while its call is
 /// still running (which would let a duplicate execute).
 async fn short_retention_does_not_expire_a_running_call(store: Arc<dyn Store>) {
-    let config = EngineConfig::default().retention(Duration::from_millis(20));
+    let config = EngineConfig::default().with_retention(Duration::from_millis(20));
     let clock = Arc::new(ManualClock::new(Timestamp::now()));
     let d = dedup(&store, config).with_clock(clock.clone());
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "quick").await);

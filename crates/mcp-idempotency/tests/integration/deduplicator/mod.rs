@@ -79,7 +79,7 @@ async fn record(store: &Arc<dyn Store>, scope: &Scope, key: &str) -> Option<Reco
 /// process had died mid-call. Returns the dead owner's token.
 async fn claim_dead(store: &Arc<dyn Store>, scope: &Scope, key: &str) -> FencingToken {
     let engine =
-        mcp_idempotency::Engine::new(EngineConfig::default().lease(Duration::from_secs(1)));
+        mcp_idempotency::Engine::new(EngineConfig::default().with_lease(Duration::from_secs(1)));
     let key = json!(key);
     let call = ToolCall {
         tool_name: TOOL,

@@ -106,7 +106,7 @@ async fn conflict(store: Arc<dyn Store>) {
 
 /// A duplicate of a running call is refused at once with a retry hint, however often it comes.
 async fn in_progress_duplicate_is_answered_immediately(store: Arc<dyn Store>) {
-    let config = EngineConfig::default().in_progress_retry_after(Duration::from_millis(200));
+    let config = EngineConfig::default().with_in_progress_retry_after(Duration::from_millis(200));
     let d = dedup(&store, config);
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "order-4").await);
     for _ in 0..3 {
@@ -167,7 +167,7 @@ async fn bypass_records_nothing(store: Arc<dyn Store>) {
 
 /// Invalid keys and arguments are refused before the store is touched.
 async fn invalid_requests_record_nothing(store: Arc<dyn Store>) {
-    let d = dedup(&store, EngineConfig::default().max_argument_bytes(64));
+    let d = dedup(&store, EngineConfig::default().with_max_argument_bytes(64));
     for key in [
         json!(42),
         json!(""),
@@ -197,7 +197,7 @@ async fn invalid_requests_record_nothing(store: Arc<dyn Store>) {
 
 /// An outcome over the size limit is recorded as not retained: retries are refused, never rerun.
 async fn oversized_outcome_is_not_retained(store: Arc<dyn Store>) {
-    let d = dedup(&store, EngineConfig::default().max_outcome_bytes(16));
+    let d = dedup(&store, EngineConfig::default().with_max_outcome_bytes(16));
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "big").await);
     let big = r#"{"content":[{"type":"text","text":"far too long"}]}"#;
     assert_eq!(

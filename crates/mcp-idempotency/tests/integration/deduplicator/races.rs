@@ -68,7 +68,7 @@ async fn racing_take_over_executes_once(store: Arc<dyn Store>) {
     let dead = claim_dead(&store, &scope(), "dead-key").await;
     let d = dedup(
         &store,
-        EngineConfig::default().after_crash(AfterCrash::Reexecute),
+        EngineConfig::default().with_after_crash(AfterCrash::Reexecute),
     );
     let mut claims = Vec::new();
     for decision in race(&d, &scope(), ARGS, "dead-key", RACERS).await {

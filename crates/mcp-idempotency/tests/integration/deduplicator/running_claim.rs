@@ -36,7 +36,7 @@ async fn a_running_claim_renews_its_own_lease_until_finished() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let clock = Arc::new(ManualClock::new(Timestamp::now()));
     let lease = Duration::from_secs(30);
-    let d = dedup(&store, EngineConfig::default().lease(lease)).with_clock(clock.clone());
+    let d = dedup(&store, EngineConfig::default().with_lease(lease)).with_clock(clock.clone());
     let start = clock.now();
     let running = begin(&d, "k-renewed").await;
     assert_eq!(

@@ -63,7 +63,10 @@ async fn scopes_are_isolated(store: Arc<dyn Store>) {
 
 /// The per-scope quota refuses new keys (not retries of existing ones), per scope.
 async fn quota_per_scope(store: Arc<dyn Store>) {
-    let d = dedup(&store, EngineConfig::default().max_records_per_scope(2));
+    let d = dedup(
+        &store,
+        EngineConfig::default().with_max_records_per_scope(2),
+    );
     let k1 = execute(decide(&d, &scope(), TOOL, ARGS, "k1").await);
     let k2 = execute(decide(&d, &scope(), TOOL, ARGS, "k2").await);
     let rejection = reject(
@@ -99,7 +102,7 @@ async fn quota_per_scope(store: Arc<dyn Store>) {
 
 /// The store-wide quota refuses new keys from any principal.
 async fn quota_total(store: Arc<dyn Store>) {
-    let d = dedup(&store, EngineConfig::default().max_records_total(3));
+    let d = dedup(&store, EngineConfig::default().with_max_records_total(3));
     for principal in ["p1", "p2", "p3"] {
         execute(decide(&d, &Scope::new("ns", principal), TOOL, ARGS, "k").await);
     }

@@ -20,10 +20,10 @@ fn completed(outcome: Outcome) -> RecordState {
 #[test]
 fn begin_prepares_the_claim_from_the_config() {
     let config = EngineConfig::default()
-        .lease(Duration::from_secs(10))
-        .retention(Duration::from_secs(600))
-        .max_records_per_scope(7)
-        .max_records_total(70);
+        .with_lease(Duration::from_secs(10))
+        .with_retention(Duration::from_secs(600))
+        .with_max_records_per_scope(7)
+        .with_max_records_total(70);
     let engine = Engine::new(config);
     let owner = FencingToken::from_u64(0xfeed);
     let req = default_request(&engine, owner);
@@ -63,9 +63,9 @@ fn an_in_progress_record_outlives_its_lease_even_with_a_shorter_retention() {
     // duplicate of the still-running call could claim the key anew and execute a second time.
     let engine = Engine::new(
         EngineConfig::default()
-            .lease(Duration::from_secs(30))
-            .retention(Duration::from_secs(5))
-            .after_crash(AfterCrash::Reexecute),
+            .with_lease(Duration::from_secs(30))
+            .with_retention(Duration::from_secs(5))
+            .with_after_crash(AfterCrash::Reexecute),
     );
     let req = default_request(&engine, FencingToken::random());
     assert_eq!(req.lease_expires_at, at(T0 + 30_000));
@@ -101,12 +101,12 @@ fn defaults_match_the_documented_values() {
         EngineConfig::DEFAULT_RETENTION,
         Duration::from_secs(24 * 3600)
     );
-    assert_eq!(engine.config().after_crash_policy(), AfterCrash::Reject);
+    assert_eq!(engine.config().after_crash(), AfterCrash::Reject);
 }
 
 #[test]
 fn claimed_executes_with_the_right_claim() {
-    let engine = Engine::new(EngineConfig::default().lease(Duration::from_millis(12_345)));
+    let engine = Engine::new(EngineConfig::default().with_lease(Duration::from_millis(12_345)));
     let owner = FencingToken::random();
     let req = default_request(&engine, owner);
     let id = req.id.clone();
@@ -122,8 +122,8 @@ fn claimed_executes_with_the_right_claim() {
 fn timestamps_saturate_at_the_far_future() {
     let engine = Engine::new(
         EngineConfig::default()
-            .lease(Duration::MAX)
-            .retention(Duration::MAX),
+            .with_lease(Duration::MAX)
+            .with_retention(Duration::MAX),
     );
     let req = claim_request(
         &engine,
@@ -178,7 +178,7 @@ fn completed_error_replays_the_error_byte_for_byte() {
 #[test]
 fn completed_records_replay_under_either_after_crash_policy() {
     for policy in [AfterCrash::Reject, AfterCrash::Reexecute] {
-        let engine = Engine::new(EngineConfig::default().after_crash(policy));
+        let engine = Engine::new(EngineConfig::default().with_after_crash(policy));
         let req = default_request(&engine, FencingToken::random());
         let existing = record(
             &req,
@@ -281,7 +281,7 @@ fn unknown_outcome_is_refused_not_rerun() {
 #[test]
 fn different_tool_or_arguments_conflict_whatever_the_record_state() {
     for policy in [AfterCrash::Reject, AfterCrash::Reexecute] {
-        let engine = Engine::new(EngineConfig::default().after_crash(policy));
+        let engine = Engine::new(EngineConfig::default().with_after_crash(policy));
         let dead_owner = FencingToken::random();
         let states = [
             in_progress(dead_owner, T0 + 10_000), // live lease

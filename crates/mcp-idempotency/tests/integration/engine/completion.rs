@@ -22,8 +22,8 @@ fn claim_at(engine: &Engine, now: u64) -> Claim {
 fn completion_keeps_outcomes_within_the_limit() {
     let engine = Engine::new(
         EngineConfig::default()
-            .max_outcome_bytes(16)
-            .retention(Duration::from_secs(60)),
+            .with_max_outcome_bytes(16)
+            .with_retention(Duration::from_secs(60)),
     );
     let claim = claim_at(&engine, T0);
     let exactly = "[0,1,2,3,4,5,67]"; // 16 bytes
@@ -46,7 +46,7 @@ fn completion_keeps_outcomes_within_the_limit() {
 
 #[test]
 fn completion_drops_outcomes_over_the_limit() {
-    let engine = Engine::new(EngineConfig::default().max_outcome_bytes(16));
+    let engine = Engine::new(EngineConfig::default().with_max_outcome_bytes(16));
     let claim = claim_at(&engine, T0);
     let big = "[0,1,2,3,4,5,678]"; // 17 bytes
     for outcome in [Outcome::Success(big.into()), Outcome::Error(big.into())] {
@@ -64,7 +64,7 @@ fn completion_drops_outcomes_over_the_limit() {
 
 #[test]
 fn completion_passes_through_outcomes_without_a_body() {
-    let engine = Engine::new(EngineConfig::default().max_outcome_bytes(1));
+    let engine = Engine::new(EngineConfig::default().with_max_outcome_bytes(1));
     let claim = claim_at(&engine, T0);
     for outcome in [
         Outcome::NotRetained { size: 5 },
@@ -99,7 +99,7 @@ fn default_outcome_limit_is_one_mebibyte() {
 
 #[test]
 fn renewal_is_due_once_a_third_of_the_lease_has_passed() {
-    let engine = Engine::new(EngineConfig::default().lease(Duration::from_secs(30)));
+    let engine = Engine::new(EngineConfig::default().with_lease(Duration::from_secs(30)));
     let mut claim = claim_at(&engine, T0);
     assert_eq!(claim.lease_expires_at(), at(T0 + 30_000));
     assert_eq!(engine.renewal_due(&claim), at(T0 + 10_000));
@@ -118,27 +118,27 @@ fn renewal_is_due_once_a_third_of_the_lease_has_passed() {
 #[test]
 fn renewal_arithmetic_with_odd_and_extreme_leases() {
     // 31 s: a third is 10.333… s, so renewal is due 10 334 ms in (31 000 − 20 666).
-    let engine = Engine::new(EngineConfig::default().lease(Duration::from_millis(31_000)));
+    let engine = Engine::new(EngineConfig::default().with_lease(Duration::from_millis(31_000)));
     let claim = claim_at(&engine, T0);
     assert_eq!(engine.renewal_due(&claim), at(T0 + 10_334));
     assert!(engine.renewal_due(&claim) > at(T0));
     assert!(engine.renewal_due(&claim) < claim.lease_expires_at());
 
     // A zero lease is due at once.
-    let engine = Engine::new(EngineConfig::default().lease(Duration::ZERO));
+    let engine = Engine::new(EngineConfig::default().with_lease(Duration::ZERO));
     let mut claim = claim_at(&engine, T0);
     assert_eq!(engine.renewal_due(&claim), at(T0));
     assert_eq!(engine.renew(&mut claim, at(T0 + 5)), at(T0 + 5));
 
     // Enormous leases saturate instead of overflowing.
-    let engine = Engine::new(EngineConfig::default().lease(Duration::MAX));
+    let engine = Engine::new(EngineConfig::default().with_lease(Duration::MAX));
     let mut claim = claim_at(&engine, 0);
     assert_eq!(claim.lease_expires_at(), at(u64::MAX));
     let _ = engine.renewal_due(&claim);
     assert_eq!(engine.renew(&mut claim, at(T0)), at(u64::MAX));
 
     // A claim made at time 0 cannot be due before time 0.
-    let engine = Engine::new(EngineConfig::default().lease(Duration::from_secs(3)));
+    let engine = Engine::new(EngineConfig::default().with_lease(Duration::from_secs(3)));
     let claim = claim_at(&engine, 0);
     assert_eq!(engine.renewal_due(&claim), at(1_000));
 }

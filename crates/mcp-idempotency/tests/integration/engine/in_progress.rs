@@ -11,8 +11,8 @@ fn live_lease_is_in_progress_with_the_configured_retry_hint() {
     for policy in [AfterCrash::Reject, AfterCrash::Reexecute] {
         let engine = Engine::new(
             EngineConfig::default()
-                .after_crash(policy)
-                .in_progress_retry_after(Duration::from_millis(250)),
+                .with_after_crash(policy)
+                .with_in_progress_retry_after(Duration::from_millis(250)),
         );
         // Any lease deadline strictly after now is live, even by one millisecond.
         for lease in [T0 + 1, T0 + 30_000, u64::MAX] {
@@ -54,7 +54,7 @@ fn default_in_progress_retry_hint_is_one_second() {
 
 #[test]
 fn dead_lease_with_reject_policy_is_outcome_unknown() {
-    let engine = Engine::new(EngineConfig::default().after_crash(AfterCrash::Reject));
+    let engine = Engine::new(EngineConfig::default().with_after_crash(AfterCrash::Reject));
     // A lease deadline equal to now has run out.
     for lease in [T0, T0 - 1, 0] {
         let req = default_request(&engine, FencingToken::random());
@@ -199,7 +199,7 @@ fn store_errors() -> Vec<StoreError> {
 #[test]
 fn store_error_on_claim_fails_closed() {
     for policy in [AfterCrash::Reject, AfterCrash::Reexecute] {
-        let engine = Engine::new(EngineConfig::default().after_crash(policy));
+        let engine = Engine::new(EngineConfig::default().with_after_crash(policy));
         for err in store_errors() {
             let req = default_request(&engine, FencingToken::random());
             let step = engine.on_claim(req, Err(err));

@@ -21,7 +21,7 @@ fn no_key_bypasses() {
 #[test]
 fn no_key_bypasses_without_looking_at_the_arguments() {
     // Without a key nothing is fingerprinted or size-checked: the server's own validation applies.
-    let engine = Engine::new(EngineConfig::default().max_argument_bytes(4));
+    let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(4));
     for args in [
         Some("{not json"),
         Some(r#"{"long": "enough to be too large"}"#),
@@ -39,7 +39,7 @@ fn no_key_bypasses_without_looking_at_the_arguments() {
 
 #[test]
 fn mrtr_continuation_bypasses_even_with_an_invalid_key() {
-    let engine = Engine::new(EngineConfig::default().max_argument_bytes(4));
+    let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(4));
     let keys = [
         json!(KEY),
         json!(42),
@@ -149,7 +149,7 @@ fn key_length_limit_defaults_to_255_bytes() {
 
 #[test]
 fn key_length_limit_is_configurable() {
-    let small = Engine::new(EngineConfig::default().max_key_bytes(8));
+    let small = Engine::new(EngineConfig::default().with_max_key_bytes(8));
     assert!(matches!(
         begin_with_key(&small, &json!("12345678")),
         Step::TryClaim(_)
@@ -158,7 +158,7 @@ fn key_length_limit_is_configurable() {
     check_error(&rejection, RejectionKind::KeyInvalid, INVALID_PARAMS, None);
     message_mentions(&rejection, &["9", "8"]);
 
-    let large = Engine::new(EngineConfig::default().max_key_bytes(1000));
+    let large = Engine::new(EngineConfig::default().with_max_key_bytes(1000));
     let req = match begin_with_key(&large, &json!("k".repeat(1000))) {
         Step::TryClaim(req) => req,
         other => panic!("a 1000-byte key is within a 1000-byte limit: {other:?}"),
@@ -202,7 +202,7 @@ fn control_characters_make_a_key_invalid() {
 
 #[test]
 fn key_is_checked_before_the_arguments() {
-    let engine = Engine::new(EngineConfig::default().max_argument_bytes(2));
+    let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(2));
     let step = engine.begin(
         &scope(),
         &call(TOOL, Some("{malformed and large"), Some(&json!(7))),
@@ -221,7 +221,7 @@ fn arguments_over_the_configured_limit_are_too_large() {
     assert_eq!(args.len(), 18);
     let key = json!(KEY);
 
-    let at_limit = Engine::new(EngineConfig::default().max_argument_bytes(18));
+    let at_limit = Engine::new(EngineConfig::default().with_max_argument_bytes(18));
     assert!(matches!(
         at_limit.begin(
             &scope(),
@@ -232,7 +232,7 @@ fn arguments_over_the_configured_limit_are_too_large() {
         Step::TryClaim(_)
     ));
 
-    let engine = Engine::new(EngineConfig::default().max_argument_bytes(17));
+    let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(17));
     let rejection = rejected(engine.begin(
         &scope(),
         &call(TOOL, Some(args), Some(&key)),
@@ -249,7 +249,7 @@ fn arguments_over_the_configured_limit_are_too_large() {
     message_mentions(&rejection, &["18", "17"]);
 
     // Absent arguments are zero bytes.
-    let zero = Engine::new(EngineConfig::default().max_argument_bytes(0));
+    let zero = Engine::new(EngineConfig::default().with_max_argument_bytes(0));
     assert!(matches!(
         zero.begin(
             &scope(),
@@ -264,7 +264,7 @@ fn arguments_over_the_configured_limit_are_too_large() {
 #[test]
 fn size_is_checked_before_parsing() {
     // A huge malformed payload is refused for its size, without being parsed.
-    let engine = Engine::new(EngineConfig::default().max_argument_bytes(64));
+    let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(64));
     let args = format!("{{\"a\": {}", "[".repeat(1000));
     let key = json!(KEY);
     let rejection = rejected(engine.begin(

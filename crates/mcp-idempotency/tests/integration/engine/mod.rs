@@ -177,10 +177,10 @@ fn dead_lease_take_over(engine: &Engine, caller: FencingToken) -> (FencingToken,
 fn reexecute_engine() -> Engine {
     Engine::new(
         EngineConfig::default()
-            .after_crash(AfterCrash::Reexecute)
-            .lease(Duration::from_secs(20))
-            .retention(Duration::from_secs(7200))
-            .in_progress_retry_after(Duration::from_millis(750)),
+            .with_after_crash(AfterCrash::Reexecute)
+            .with_lease(Duration::from_secs(20))
+            .with_retention(Duration::from_secs(7200))
+            .with_in_progress_retry_after(Duration::from_millis(750)),
     )
 }
 

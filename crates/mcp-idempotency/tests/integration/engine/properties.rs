@@ -156,15 +156,15 @@ fn gen_policy() -> impl Strategy<Value = EngineConfig> {
     )
         .prop_map(|(reexecute, lease, retention, retry_after, max_outcome)| {
             EngineConfig::default()
-                .after_crash(if reexecute {
+                .with_after_crash(if reexecute {
                     AfterCrash::Reexecute
                 } else {
                     AfterCrash::Reject
                 })
-                .lease(lease)
-                .retention(retention)
-                .in_progress_retry_after(retry_after)
-                .max_outcome_bytes(max_outcome)
+                .with_lease(lease)
+                .with_retention(retention)
+                .with_in_progress_retry_after(retry_after)
+                .with_max_outcome_bytes(max_outcome)
         })
 }
 
@@ -303,7 +303,7 @@ proptest! {
                 prop_assert!(false, "take-over for {answer:?}");
                 unreachable!()
             };
-            prop_assert_eq!(config.after_crash_policy(), AfterCrash::Reexecute);
+            prop_assert_eq!(config.after_crash(), AfterCrash::Reexecute);
             prop_assert!(at(resolve(*lease, now)) <= at(now), "took over a live lease");
             prop_assert_eq!(to.previous_owner, FencingToken::from_u64(*owner));
             prop_assert_eq!(to.new_owner, caller);
@@ -333,7 +333,7 @@ proptest! {
                 prop_assert_eq!(claim.owner(), caller);
                 prop_assert_eq!(
                     claim.lease_expires_at(),
-                    at(now).saturating_add(config.lease_duration())
+                    at(now).saturating_add(config.lease())
                 );
             }
             Decision::Replay(replay) => {

@@ -62,7 +62,7 @@ async fn forwarded_cancellation_records_outcome_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_is_renewed_while_a_slow_call_runs() {
     let lease = Duration::from_millis(60);
-    let (dedup, store) = memory_dedup(EngineConfig::default().lease(lease));
+    let (dedup, store) = memory_dedup(EngineConfig::default().with_lease(lease));
     let (mut client, mut server, run) = start(dedup, InterceptorConfig::default());
 
     client.send(&call(1, "k-slow", json!({}))).await;
