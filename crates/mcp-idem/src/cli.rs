@@ -56,7 +56,8 @@ pub(crate) enum Command {
     Check(CheckArgs),
     /// Look into a record store: list records (by scope, key, state, age), show one with its
     /// stored outcome, count them, purge expired ones, or delete one so that its key runs again:
-    /// `mcp-idem inspect --store URL (list|show KEY|stats|purge|delete KEY) [--json]`.
+    /// `mcp-idem inspect --store URL [list|show KEY|stats|purge|delete KEY] [--json]` (without a
+    /// subcommand, it lists).
     Inspect(InspectArgs),
     /// Print the configuration `wrap` or `proxy` would run with, and where each value came from
     /// (command line, environment, config file, default): `mcp-idem config-check proxy --config

@@ -1,6 +1,15 @@
-//! The proxy's client side: forwards each request to the upstream MCP server over HTTP/1.1.
+//! The proxy's client side: forwards each request to the upstream MCP server over HTTP/1.1,
+//! `http://` or `https://`, with the library's one HTTP client
+//! ([`mcp_idempotency::http_client`]: rustls, the system's roots plus `--upstream-ca-cert`).
+//!
+//! The upstream is named by its MCP endpoint URL, as MCP clients name a server
+//! (`http://127.0.0.1:8000/mcp`). The proxy's own endpoint is `/mcp`: a request for `/mcp` goes to
+//! the upstream's endpoint path; a request for any other path (the upstream's endpoint path
+//! itself, OAuth metadata under `/.well-known/`) goes to that path on the upstream's origin. A URL
+//! without a path (`http://127.0.0.1:8000`) sends every path as it is.
 
 use std::future::Future;
+use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -9,33 +18,37 @@ use http::header::{HeaderName, HeaderValue, CONNECTION, HOST};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use mcp_idempotency::http::{BoxError, ResponseBody};
+use mcp_idempotency::http_client::{error_causes, https_client, HttpsClient, TlsSetupError};
 use mcp_idempotency::jsonrpc::INTERNAL_ERROR;
 
 use crate::http_answer::json_rpc_error;
 
-/// Where requests go: scheme, authority and an optional path prefix.
+/// The path clients use for the proxy's MCP endpoint.
+const PROXY_ENDPOINT: &str = "/mcp";
+
+/// Where requests go: the upstream's origin and its MCP endpoint path.
 #[derive(Clone, Debug)]
 pub(crate) struct UpstreamUrl {
     scheme: Scheme,
     authority: Authority,
-    /// Path prefix without a trailing slash ("" for none).
-    base_path: String,
+    /// The endpoint's path as given, or `None` for a URL without a path (or with `/` alone).
+    endpoint: Option<String>,
 }
 
 impl UpstreamUrl {
-    /// Parses `http://HOST:PORT[/prefix]`. Only plain HTTP: TLS is for the front proxy.
+    /// Parses `http[s]://HOST[:PORT][/endpoint]`.
     pub(crate) fn parse(url: &str) -> anyhow::Result<Self> {
         let uri: Uri = url
             .parse()
             .map_err(|err| anyhow::anyhow!("invalid upstream URL {url:?}: {err}"))?;
-        let scheme = uri.scheme().cloned();
-        if scheme.as_ref() != Some(&Scheme::HTTP) {
-            anyhow::bail!("invalid upstream URL {url:?}: expected http://HOST:PORT[/path]");
-        }
+        let scheme = match uri.scheme() {
+            Some(scheme) if *scheme == Scheme::HTTP || *scheme == Scheme::HTTPS => scheme.clone(),
+            _ => anyhow::bail!(
+                "invalid upstream URL {url:?}: expected the server's endpoint, \
+                 http[s]://HOST[:PORT][/path], e.g. http://127.0.0.1:8000/mcp"
+            ),
+        };
         let authority = uri
             .authority()
             .cloned()
@@ -43,32 +56,50 @@ impl UpstreamUrl {
         if uri.query().is_some() {
             anyhow::bail!("invalid upstream URL {url:?}: a query string is not supported");
         }
+        let endpoint = Some(uri.path()).filter(|path| !path.is_empty() && *path != "/");
         Ok(Self {
-            scheme: Scheme::HTTP,
+            scheme,
             authority,
-            base_path: uri.path().trim_end_matches('/').to_owned(),
+            endpoint: endpoint.map(str::to_owned),
         })
     }
 
+    /// The upstream URL for a request to the proxy for `path_and_query`.
     fn target(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
-        let tail = path_and_query.map_or("/", PathAndQuery::as_str);
+        let path = path_and_query.map_or("/", PathAndQuery::path);
+        let target = match (&self.endpoint, path_and_query.and_then(PathAndQuery::query)) {
+            (Some(endpoint), query) if path == PROXY_ENDPOINT => match query {
+                Some(query) => format!("{endpoint}?{query}"),
+                None => endpoint.clone(),
+            },
+            _ => path_and_query.map_or("/", PathAndQuery::as_str).to_owned(),
+        };
         Uri::builder()
             .scheme(self.scheme.clone())
             .authority(self.authority.clone())
-            .path_and_query(format!("{}{tail}", self.base_path))
+            .path_and_query(target)
             .build()
     }
 }
 
 impl std::fmt::Display for UpstreamUrl {
+    /// The URL without a trailing slash: namespaces derived from it stay those of earlier
+    /// versions.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+        let path = self.endpoint.as_deref().unwrap_or("");
+        write!(
+            f,
+            "{}://{}{}",
+            self.scheme,
+            self.authority,
+            path.trim_end_matches('/')
+        )
     }
 }
 
-/// A connection failure: the request never reached the upstream.
+/// A connection failure (TCP or TLS): the request never reached the upstream.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot connect to {upstream}: {source}")]
+#[error("cannot connect to {upstream}: {}", error_causes(.source))]
 pub(crate) struct Unreachable {
     upstream: String,
     #[source]
@@ -79,19 +110,17 @@ pub(crate) struct Unreachable {
 /// to, so the request certainly did not run; any later failure is answered `502 Bad Gateway`.
 #[derive(Clone, Debug)]
 pub(crate) struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpsClient,
     url: UpstreamUrl,
 }
 
 impl Upstream {
-    pub(crate) fn new(url: UpstreamUrl) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(std::time::Duration::from_secs(5)));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .build(connector);
-        Self { client, url }
+    /// An upstream at `url`, trusting the system's CA roots and those in `ca_file`, if given.
+    pub(crate) fn new(url: UpstreamUrl, ca_file: Option<&Path>) -> Result<Self, TlsSetupError> {
+        Ok(Self {
+            client: https_client(ca_file)?,
+            url,
+        })
     }
 }
 
@@ -163,8 +192,9 @@ impl tower::Service<Request<Full<Bytes>>> for Upstream {
                     source: err,
                 }),
                 Err(err) => {
-                    tracing::warn!(error = %err, "upstream request failed after it was sent");
-                    Ok(bad_gateway(&format!("the upstream failed: {err}")))
+                    let causes = error_causes(&err);
+                    tracing::warn!(error = %causes, "upstream request failed after it was sent");
+                    Ok(bad_gateway(&format!("the upstream failed: {causes}")))
                 }
             }
         })
@@ -180,28 +210,68 @@ pub(crate) fn bad_gateway(message: &str) -> Response<ResponseBody> {
 mod tests {
     use super::*;
 
+    fn target(upstream: &str, request: &str) -> String {
+        let url = UpstreamUrl::parse(upstream).unwrap();
+        let pq: PathAndQuery = request.parse().unwrap();
+        url.target(Some(&pq)).unwrap().to_string()
+    }
+
     #[test]
-    fn targets_keep_the_path_under_the_base() {
-        let url = UpstreamUrl::parse("http://127.0.0.1:8000/base/").unwrap();
-        let pq: PathAndQuery = "/mcp?x=1".parse().unwrap();
+    fn the_proxy_endpoint_goes_to_the_upstream_endpoint() {
+        let up = "http://127.0.0.1:8000/mcp";
+        assert_eq!(target(up, "/mcp"), "http://127.0.0.1:8000/mcp");
+        assert_eq!(target(up, "/mcp?x=1"), "http://127.0.0.1:8000/mcp?x=1");
+        let up = "https://api.example.com/v1/tools/mcp/";
+        assert_eq!(target(up, "/mcp"), "https://api.example.com/v1/tools/mcp/");
+        // The upstream's own endpoint path reaches it too.
         assert_eq!(
-            url.target(Some(&pq)).unwrap().to_string(),
-            "http://127.0.0.1:8000/base/mcp?x=1"
+            target(up, "/v1/tools/mcp/"),
+            "https://api.example.com/v1/tools/mcp/"
         );
-        let url = UpstreamUrl::parse("http://127.0.0.1:8000").unwrap();
+    }
+
+    #[test]
+    fn other_paths_go_to_the_upstream_origin_as_they_are() {
+        let up = "http://127.0.0.1:8000/api/mcp";
         assert_eq!(
-            url.target(Some(&pq)).unwrap().to_string(),
-            "http://127.0.0.1:8000/mcp?x=1"
+            target(up, "/.well-known/oauth-protected-resource/api/mcp"),
+            "http://127.0.0.1:8000/.well-known/oauth-protected-resource/api/mcp"
         );
+        assert_eq!(target(up, "/mcp/x"), "http://127.0.0.1:8000/mcp/x");
+        assert_eq!(target(up, "/"), "http://127.0.0.1:8000/");
+    }
+
+    #[test]
+    fn a_url_without_a_path_sends_every_path_as_it_is() {
+        for up in ["http://127.0.0.1:8000", "http://127.0.0.1:8000/"] {
+            assert_eq!(target(up, "/mcp?x=1"), "http://127.0.0.1:8000/mcp?x=1");
+            assert_eq!(
+                target(up, "/.well-known/x"),
+                "http://127.0.0.1:8000/.well-known/x"
+            );
+        }
+    }
+
+    #[test]
+    fn the_displayed_url_keeps_earlier_namespaces() {
+        for (url, shown) in [
+            ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+            ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+            ("http://127.0.0.1:8000/mcp/", "http://127.0.0.1:8000/mcp"),
+            ("https://h/mcp", "https://h/mcp"),
+        ] {
+            assert_eq!(UpstreamUrl::parse(url).unwrap().to_string(), shown);
+        }
     }
 
     #[test]
     fn bad_upstream_urls_are_refused() {
         for url in [
-            "https://x:1",
+            "ftp://x:1",
             "127.0.0.1:8000",
             "http://x/p?q=1",
             "nonsense",
+            "/mcp",
         ] {
             assert!(UpstreamUrl::parse(url).is_err(), "{url}");
         }

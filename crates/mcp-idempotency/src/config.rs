@@ -89,6 +89,12 @@ impl EngineConfig {
     pub const DEFAULT_MAX_RECORDS_PER_SCOPE: u64 = 10_000;
     /// Default number of live records a store may hold.
     pub const DEFAULT_MAX_RECORDS_TOTAL: u64 = 100_000;
+    /// Default `retryAfterMs` of `idempotency_key_in_progress`
+    /// ([`EngineConfig::in_progress_retry_after`]).
+    pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
+    /// Shortest `retryAfterMs` of `idempotency_key_in_progress`, whatever the configuration and
+    /// the lease left: a client that retries exactly when told never spins.
+    pub const MIN_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_millis(100);
 }
 
 impl Default for EngineConfig {
@@ -97,7 +103,7 @@ impl Default for EngineConfig {
             retention: Self::DEFAULT_RETENTION,
             lease: Self::DEFAULT_LEASE,
             after_crash: AfterCrash::Reject,
-            in_progress_retry_after: Duration::from_secs(1),
+            in_progress_retry_after: Self::DEFAULT_IN_PROGRESS_RETRY_AFTER,
             max_key_bytes: DEFAULT_MAX_KEY_BYTES,
             max_argument_bytes: Self::DEFAULT_MAX_ARGUMENT_BYTES,
             max_outcome_bytes: Self::DEFAULT_MAX_OUTCOME_BYTES,
@@ -128,7 +134,11 @@ impl EngineConfig {
         self
     }
 
-    /// The `retryAfterMs` hint sent with `idempotency_key_in_progress`.
+    /// The `retryAfterMs` hint sent with `idempotency_key_in_progress` (default
+    /// [`DEFAULT_IN_PROGRESS_RETRY_AFTER`](Self::DEFAULT_IN_PROGRESS_RETRY_AFTER), 1 s). The hint
+    /// sent is this, or the time left on the running call's lease when that is shorter (the call
+    /// renews its lease, or its owner is gone and the retry gets another answer), and never less
+    /// than [`MIN_IN_PROGRESS_RETRY_AFTER`](Self::MIN_IN_PROGRESS_RETRY_AFTER) (100 ms).
     pub fn with_in_progress_retry_after(mut self, after: Duration) -> Self {
         self.in_progress_retry_after = after;
         self

@@ -277,12 +277,7 @@ impl Engine {
             RecordState::InProgress {
                 lease_expires_at, ..
             } if lease_expires_at > req.now => reject(
-                Rejection::new(
-                    RejectionKind::KeyInProgress,
-                    "a request with this idempotencyKey is still in progress; retry later",
-                )
-                .with_key(key)
-                .with_retry_after(self.config.in_progress_retry_after),
+                self.in_progress(key, Some(lease_expires_at.saturating_since(req.now))),
             ),
             RecordState::InProgress { owner, .. } => match self.config.after_crash {
                 AfterCrash::Reject => reject(
@@ -304,6 +299,27 @@ impl Engine {
         }
     }
 
+    /// `idempotency_key_in_progress` for `key`, whose running call's lease has `lease_left` (when
+    /// known). The retry hint is the configured one, shortened to the lease left when that ends
+    /// sooner (by then the call has renewed its lease or its owner is gone, and the retry gets
+    /// another answer), and never below [`EngineConfig::MIN_IN_PROGRESS_RETRY_AFTER`].
+    fn in_progress(&self, key: &str, lease_left: Option<Duration>) -> Rejection {
+        let configured = self.config.in_progress_retry_after;
+        let after = lease_left
+            .map_or(configured, |left| configured.min(left))
+            .max(EngineConfig::MIN_IN_PROGRESS_RETRY_AFTER);
+        Rejection::new(
+            RejectionKind::KeyInProgress,
+            format!(
+                "a request with this idempotencyKey is still in progress; retry with the same key \
+                 and arguments in {} ms to get its outcome",
+                after.as_millis()
+            ),
+        )
+        .with_key(key)
+        .with_retry_after(after)
+    }
+
     /// Turns the store's answer to a take-over into the decision.
     pub fn on_take_over(&self, req: TakeOverRequest, answer: Result<Fenced, StoreError>) -> Step {
         match answer {
@@ -314,14 +330,7 @@ impl Engine {
             })),
             // Someone else took the record over or completed it first: the key is busy or done, and
             // the client's next retry will see which.
-            Ok(Fenced::NotOwner) => reject(
-                Rejection::new(
-                    RejectionKind::KeyInProgress,
-                    "a request with this idempotencyKey is still in progress; retry later",
-                )
-                .with_key(req.id.key.as_str())
-                .with_retry_after(self.config.in_progress_retry_after),
-            ),
+            Ok(Fenced::NotOwner) => reject(self.in_progress(req.id.key.as_str(), None)),
             Err(err) => reject(store_unavailable(&err, req.id.key.as_str())),
         }
     }

@@ -1,5 +1,5 @@
 //! The HTTP client for `http://` and `https://` MCP endpoints: hyper's pooled client over rustls
-//! (feature `bridge`).
+//! (feature `http-client`), used by the bridge and by `mcp-idem proxy` for its upstream.
 //!
 //! Certificates are checked against the system's roots plus, optionally, the CAs of a PEM file
 //! (`--ca-cert`, for a private CA). The crypto provider is chosen explicitly (aws-lc-rs), so the
@@ -41,6 +41,23 @@ pub enum TlsSetupError {
     /// rustls refused the configuration.
     #[error("cannot configure TLS: {0}")]
     Rustls(#[from] rustls::Error),
+}
+
+/// `error` and its sources, joined by `: `, each said once: hyper's own message alone ("client
+/// error (Connect)") does not say what happened, its causes (a refused connection, a certificate
+/// from an unknown issuer) do.
+pub fn error_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// A client trusting the system's roots and the certificates in `ca_file`, if given.

@@ -26,11 +26,15 @@
 //!   JSON-RPC, for `mcp-idem wrap` and rmcp servers on stdio) and by `http` (feature `http`: a tower
 //!   layer for rmcp's `StreamableHttpService` and `mcp-idem proxy`, with principal extraction).
 //! - `client` (feature `client`): a client on rmcp's that retries with the same key.
+//! - `bridge` (feature `bridge`): stdio to a remote Streamable HTTP server, re-issuing lost calls
+//!   with their key; `http_client` (feature `http-client`): its HTTP client over rustls, also the
+//!   upstream client of `mcp-idem proxy`.
 //!
 //! - `metrics` (feature `metrics`): counters of every decision and a store decorator that times
 //!   each operation, through the `metrics` facade.
 //!
-//! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `client`, `metrics`.
+//! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `http-client`, `client`,
+//! `bridge`, `metrics`.
 //!
 //! # Example
 //!
@@ -70,7 +74,7 @@ mod engine;
 pub mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-#[cfg(feature = "bridge")]
+#[cfg(feature = "http-client")]
 pub mod http_client;
 pub mod interceptor;
 pub mod jsonrpc;

@@ -225,7 +225,7 @@ impl Demo {
         let duplicate = self.charge(&mut client, slow_args, Some("order-2")).await?;
         let waited = sent.elapsed();
         println!(
-            "  <- {} (after {} ms)",
+            "  <- {} (answered {} ms after it was sent)",
             summary(&duplicate),
             waited.as_millis()
         );

@@ -1,4 +1,5 @@
-//! Options shared by the commands that decide calls (`wrap`, and later `proxy`).
+//! Options shared by the commands that decide calls, `wrap` and `proxy`: every help text here must
+//! hold for both (tests/integration/cli_help.rs runs `--help` of each).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,8 +16,9 @@ const PURGE_EVERY: Duration = Duration::from_secs(600);
 /// Where records live and how long, and the limits that protect the store.
 #[derive(Debug, Args)]
 pub(crate) struct EngineArgs {
-    /// Record store: `sqlite:PATH` or `memory` [default: sqlite: in the user's data directory,
-    /// e.g. ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts].
+    /// Record store: `sqlite:PATH`, `memory` (this process only), `redis://…` or `postgres://…`
+    /// (shared by many instances) [default: sqlite: in the user's data directory, e.g.
+    /// ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts].
     #[arg(long, env = "MCP_IDEM_STORE", value_name = "URL")]
     pub(crate) store: Option<String>,
 

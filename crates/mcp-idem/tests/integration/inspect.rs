@@ -1,6 +1,6 @@
 //! `mcp-idem inspect` on the store `mcp-idem wrap` filled: calls run through `wrap` around the demo
 //! payment server (executions counted in its ledger), then `inspect list/show/stats/purge/delete`
-//! read and change the same SQLite file, as tables and as JSON.
+//! (and `inspect` alone, which lists) read and change the same SQLite file, as tables and as JSON.
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
@@ -147,6 +147,16 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
     );
     assert_eq!(row("order-2", "shop")[3], "error");
     assert_eq!(row("order-1", "shop-short")[0], "expired");
+    // Without a subcommand, `inspect` lists, as `list` does.
+    let default_table = inspect(&sandbox, &[]).ok().stdout;
+    assert_eq!(default_table.lines().count(), 4, "{default_table}");
+    assert!(default_table.starts_with("STATE"), "{default_table}");
+    let default_json = inspect(&sandbox, &["--json"]).ok().json();
+    assert_eq!(
+        default_json,
+        inspect(&sandbox, &["list", "--json"]).ok().json()
+    );
+    assert_eq!(keys(&default_json).len(), 3);
 
     // JSON: every field, and the filters.
     let listed = inspect(&sandbox, &["list", "--json", "--namespace", "shop"])

@@ -18,6 +18,8 @@ mod http_support;
 #[cfg(unix)]
 mod interop_support;
 #[cfg(unix)]
+mod upstream_support;
+#[cfg(unix)]
 mod wrap_support;
 
 // One module per concern.
@@ -25,6 +27,8 @@ mod wrap_support;
 mod bad_input_http;
 #[cfg(unix)]
 mod bad_input_stdio;
+#[cfg(unix)]
+mod batches;
 mod bridge_retries;
 #[cfg(unix)]
 mod bridge_sdk_clients;
@@ -40,6 +44,7 @@ mod chaos_stdio;
 mod check;
 #[cfg(unix)]
 mod check_progress;
+mod cli_help;
 #[cfg(unix)]
 mod config_file;
 mod demo;
@@ -76,6 +81,8 @@ mod proxy_multi_instance;
 mod proxy_scope;
 #[cfg(unix)]
 mod proxy_store_outage;
+#[cfg(unix)]
+mod proxy_upstream;
 #[cfg(target_os = "linux")]
 mod store_faults;
 #[cfg(unix)]

@@ -31,12 +31,10 @@ fn a_duplicate_of_a_running_call_is_refused_at_once_then_replays() {
         "idempotency_key_in_progress",
         Some("slow-1"),
     );
-    assert!(
-        error["data"]["retryAfterMs"]
-            .as_u64()
-            .is_some_and(|ms| ms > 0),
-        "{duplicate}"
-    );
+    // The default hint: 1 s, well inside the 30 s lease; the message says it too.
+    assert_eq!(error["data"]["retryAfterMs"], 1000, "{duplicate}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("in 1000 ms"), "{message}");
     assert!(
         wrap.pending().iter().all(|message| message["id"] != 1),
         "the original has not answered yet: {:?}",
@@ -55,6 +53,31 @@ fn a_duplicate_of_a_running_call_is_refused_at_once_then_replays() {
     let retry = wrap.request(charge(3, arguments, "slow-1"));
     assert_eq!(charge_id(&retry), charged);
     assert_eq!(raw_outcome(&wrap, &json!(3)), raw_outcome(&wrap, &json!(1)));
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
+    assert_eq!(wrap.finish().code(), Some(0));
+}
+
+#[test]
+fn a_short_lease_shortens_the_retry_hint_but_never_to_zero() {
+    let sandbox = Sandbox::new();
+    // A 900 ms lease, renewed every 300 ms: the running call's lease ends within 900 ms, sooner
+    // than the 1 s default hint, so the hint is no longer than that, and never below 100 ms.
+    let mut wrap = sandbox.wrap_demo(&["--lease", "900ms"]);
+    let arguments = json!({"amount":51,"currency":"EUR","delay_ms":1500});
+    wrap.send(&charge(1, arguments.clone(), "short-lease"));
+    // The 1.5 s call is still running when its duplicate comes.
+    let duplicate = wrap.request(charge(2, arguments, "short-lease"));
+    let error = assert_rejected(
+        &duplicate,
+        -32602,
+        "idempotency_key_in_progress",
+        Some("short-lease"),
+    );
+    let hint = error["data"]["retryAfterMs"].as_u64().expect("a hint");
+    assert!((100..=900).contains(&hint), "{duplicate}");
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains(&format!("in {hint} ms")), "{message}");
+    charge_id(&wrap.response(&json!(1)));
     assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
     assert_eq!(wrap.finish().code(), Some(0));
 }

@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode, Uri}
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 
+use crate::http_client::error_causes as causes;
 use crate::http_client::HttpsClient;
 use crate::jsonrpc::MAX_SERVER_MESSAGE_BYTES;
 use crate::sse::EventSplitter;
@@ -38,21 +39,6 @@ pub(crate) enum SendError {
     /// The request could not be built (a header value the client gave).
     #[error("cannot build the request: {0}")]
     Build(#[from] http::Error),
-}
-
-/// `error` and its sources, joined by `: `, each said once.
-pub(crate) fn causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 impl SendError {

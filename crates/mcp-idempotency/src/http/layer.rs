@@ -58,7 +58,9 @@ pub async fn idempotent_layer(store_url: &str) -> Result<IdempotencyLayer, Store
 /// [`crate::interceptor`]) and its response, plain JSON or an SSE stream, is recorded before the
 /// client sees it. The upstream call runs in a task of its own, so a client that disconnects (how a
 /// lost response looks) does not stop it: its outcome is recorded for the retry. `initialize` and
-/// `server/discover` results get `capabilities.tools.idempotency`. Everything else passes through.
+/// `server/discover` results get `capabilities.tools.idempotency`. A JSON-RPC batch (an array) that
+/// holds a keyed `tools/call` is refused whole, answered `200` with a batch of `-32600` errors
+/// ([`BATCH_REFUSED`](crate::interceptor::BATCH_REFUSED)). Everything else passes through.
 ///
 /// Records belong to a [`Scope`]: this layer's namespace and the principal [`ScopeBy`] finds in the
 /// request's headers. A keyed call without the required credential is answered `401` before any
@@ -251,8 +253,8 @@ where
         }
         ClientAction::Forward => return pass_through(&mut inner, parts, bytes).await,
         ClientAction::Respond(response) => return Ok(json_response(StatusCode::OK, response)),
-        // Only possible for a cancellation of a call in flight on the same interceptor, and each
-        // POST has an interceptor of its own: cancellations of calls pass through.
+        // Only possible for a cancellation of a call in flight on the same interceptor (alone or
+        // in a batch), and each POST has an interceptor of its own: cancellations pass through.
         ClientAction::Absorb | ClientAction::RecordThenForward(..) => {
             return pass_through(&mut inner, parts, bytes).await
         }

@@ -20,9 +20,12 @@
 //! - `notifications/cancelled` for a claimed call is absorbed ([`CancelPolicy::Absorb`], default) so
 //!   the call finishes and its outcome is recorded; or forwarded and the call recorded as
 //!   outcome-unknown ([`CancelPolicy::Forward`]).
+//! - A JSON-RPC batch (an array, MCP 2025-03-26) holding a keyed `tools/call` is refused whole with
+//!   `-32600` errors of `data.type` [`BATCH_REFUSED`]; other batches pass through ([`batch`]).
 //! - Everything else (other methods, calls without a key, server requests and notifications, lines
 //!   that are not JSON or not JSON-RPC) passes through untouched.
 
+pub mod batch;
 pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
@@ -35,6 +38,8 @@ use crate::jsonrpc::{error_response, raw_error_response, INVALID_PARAMS, INVALID
 use crate::record::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
 use raw_object::RawObject;
+
+pub use batch::BATCH_REFUSED;
 
 /// The `params._meta` member that carries the key to the server on executed calls.
 pub const META_KEY: &str = "mcp-idem/idempotencyKey";
@@ -149,7 +154,8 @@ pub enum ClientAction<C = Claim> {
     Decide(KeyedCall),
     /// Drop the message.
     Absorb,
-    /// Send this message (a response) back to the client; nothing goes to the server.
+    /// Send this message (a response, or a batch of responses) back to the client; nothing goes to
+    /// the server.
     Respond(String),
     /// Record `outcome` for `claim`, then send the original message to the server.
     RecordThenForward(C, Outcome),
@@ -244,7 +250,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// Classifies a message from the client.
     pub fn on_client_message(&mut self, message: &str) -> ClientAction<C> {
         let Some(envelope) = RawObject::parse(message) else {
-            return ClientAction::Forward;
+            return match batch::elements(message) {
+                Some(elements) => self.on_client_batch(&elements),
+                None => ClientAction::Forward,
+            };
         };
         let id = envelope.get("id").and_then(RequestId::from_raw);
         let method = envelope.get_str("method");
@@ -421,6 +430,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// Classifies a message from the server.
     pub fn on_server_message(&mut self, message: &str) -> ServerAction<C> {
         let Some(envelope) = RawObject::parse(message) else {
+            if let Some(elements) = batch::elements(message) {
+                self.on_server_batch(&elements);
+            }
             return ServerAction::Forward;
         };
         if envelope.contains("method") {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, FromArgMatches, Subcommand, ValueEnum};
 use mcp_idempotency::store::{self, ListFilter, StateFilter, Store, StoreUrl};
 use mcp_idempotency::{Record, RecordState, Timestamp};
 
@@ -42,13 +42,15 @@ pub(crate) struct InspectArgs {
     #[arg(long, global = true)]
     json: bool,
 
+    /// What to do; without one, `list` with its defaults.
     #[command(subcommand)]
-    command: InspectCommand,
+    command: Option<InspectCommand>,
 }
 
 #[derive(Debug, Subcommand)]
 enum InspectCommand {
-    /// List records, latest expiry first (expired ones too, until purged).
+    /// List records, latest expiry first (expired ones too, until purged). The default: `inspect`
+    /// without a subcommand lists, as `inspect list` does.
     List(ListArgs),
     /// Show one record: its state, fingerprint, owner and lease, times, and stored outcome.
     Show(RecordArgs),
@@ -88,10 +90,19 @@ struct ListArgs {
     limit: usize,
 }
 
+impl ListArgs {
+    /// `list` without options, with the defaults its options declare.
+    fn defaults() -> Result<Self, clap::Error> {
+        let command = Self::augment_args(clap::Command::new("list"));
+        Self::from_arg_matches(&command.try_get_matches_from(["list"])?)
+    }
+}
+
 /// The scope options of `list`, `show` and `delete`.
 #[derive(Debug, Args)]
 struct ScopeFilter {
-    /// Only records of this namespace (`wrap` derives one from the command line unless told).
+    /// Only records of this namespace (`wrap` derives one from the server's command line, `proxy`
+    /// from the upstream URL, unless given `--namespace`).
     #[arg(long)]
     namespace: Option<String>,
 
@@ -142,7 +153,7 @@ impl From<StateArg> for StateFilter {
 
 impl InspectArgs {
     pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
-        if let InspectCommand::Delete(DeleteArgs { yes: false, .. }) = &self.command {
+        if let Some(InspectCommand::Delete(DeleteArgs { yes: false, .. })) = &self.command {
             if !std::io::stdin().is_terminal() {
                 bail!("refusing to delete without --yes: stdin is not a terminal to confirm on");
             }
@@ -159,7 +170,11 @@ impl InspectArgs {
         let store = open_existing(&url).await?;
         let now = Timestamp::now();
         let out = Output { json: self.json };
-        match self.command {
+        let command = match self.command {
+            Some(command) => command,
+            None => InspectCommand::List(ListArgs::defaults()?),
+        };
+        match command {
             InspectCommand::List(args) => list(&*store, &args, now, out).await,
             InspectCommand::Show(args) => show(&*store, &args, now, out).await,
             InspectCommand::Stats => {

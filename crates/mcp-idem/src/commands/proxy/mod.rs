@@ -34,9 +34,17 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "MCP_IDEM_LISTEN", value_name = "ADDR")]
     listen: SocketAddr,
 
-    /// The MCP server to forward to: http://HOST:PORT[/prefix]; request paths are appended.
+    /// The MCP server's endpoint URL, as clients name it: http[s]://HOST[:PORT][/path], e.g.
+    /// http://127.0.0.1:8000/mcp. Requests for the proxy's /mcp go to that path; other paths (the
+    /// OAuth metadata under /.well-known/, ...) go to the same path on the upstream's host. A URL
+    /// without a path sends every path as it is.
     #[arg(long, env = "MCP_IDEM_UPSTREAM", value_name = "URL")]
     upstream: String,
+
+    /// Also trust the CA certificates in this PEM file for an https:// upstream (a private CA);
+    /// the system's roots are always trusted.
+    #[arg(long, env = "MCP_IDEM_UPSTREAM_CA_CERT", value_name = "FILE")]
+    upstream_ca_cert: Option<std::path::PathBuf>,
 
     /// Namespace of this server's records [default: derived from the upstream URL, so every
     /// instance in front of the same server shares it].
@@ -106,6 +114,8 @@ impl ProxyArgs {
 
     async fn run(self) -> anyhow::Result<()> {
         let upstream_url = UpstreamUrl::parse(&self.upstream)?;
+        let upstream = Upstream::new(upstream_url.clone(), self.upstream_ca_cert.as_deref())
+            .context("cannot set up the upstream's HTTP client (--upstream-ca-cert)")?;
         let scope_by = self.scope.scope_by()?;
         let store = self.ops.start(self.engine.open_store().await?).await?;
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
@@ -129,10 +139,7 @@ impl ProxyArgs {
         } else {
             AllowedHosts::new(self.listen, &self.allowed_hosts)
         };
-        let service = GuardHosts::new(
-            AnswerErrors(layer.layer(Upstream::new(upstream_url))),
-            hosts,
-        );
+        let service = GuardHosts::new(AnswerErrors(layer.layer(upstream)), hosts);
         let router = ops::health_routes(Arc::clone(dedup.store())).fallback_service(service);
 
         let listener = tokio::net::TcpListener::bind(self.listen)

@@ -6,6 +6,17 @@ use super::*;
 // ---------------------------------------------------------------------------------------------
 // In progress and after a crash
 
+/// `idempotency_key_in_progress` for a record whose lease runs until `lease`.
+fn in_progress_rejection(engine: &Engine, lease: u64) -> Rejection {
+    let req = default_request(engine, FencingToken::random());
+    let existing = record(
+        &req,
+        req.fingerprint,
+        in_progress(FencingToken::random(), lease),
+    );
+    rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))))
+}
+
 #[test]
 fn live_lease_is_in_progress_with_the_configured_retry_hint() {
     for policy in [AfterCrash::Reject, AfterCrash::Reexecute] {
@@ -14,15 +25,8 @@ fn live_lease_is_in_progress_with_the_configured_retry_hint() {
                 .with_after_crash(policy)
                 .with_in_progress_retry_after(Duration::from_millis(250)),
         );
-        // Any lease deadline strictly after now is live, even by one millisecond.
-        for lease in [T0 + 1, T0 + 30_000, u64::MAX] {
-            let req = default_request(&engine, FencingToken::random());
-            let existing = record(
-                &req,
-                req.fingerprint,
-                in_progress(FencingToken::random(), lease),
-            );
-            let rejection = rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+        for lease in [T0 + 250, T0 + 30_000, u64::MAX] {
+            let rejection = in_progress_rejection(&engine, lease);
             let data = check_error(
                 &rejection,
                 RejectionKind::KeyInProgress,
@@ -31,24 +35,47 @@ fn live_lease_is_in_progress_with_the_configured_retry_hint() {
             );
             assert_eq!(data["retryAfterMs"], json!(250));
             assert_eq!(rejection.retry_after(), Some(Duration::from_millis(250)));
-            message_mentions(&rejection, &["in progress"]);
+            message_mentions(&rejection, &["in progress", "same key", "in 250 ms"]);
         }
     }
 }
 
 #[test]
-fn default_in_progress_retry_hint_is_one_second() {
+fn the_retry_hint_ends_with_the_lease_and_is_never_below_the_floor() {
     let engine = Engine::default();
-    let req = default_request(&engine, FencingToken::random());
-    let existing = record(
-        &req,
-        req.fingerprint,
-        in_progress(FencingToken::random(), T0 + 1),
-    );
-    let rejection = rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    // A lease that runs out before the configured second: retry when it has.
+    let rejection = in_progress_rejection(&engine, T0 + 400);
+    assert_eq!(rejection.retry_after(), Some(Duration::from_millis(400)));
+    message_mentions(&rejection, &["in 400 ms"]);
+    // Any lease deadline strictly after now is live, even by one millisecond; the hint is then
+    // the floor, never 0.
+    for lease in [T0 + 1, T0 + 99, T0 + 100] {
+        let rejection = in_progress_rejection(&engine, lease);
+        assert_eq!(
+            rejection.retry_after(),
+            Some(EngineConfig::MIN_IN_PROGRESS_RETRY_AFTER)
+        );
+        assert_eq!(
+            rejection.to_error_object()["data"]["retryAfterMs"],
+            json!(100)
+        );
+    }
+    // A configured hint of zero gets the floor too.
+    let engine = Engine::new(EngineConfig::default().with_in_progress_retry_after(Duration::ZERO));
+    let rejection = in_progress_rejection(&engine, T0 + 30_000);
+    assert_eq!(rejection.retry_after(), Some(Duration::from_millis(100)));
+}
+
+#[test]
+fn default_in_progress_retry_hint_is_one_second() {
+    let rejection = in_progress_rejection(&Engine::default(), T0 + 30_000);
     assert_eq!(
         rejection.to_error_object()["data"]["retryAfterMs"],
         json!(1000)
+    );
+    assert_eq!(
+        EngineConfig::DEFAULT_IN_PROGRESS_RETRY_AFTER,
+        Duration::from_secs(1)
     );
 }
 

@@ -174,6 +174,7 @@ fn respond_json(decided: Decided) -> Value {
     }
 }
 
+mod batch;
 mod garbage;
 mod requests;
 mod responses;
