@@ -18,6 +18,8 @@ mod http_support;
 #[cfg(unix)]
 mod interop_support;
 #[cfg(unix)]
+mod store_faults_support;
+#[cfg(unix)]
 mod wrap_support;
 
 // One module per concern.
@@ -64,6 +66,8 @@ mod limits_http;
 mod limits_stdio;
 #[cfg(unix)]
 mod limits_wrap_store_outage;
+#[cfg(unix)]
+mod lost_claim_answer;
 #[cfg(unix)]
 mod ops;
 #[cfg(unix)]
