@@ -342,13 +342,14 @@ impl Deduplicator {
         });
         match remembered {
             Remembered::Queued => tracing::warn!(
-                key = %id.key, what,
-                "the store's answer was lost; the key will be released once the store answers"
+                key = %id.key, what, %error,
+                "the store may have applied this without answering; if it holds the key, the key \
+                 will be released once the store answers"
             ),
             Remembered::Full => tracing::error!(
-                key = %id.key, what,
-                "the store's answer was lost and too many such claims wait for release; the key \
-                 stays held until its lease runs out"
+                key = %id.key, what, %error,
+                "the store may have applied this without answering, and too many such claims wait \
+                 for release: if it holds the key, the key stays held until its lease runs out"
             ),
         }
         #[cfg(feature = "metrics")]

@@ -114,7 +114,11 @@ async fn lost_claim_answer(store: SharedStore, retry_at: RetryAt) {
         .unwrap_or_else(|| panic!("the retry runs the call: {}", retry.body));
     let executions = ledger_lines(&ledger);
     assert_eq!(executions.len(), 2, "the call ran exactly once");
-    assert_eq!(executions[1]["chargeId"], charge_id.as_str(), "{executions:?}");
+    assert_eq!(
+        executions[1]["chargeId"],
+        charge_id.as_str(),
+        "{executions:?}"
+    );
     assert_eq!(executions[1]["amount"], 20, "{executions:?}");
 
     // Every further retry replays the outcome, at either instance.
@@ -134,10 +138,7 @@ async fn lost_claim_answer(store: SharedStore, retry_at: RetryAt) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let scraped = scrape(&metrics);
-        let queued = sample(
-            &scraped,
-            "mcp_idem_ambiguous_claims_total{fate=\"queued\"}",
-        );
+        let queued = sample(&scraped, "mcp_idem_ambiguous_claims_total{fate=\"queued\"}");
         assert!(queued >= 1.0, "{scraped}");
         if sample(&scraped, "mcp_idem_ambiguous_claims_pending") == 0.0 {
             break;

@@ -16,11 +16,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::common::ledger_lines;
-use crate::store_faults_support::{assert_unavailable, through_port, until_available, Forwarder};
 use crate::http_support::{
     call_until_settled, charge, discover, ledger_in, slow_charge, unique_namespace, HttpDemo,
     Proxy, Raw, SharedStore,
 };
+use crate::store_faults_support::{assert_unavailable, through_port, until_available, Forwarder};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_fails_closed_and_the_proxy_recovers() {

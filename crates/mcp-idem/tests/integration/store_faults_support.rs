@@ -80,7 +80,9 @@ impl Shared {
         let mut armed = self.armed.lock().unwrap();
         let trigger = &armed.as_ref()?.trigger;
         let seen = [tail, chunk].concat();
-        let found = seen.windows(trigger.len()).any(|window| window == &trigger[..]);
+        let found = seen
+            .windows(trigger.len())
+            .any(|window| window == &trigger[..]);
         found.then(|| armed.take().expect("armed").end)
     }
 }
@@ -126,7 +128,11 @@ impl Forwarder {
                 shared.tasks.lock().unwrap().push(pipe.abort_handle());
             }
         });
-        self.shared.tasks.lock().unwrap().push(accept.abort_handle());
+        self.shared
+            .tasks
+            .lock()
+            .unwrap()
+            .push(accept.abort_handle());
         self
     }
 

@@ -134,7 +134,10 @@ pub async fn release_sent_twice_changes_nothing(store: Arc<dyn Store>) {
     let id = id(&scope(), "k");
     let lost = claim_req(&id, T0);
     assert_eq!(claim(&*store, &lost).await, ClaimOutcome::Claimed);
-    assert_eq!(store.release(&id, lost.owner).await.unwrap(), Fenced::Applied);
+    assert_eq!(
+        store.release(&id, lost.owner).await.unwrap(),
+        Fenced::Applied
+    );
     assert_eq!(
         store.release(&id, lost.owner).await.unwrap(),
         Fenced::NotOwner

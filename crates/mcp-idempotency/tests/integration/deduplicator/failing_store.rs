@@ -299,5 +299,8 @@ async fn a_failed_release_is_retried_when_the_store_answers_a_claim() {
         record(&store, &scope(), "k").await.is_none()
     })
     .await;
-    until("nothing waits for release", async || d.pending_releases() == 0).await;
+    until("nothing waits for release", async || {
+        d.pending_releases() == 0
+    })
+    .await;
 }
