@@ -2,14 +2,19 @@
 //! [`RunningClaim`]) and the store's health, in one place for every transport.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
+use crate::ambiguous::{AfterClaim, Ambiguous, AmbiguousClaims, Remembered, MAX_AMBIGUOUS_CLAIMS};
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
-use crate::record::{FencingToken, Outcome, Scope};
+use crate::record::{FencingToken, Outcome, RecordId, Scope};
 use crate::rejection::RejectionKind;
 use crate::running_claim::RunningClaim;
-use crate::store::{Fenced, Store, StoreError};
+use crate::store::{ClaimOutcome, ClaimRequest, Fenced, Store, StoreError};
 use crate::time::{Clock, SystemClock};
+
+/// Shortest sleep of the release task (a deadline already passed, or a clock that stands still).
+const MIN_RELEASE_WAIT: Duration = Duration::from_millis(10);
 
 /// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
 ///
@@ -21,6 +26,17 @@ use crate::time::{Clock, SystemClock};
 /// [`decide`](Self::decide), [`complete`](Self::complete), [`renew`](Self::renew) and
 /// [`release`](Self::release) are the same steps one by one, for callers that manage a claim's
 /// lease themselves.
+///
+/// # Lost answers
+///
+/// A claim that fails after it was sent (a timeout, a connection reset) may have been applied
+/// although the call is refused with `idempotency_store_unavailable` and never runs. The
+/// deduplicator remembers such a claim, and releases it, fenced by its token, as soon as the
+/// store answers again: when a retry's claim finds the record held by that token (it is released
+/// and the retry claims again, so the retry runs the call), or from a background task on the
+/// tokio runtime, which tries once the store answers any claim, and otherwise with a backoff from
+/// 100 ms to 5 s. A release that fails is remembered the same way. At most 1024 claims are
+/// remembered per deduplicator (clones share them); each one is logged.
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -58,6 +74,61 @@ pub struct Deduplicator {
     clock: Arc<dyn Clock>,
     /// Cleared when a claim failed for lack of a store, set again by the next claim that worked.
     store_usable: Arc<AtomicBool>,
+    /// Claims whose answer was lost, to be released.
+    ambiguous: Arc<Pending>,
+}
+
+/// The ambiguous claims and the task that releases them.
+#[derive(Debug, Default)]
+struct Pending {
+    state: Mutex<PendingState>,
+    /// Whether any claim is remembered, so that claims skip the lock while none is (the common
+    /// case). Updated under the lock.
+    any: AtomicBool,
+    /// Wakes the release task when the store answered a claim.
+    wake: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+struct PendingState {
+    claims: AmbiguousClaims,
+    /// Whether a release task runs; set and cleared under the lock, with `claims`.
+    releasing: bool,
+}
+
+impl Default for PendingState {
+    fn default() -> Self {
+        Self {
+            claims: AmbiguousClaims::new(MAX_AMBIGUOUS_CLAIMS),
+            releasing: false,
+        }
+    }
+}
+
+impl Pending {
+    fn lock(&self) -> MutexGuard<'_, PendingState> {
+        // Every update is a single call on `AmbiguousClaims`; a panic cannot leave it half-done.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `update` on the state under the lock, then publishes how many claims are remembered.
+    fn update<T>(&self, update: impl FnOnce(&mut PendingState) -> T) -> T {
+        let mut state = self.lock();
+        let before = state.claims.len();
+        let result = update(&mut state);
+        let after = state.claims.len();
+        self.any.store(!state.claims.is_empty(), Ordering::Relaxed);
+        drop(state);
+        if before != after {
+            #[cfg(feature = "metrics")]
+            crate::metrics::set_ambiguous_pending(after);
+        }
+        result
+    }
+
+    fn any(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
 }
 
 impl Deduplicator {
@@ -68,6 +139,7 @@ impl Deduplicator {
             store,
             clock: Arc::new(SystemClock),
             store_usable: Arc::new(AtomicBool::new(true)),
+            ambiguous: Arc::default(),
         }
     }
 
@@ -106,6 +178,15 @@ impl Deduplicator {
         &self.store
     }
 
+    /// How many claims whose store answer was lost are waiting to be released (see the type's
+    /// docs, "Lost answers").
+    pub fn pending_releases(&self) -> usize {
+        if !self.ambiguous.any() {
+            return 0;
+        }
+        self.ambiguous.lock().claims.len()
+    }
+
     /// Decides what to do with a call, claiming its key if it is to be executed.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
         let mut step = self
@@ -115,11 +196,15 @@ impl Deduplicator {
             step = match step {
                 Step::Done(decision) => break decision,
                 Step::TryClaim(req) => {
-                    let answer = self.store.claim(&req).await;
+                    let answer = self.claim(&req).await;
                     self.engine.on_claim(req, answer)
                 }
                 Step::TakeOver(req) => {
                     let answer = self.store.take_over(&req).await;
+                    match &answer {
+                        Ok(_) => self.store_answered(),
+                        Err(error) => self.remember(&req.id, req.new_owner, error, "take-over"),
+                    }
                     self.engine.on_take_over(req, answer)
                 }
             };
@@ -170,8 +255,165 @@ impl Deduplicator {
         Ok(fenced)
     }
 
-    /// Gives up a claim whose call certainly did not run, so that a retry may run it.
+    /// Gives up a claim whose call certainly did not run, so that a retry may run it. If the store
+    /// cannot be reached, the claim is remembered and released once it can (see "Lost answers").
     pub async fn release(&self, claim: &Claim) -> Result<Fenced, StoreError> {
-        self.store.release(claim.id(), claim.owner()).await
+        let result = self.store.release(claim.id(), claim.owner()).await;
+        if let Err(error) = &result {
+            self.remember(claim.id(), claim.owner(), error, "release");
+        }
+        result
+    }
+
+    /// Sends a claim to the store, first getting rid of a claim of the same key whose answer was
+    /// lost, if the store's answer shows that it holds the record.
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let mut answer = self.store.claim(req).await;
+        if self.ambiguous.any() {
+            let after = self
+                .ambiguous
+                .update(|pending| pending.claims.on_claim_answer(&req.id, &answer));
+            match after {
+                AfterClaim::Nothing => {}
+                AfterClaim::Forgotten(n) => {
+                    tracing::debug!(key = %req.id.key, n, "claims whose answer was lost had not been applied");
+                    count_resolved("absent", n);
+                }
+                AfterClaim::Release(owner) => {
+                    // The retry of a call that never ran: free the key, fenced, and claim again.
+                    if self.release_ambiguous(&req.id, owner, "a retry").await {
+                        answer = self.store.claim(req).await;
+                    }
+                }
+            }
+        }
+        match &answer {
+            Ok(_) => self.store_answered(),
+            Err(error) => self.remember(&req.id, req.owner, error, "claim"),
+        }
+        answer
+    }
+
+    /// Releases `owner`'s lost claim of `id`; whether the store answered.
+    async fn release_ambiguous(&self, id: &RecordId, owner: FencingToken, by: &str) -> bool {
+        let answer = self.store.release(id, owner).await;
+        let now = self.clock.now();
+        match answer {
+            Ok(fenced) => {
+                self.ambiguous
+                    .update(|pending| pending.claims.on_released(id, owner));
+                if fenced == Fenced::Applied {
+                    tracing::info!(key = %id.key, by, "released a claim whose answer was lost; its call never ran");
+                    count_resolved("released", 1);
+                } else {
+                    tracing::debug!(key = %id.key, by, "a claim whose answer was lost holds nothing");
+                    count_resolved("absent", 1);
+                }
+                true
+            }
+            Err(error) => {
+                self.ambiguous
+                    .update(|pending| pending.claims.on_release_failed(now));
+                tracing::debug!(key = %id.key, %error, by, "cannot release a claim whose answer was lost yet");
+                false
+            }
+        }
+    }
+
+    /// Remembers a claim (or take-over, or failed release) of `id` under `owner` that failed with
+    /// `error` and may hold the record, and starts the release task if it is not running.
+    fn remember(&self, id: &RecordId, owner: FencingToken, error: &StoreError, what: &str) {
+        if !error.may_have_applied() {
+            return;
+        }
+        let config = self.engine.config();
+        let now = self.clock.now();
+        let claim = Ambiguous {
+            id: id.clone(),
+            owner,
+            give_up_at: now.saturating_add(config.retention.max(config.lease)),
+        };
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        let (remembered, start) = self.ambiguous.update(|pending| {
+            let remembered = pending.claims.remember(claim, now);
+            let start = remembered == Remembered::Queued && !pending.releasing && runtime.is_some();
+            pending.releasing |= start;
+            (remembered, start)
+        });
+        match remembered {
+            Remembered::Queued => tracing::warn!(
+                key = %id.key, what, %error,
+                "the store may have applied this without answering; if it holds the key, the key \
+                 will be released once the store answers"
+            ),
+            Remembered::Full => tracing::error!(
+                key = %id.key, what, %error,
+                "the store may have applied this without answering, and too many such claims wait \
+                 for release: if it holds the key, the key stays held until its lease runs out"
+            ),
+        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_ambiguous(remembered == Remembered::Queued);
+        if let (true, Some(runtime)) = (start, runtime) {
+            runtime.spawn(release_until_done(self.clone()));
+        }
+    }
+
+    /// The store answered: releases that were backing off are due at once.
+    fn store_answered(&self) {
+        if !self.ambiguous.any() {
+            return;
+        }
+        let now = self.clock.now();
+        self.ambiguous
+            .update(|pending| pending.claims.store_answered(now));
+        self.ambiguous.wake.notify_one();
+    }
+}
+
+/// Counts claims whose answer was lost and that were resolved `how` (a metric label).
+fn count_resolved(how: &'static str, n: usize) {
+    #[cfg(feature = "metrics")]
+    crate::metrics::on_ambiguous_resolved(how, n);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (how, n);
+}
+
+/// The release task: releases the remembered claims one by one as they fall due, until none is
+/// left.
+async fn release_until_done(dedup: Deduplicator) {
+    let mut expired = Vec::new();
+    loop {
+        let now = dedup.clock.now();
+        let next = dedup.ambiguous.update(|pending| {
+            let next = pending.claims.poll_release(now, &mut expired);
+            let deadline = pending.claims.next_deadline();
+            if next.is_none() && deadline.is_none() {
+                pending.releasing = false;
+            }
+            next.ok_or(deadline)
+        });
+        for claim in expired.drain(..) {
+            tracing::warn!(
+                key = %claim.id.key,
+                "gave up releasing a claim whose answer was lost: its retention window ended"
+            );
+            count_resolved("expired", 1);
+        }
+        match next {
+            Ok(claim) => {
+                dedup
+                    .release_ambiguous(&claim.id, claim.owner, "the release task")
+                    .await;
+            }
+            Err(None) => return,
+            Err(Some(deadline)) => {
+                let wait = deadline.saturating_since(now).max(MIN_RELEASE_WAIT);
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = dedup.ambiguous.wake.notified() => {}
+                }
+            }
+        }
     }
 }

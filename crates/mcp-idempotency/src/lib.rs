@@ -64,6 +64,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod ambiguous;
 #[cfg(feature = "bridge")]
 pub mod bridge;
 #[cfg(feature = "client")]

@@ -10,6 +10,8 @@
 //! - [`MeteredStore`] wraps any [`Store`] and times each operation, so every backend is measured
 //!   without code of its own.
 //! - [`set_record_counts`] publishes what [`Store::stats`] counted.
+//! - The deduplicator counts claims whose store answer was lost ([`AMBIGUOUS_CLAIMS_TOTAL`]) and
+//!   how they were dealt with ([`AMBIGUOUS_CLAIMS_RESOLVED_TOTAL`], [`AMBIGUOUS_CLAIMS_PENDING`]).
 //!
 //! The names below are stable. Counters end in `_total`, durations are in seconds.
 //!
@@ -64,6 +66,16 @@ pub const STORE_OPERATION_DURATION_SECONDS: &str = "mcp_idem_store_operation_dur
 /// Records in the store, by `state` (`in_progress`, `completed`, `expired`), as of the last
 /// [`set_record_counts`]. Gauge.
 pub const RECORDS: &str = "mcp_idem_records";
+/// Claims, take-overs and releases whose store answer was lost, so that they may hold their key,
+/// by `fate`: `queued` (to be released), `dropped` (the queue was full: left to the lease).
+/// Counter.
+pub const AMBIGUOUS_CLAIMS_TOTAL: &str = "mcp_idem_ambiguous_claims_total";
+/// Queued ambiguous claims that were dealt with, by `how`: `released` (a fenced release deleted
+/// the record), `absent` (it held nothing: the claim had not been applied, or was gone), `expired`
+/// (given up when its retention window ended). Counter.
+pub const AMBIGUOUS_CLAIMS_RESOLVED_TOTAL: &str = "mcp_idem_ambiguous_claims_resolved_total";
+/// Ambiguous claims waiting to be released. Gauge.
+pub const AMBIGUOUS_CLAIMS_PENDING: &str = "mcp_idem_ambiguous_claims_pending";
 
 /// The store operations [`MeteredStore`] measures, as their `operation` label.
 pub const STORE_OPERATIONS: [&str; 10] = [
@@ -88,6 +100,8 @@ const OUTCOME_KINDS: [OutcomeKind; 4] = [
     OutcomeKind::Unknown,
 ];
 const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "backend", "corrupt"];
+const AMBIGUOUS_FATES: [&str; 2] = ["queued", "dropped"];
+const AMBIGUOUS_RESOLUTIONS: [&str; 3] = ["released", "absent", "expired"];
 
 /// Describes every metric to the installed recorder and creates each counter series at zero, so
 /// that a scrape shows them (and rates work) before the first event.
@@ -111,6 +125,18 @@ pub fn describe() {
         "Time each store operation took"
     );
     describe_gauge!(RECORDS, "Records in the store, by state");
+    describe_counter!(
+        AMBIGUOUS_CLAIMS_TOTAL,
+        "Claims whose store answer was lost, so that they may hold their key"
+    );
+    describe_counter!(
+        AMBIGUOUS_CLAIMS_RESOLVED_TOTAL,
+        "Claims whose store answer was lost, released or found to hold nothing"
+    );
+    describe_gauge!(
+        AMBIGUOUS_CLAIMS_PENDING,
+        "Claims whose store answer was lost, waiting to be released"
+    );
 
     counter!(EXECUTIONS_TOTAL).increment(0);
     for outcome in REPLAY_OUTCOMES {
@@ -133,6 +159,13 @@ pub fn describe() {
     for operation in ["complete", "take_over", "renew", "release"] {
         counter!(STORE_NOT_OWNER_TOTAL, "operation" => operation).increment(0);
     }
+    for fate in AMBIGUOUS_FATES {
+        counter!(AMBIGUOUS_CLAIMS_TOTAL, "fate" => fate).increment(0);
+    }
+    for how in AMBIGUOUS_RESOLUTIONS {
+        counter!(AMBIGUOUS_CLAIMS_RESOLVED_TOTAL, "how" => how).increment(0);
+    }
+    gauge!(AMBIGUOUS_CLAIMS_PENDING).set(0.0);
 }
 
 /// Publishes the counts of [`Store::stats`] as the [`RECORDS`] gauge.
@@ -167,6 +200,19 @@ pub(crate) fn on_decision<C>(decision: &Decision<C>) {
 
 pub(crate) fn on_outcome_recorded(kind: OutcomeKind) {
     counter!(OUTCOMES_RECORDED_TOTAL, "outcome" => kind.as_str()).increment(1);
+}
+
+pub(crate) fn on_ambiguous(queued: bool) {
+    let fate = if queued { "queued" } else { "dropped" };
+    counter!(AMBIGUOUS_CLAIMS_TOTAL, "fate" => fate).increment(1);
+}
+
+pub(crate) fn on_ambiguous_resolved(how: &'static str, n: usize) {
+    counter!(AMBIGUOUS_CLAIMS_RESOLVED_TOTAL, "how" => how).increment(n as u64);
+}
+
+pub(crate) fn set_ambiguous_pending(n: usize) {
+    gauge!(AMBIGUOUS_CLAIMS_PENDING).set(n as f64);
 }
 
 /// A [`Store`] that times every operation of the store it wraps and counts its failures.

@@ -96,7 +96,8 @@ impl RunningClaim {
                 tracing::warn!(key = %self.claim.id().key, reason, "a released claim was no longer ours");
             }
             Err(error) => {
-                tracing::warn!(key = %self.claim.id().key, %error, "cannot release a claim");
+                // The deduplicator remembers the claim and releases it once the store answers.
+                tracing::warn!(key = %self.claim.id().key, %error, "cannot release a claim yet");
             }
         }
     }

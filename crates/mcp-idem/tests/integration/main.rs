@@ -18,6 +18,7 @@ mod http_support;
 #[cfg(unix)]
 mod interop_support;
 #[cfg(unix)]
+mod store_faults_support;
 mod upstream_support;
 #[cfg(unix)]
 mod wrap_support;
@@ -69,6 +70,8 @@ mod limits_http;
 mod limits_stdio;
 #[cfg(unix)]
 mod limits_wrap_store_outage;
+#[cfg(unix)]
+mod lost_claim_answer;
 #[cfg(unix)]
 mod ops;
 #[cfg(unix)]

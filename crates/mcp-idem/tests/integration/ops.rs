@@ -35,7 +35,7 @@ fn get(authority: &str, path: &str) -> (u16, String) {
 }
 
 /// The metrics listener's `HOST:PORT`, from the `mcp-idem: metrics on http://…/metrics` line.
-fn metrics_authority(stderr: &str) -> String {
+pub(crate) fn metrics_authority(stderr: &str) -> String {
     stderr
         .lines()
         .find_map(|line| line.strip_prefix("mcp-idem: metrics on http://"))
@@ -45,7 +45,7 @@ fn metrics_authority(stderr: &str) -> String {
 }
 
 /// The value of the sample `series` (name and labels exactly as exported) in a scrape.
-fn sample(scrape: &str, series: &str) -> f64 {
+pub(crate) fn sample(scrape: &str, series: &str) -> f64 {
     scrape
         .lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
@@ -53,7 +53,7 @@ fn sample(scrape: &str, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {series} in:\n{scrape}"))
 }
 
-fn scrape(authority: &str) -> String {
+pub(crate) fn scrape(authority: &str) -> String {
     let (status, body) = get(authority, "/metrics");
     assert_eq!(status, 200, "{body}");
     body

@@ -13,139 +13,23 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-use tokio::net::{TcpSocket, TcpStream};
-use tokio::task::AbortHandle;
 
 use crate::common::ledger_lines;
 use crate::http_support::{
     call_until_settled, charge, discover, ledger_in, slow_charge, unique_namespace, HttpDemo,
     Proxy, Raw, SharedStore,
 };
-
-/// A TCP forwarder from a local port to `target`, which can simulate an outage.
-struct Forwarder {
-    port: u16,
-    target: String,
-    /// The accept loop and every live connection.
-    tasks: Arc<Mutex<Vec<AbortHandle>>>,
-}
-
-impl Forwarder {
-    async fn start(target: &str) -> Self {
-        let forwarder = Self {
-            port: 0,
-            target: target.to_owned(),
-            tasks: Arc::default(),
-        };
-        forwarder.listen(0).await
-    }
-
-    /// Listens on `port` (0: any) and forwards each connection until aborted.
-    async fn listen(mut self, port: u16) -> Self {
-        let socket = TcpSocket::new_v4().expect("a socket");
-        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
-        socket
-            .bind(([127, 0, 0, 1], port).into())
-            .expect("bind the forwarder");
-        let listener = socket.listen(128).expect("listen");
-        self.port = listener.local_addr().unwrap().port();
-        let (target, tasks) = (self.target.clone(), Arc::clone(&self.tasks));
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                let target = target.clone();
-                let pipe = tokio::spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(&target).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-                tasks.lock().unwrap().push(pipe.abort_handle());
-            }
-        });
-        self.tasks.lock().unwrap().push(accept.abort_handle());
-        self
-    }
-
-    /// The outage: stops listening (connections are refused) and drops every live connection.
-    fn cut(&self) {
-        for task in self.tasks.lock().unwrap().drain(..) {
-            task.abort();
-        }
-    }
-
-    /// The end of the outage: listens on the same port again.
-    async fn resume(self) -> Self {
-        let port = self.port;
-        self.listen(port).await
-    }
-}
-
-impl Drop for Forwarder {
-    fn drop(&mut self) {
-        self.cut();
-    }
-}
-
-/// `postgres://…` with its `HOST:PORT` replaced by `127.0.0.1:port`, and the original `HOST:PORT`.
-fn through_port(url: &str, port: u16) -> (String, String) {
-    let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let (userinfo, host) = match authority.rsplit_once('@') {
-        Some((user, host)) => (format!("{user}@"), host),
-        None => (String::new(), authority),
-    };
-    let host = if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:5432")
-    };
-    let sep = if tail.contains('?') { '&' } else { '?' };
-    (
-        format!("{scheme}://{userinfo}127.0.0.1:{port}{tail}{sep}connect_timeout=2"),
-        host,
-    )
-}
-
-/// Sends `message` until it is not refused `idempotency_store_unavailable`; panics after 30 s.
-async fn until_available(raw: &Raw, message: &serde_json::Value) -> crate::http_support::Answer {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let answer = raw.call(message.clone()).await;
-        if answer.error_type().as_deref() != Some("idempotency_store_unavailable") {
-            return answer;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the proxy did not recover: {}",
-            answer.body
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn assert_unavailable(answer: &crate::http_support::Answer) {
-    assert_eq!(
-        answer.error_type().as_deref(),
-        Some("idempotency_store_unavailable"),
-        "{}",
-        answer.body
-    );
-}
+use crate::store_faults_support::{assert_unavailable, through_port, until_available, Forwarder};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_fails_closed_and_the_proxy_recovers() {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
-    let (_, target) = through_port(&url, 0);
+    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
     let forwarder = Forwarder::start(&target).await;
-    let (store, _) = through_port(&url, forwarder.port);
+    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
@@ -206,9 +90,9 @@ async fn postgres_outage_during_a_call_never_runs_it_twice() {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
-    let (_, target) = through_port(&url, 0);
+    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
     let forwarder = Forwarder::start(&target).await;
-    let (store, _) = through_port(&url, forwarder.port);
+    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);

@@ -45,6 +45,14 @@ impl StoreError {
         matches!(self, Self::Unavailable { .. })
     }
 
+    /// Whether the failed operation may have been applied all the same: its answer may have been
+    /// lost after the store acted on it (a timeout, a connection reset after sending), or the
+    /// store may have acted before failing. Only errors raised before anything was sent (an
+    /// invalid URL) or after the store answered (a record that cannot be decoded) rule it out.
+    pub fn may_have_applied(&self) -> bool {
+        !matches!(self, Self::InvalidUrl { .. } | Self::Corrupt(_))
+    }
+
     #[cfg_attr(not(any(feature = "sqlite", feature = "redis")), allow(dead_code))]
     pub(crate) fn unavailable(
         message: impl Into<String>,

@@ -107,7 +107,8 @@ impl MemoryStore {
         };
         match shard.records.entry(req.id.clone()) {
             MapEntry::Occupied(existing) if !existing.get().is_expired(req.now) => {
-                return Ok(ClaimOutcome::Existing(
+                return Ok(ClaimOutcome::found(
+                    req,
                     existing.get().to_record(existing.key()),
                 ))
             }
@@ -193,6 +194,21 @@ impl MemoryStore {
         purged
     }
 
+    /// Whether the record is completed exactly as `req` would complete it (`req` sent again).
+    fn holds_completion(&self, req: &CompleteRequest) -> bool {
+        let shard = self.shard(&req.id);
+        matches!(
+            shard.records.get(&req.id),
+            Some(Entry {
+                state: RecordState::Completed { outcome, completed_at },
+                expires_at,
+                ..
+            }) if *outcome == req.outcome
+                && *completed_at == req.completed_at
+                && *expires_at == req.expires_at
+        )
+    }
+
     fn with_owned<T>(
         &self,
         id: &RecordId,
@@ -239,6 +255,9 @@ impl Store for MemoryStore {
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
+        if self.holds_completion(&req) {
+            return Box::pin(std::future::ready(Ok(Fenced::Applied)));
+        }
         let applied = self.with_owned(&req.id, req.owner, None, |record| {
             record.state = RecordState::Completed {
                 outcome: req.outcome,
@@ -252,6 +271,13 @@ impl Store for MemoryStore {
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
+        if self
+            .with_owned(&req.id, req.new_owner, Some(req.now), |_| ())
+            .is_some()
+        {
+            // This take-over, sent again.
+            return Box::pin(std::future::ready(Ok(Fenced::Applied)));
+        }
         let applied = self
             .with_owned(&req.id, req.previous_owner, Some(req.now), |record| {
                 let RecordState::InProgress {

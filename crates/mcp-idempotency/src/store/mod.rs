@@ -101,6 +101,32 @@ pub enum ClaimOutcome {
     QuotaExceeded(QuotaExceeded),
 }
 
+impl ClaimOutcome {
+    /// What a claim answers when a live record already holds its key: [`ClaimOutcome::Claimed`]
+    /// if the record is the claimant's own (in progress under `req.owner`, with `req.fingerprint`
+    /// and a lease that has not run out by `req.now`), that is, this claim was sent before and
+    /// applied, and its answer was lost; else [`ClaimOutcome::Existing`]. Every store answers a
+    /// claim it finds applied this way, so that a claim re-sent after an I/O error is recognised
+    /// as its owner's and changes nothing.
+    ///
+    /// A lease that ran out is not recognised: another instance may be taking the record over,
+    /// and the claimant would run the call on a lease the store no longer grants.
+    pub(crate) fn found(req: &ClaimRequest, record: Record) -> Self {
+        match record.state {
+            RecordState::InProgress {
+                owner,
+                lease_expires_at,
+            } if owner == req.owner
+                && record.fingerprint == req.fingerprint
+                && lease_expires_at > req.now =>
+            {
+                Self::Claimed
+            }
+            _ => Self::Existing(record),
+        }
+    }
+}
+
 /// Which quota a refused claim would have broken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuotaExceeded {
@@ -237,16 +263,44 @@ impl ListFilter {
 
 /// A place to keep idempotency records. All operations are atomic with respect to each other, also
 /// across processes or machines for stores shared between them.
+///
+/// # Sent twice
+///
+/// The answer to an operation can be lost after the store applied it (a timeout, a connection
+/// reset after the command was sent), and the caller, or its client library, may send it again.
+/// Every operation is therefore safe to send twice, and the second time answers as if the first
+/// had been answered:
+///
+/// | operation sent again | answers | changes |
+/// | --- | --- | --- |
+/// | claim, by the owner of the in-progress record it created | [`ClaimOutcome::Claimed`] | nothing (no second quota place) |
+/// | complete, after it was applied | [`Fenced::Applied`] | nothing |
+/// | take-over, by the new owner it installed | [`Fenced::Applied`] | nothing |
+/// | renew | [`Fenced::Applied`] | nothing more |
+/// | release, after it was applied | [`Fenced::NotOwner`] (the record is gone) | nothing |
+///
+/// The store suite (`testsuite`, feature `testsuite`) checks all of these for every store.
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Creates an in-progress record owned by `req.owner` if no live record holds `req.id`, or
     /// returns the live record. Enforces `req.limits` when it creates a record.
+    ///
+    /// A live in-progress record owned by `req.owner` with `req.fingerprint`, whose lease has not
+    /// run out by `req.now`, is this claim sent a second time: it answers
+    /// [`ClaimOutcome::Claimed`] and changes nothing.
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome>;
 
     /// Records the outcome, if `req.owner` still owns the in-progress record.
+    ///
+    /// A record already completed with exactly `req.outcome`, `req.completed_at` and
+    /// `req.expires_at` is this completion sent a second time: it answers [`Fenced::Applied`]
+    /// and changes nothing.
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced>;
 
     /// Moves an in-progress record whose lease ran out before `req.now` from `req.previous_owner`
     /// to `req.new_owner`.
+    ///
+    /// A live in-progress record already owned by `req.new_owner` is this take-over sent a second
+    /// time: it answers [`Fenced::Applied`] and changes nothing.
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced>;
 
     /// Extends the lease of an in-progress record owned by `owner`, and its retention window to at
@@ -259,7 +313,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     ) -> StoreFuture<'a, Fenced>;
 
     /// Deletes an in-progress record owned by `owner`, so a retry may run the call (used when the
-    /// call was certainly not executed, e.g. the upstream was unreachable).
+    /// call was certainly not executed, e.g. the upstream was unreachable, or when the answer to
+    /// its claim was lost). A record that is absent, completed or owned by another token is left
+    /// alone ([`Fenced::NotOwner`]).
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced>;
 
     /// The live record for `id`, if any.

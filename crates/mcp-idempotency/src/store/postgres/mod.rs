@@ -60,10 +60,12 @@ const PURGE_BATCH: i64 = 10_000;
 /// (the connect timeout, 5 s unless the URL sets `connect_timeout`, to open a connection; 10 s for
 /// a statement or to wait for a busy pool), and the pool reconnects by itself once it is back.
 ///
-/// A statement the client gave up on may still complete on the server, like a call whose process
-/// crashed: a claim then stays in progress until its lease runs out. To have the server abort such
-/// statements too, set a `statement_timeout` for the role or database, or in the URL with
-/// `options=-c%20statement_timeout%3D10000`.
+/// A statement the client gave up on may still complete on the server. For a claim whose answer
+/// is lost this way, the [`Deduplicator`](crate::Deduplicator) releases the record, fenced by the
+/// claim's token, once the store answers again; but a claim the server carries out only after
+/// that (stuck behind a lock for longer than the timeout) stays in progress until its lease runs
+/// out. To have the server abort such statements too, set a `statement_timeout` for the role or
+/// database, or in the URL with `options=-c%20statement_timeout%3D10000`.
 ///
 /// Quotas are exact, as with the other stores: a claim that would create a record is refused if
 /// and only if its scope (or the store) already holds as many records as the limit it carries.

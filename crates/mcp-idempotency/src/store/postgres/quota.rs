@@ -265,7 +265,7 @@ async fn claim_once(
     Ok(Attempt::Done(if claimed {
         ClaimOutcome::Claimed
     } else {
-        ClaimOutcome::Existing(decode(&req.id, row, 1)?)
+        ClaimOutcome::found(req, decode(&req.id, row, 1)?)
     }))
 }
 

@@ -172,14 +172,21 @@ impl Sql {
             get: format!(
                 "SELECT {RECORD_COLUMNS} FROM {s}.idem_records WHERE {key} AND expires_at > $4"
             ),
+            // The second branch finds this completion sent again, and rewrites the same values.
             complete: format!(
                 "UPDATE {s}.idem_records SET owner = NULL, lease_expires_at = NULL,
                     outcome_kind = $5, outcome_body = $6, completed_at = $7, expires_at = $8
-                 WHERE {key} AND owner = $4"
+                 WHERE {key} AND (owner = $4
+                    OR (owner IS NULL AND outcome_kind = $5 AND outcome_body = $6
+                        AND completed_at = $7 AND expires_at = $8))"
             ),
+            // The second branch finds this take-over sent again, and changes nothing.
             take_over: format!(
-                "UPDATE {s}.idem_records SET owner = $5, lease_expires_at = $6, expires_at = $7
-                 WHERE {key} AND owner = $4 AND lease_expires_at <= $8 AND expires_at > $8"
+                "UPDATE {s}.idem_records SET owner = $5,
+                    lease_expires_at = CASE WHEN owner = $5 THEN lease_expires_at ELSE $6 END,
+                    expires_at = CASE WHEN owner = $5 THEN expires_at ELSE $7 END
+                 WHERE {key} AND expires_at > $8
+                    AND ((owner = $4 AND lease_expires_at <= $8) OR owner = $5)"
             ),
             renew: format!(
                 "UPDATE {s}.idem_records

@@ -2,6 +2,8 @@
 -- ARGV = member, now, fingerprint, tool name, owner, lease_expires_at, expires_at,
 --        max records per scope, max records total, key prefix, purge batch size
 -- Returns {'claimed'}, {'scope'} or {'total'} (quota exceeded), or {'existing', <FIELDS...>}.
+-- A live record is returned as it is, also when it is the caller's own (this claim sent again):
+-- the caller recognises its owner token (ClaimOutcome::found), so nothing is counted twice.
 local record, scope_index, all, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local member, now = ARGV[1], tonumber(ARGV[2])
 

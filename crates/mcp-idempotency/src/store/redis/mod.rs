@@ -229,7 +229,7 @@ impl Store for RedisStore {
                     limit: req.limits.max_records_total,
                 })),
                 Some(b"existing") => match decode(&req.id, reply.collect())? {
-                    Some(record) => Ok(ClaimOutcome::Existing(record)),
+                    Some(record) => Ok(ClaimOutcome::found(req, record)),
                     None => Err(CorruptRecord(format!(
                         "Redis record {:?} has no fields",
                         req.id.key

@@ -1,13 +1,17 @@
 -- take_over: KEYS = record, scope index, all index, running index
 -- ARGV = member, previous owner, new owner, now, lease_expires_at, expires_at
 -- Returns 1 if the live record was in progress under the previous owner with a lease that ran out
--- by now and now belongs to the new owner, else 0.
+-- by now and now belongs to the new owner, or if it is already the new owner's (this script sent
+-- again after its answer was lost: nothing is written), else 0.
 local record = KEYS[1]
 local state = redis.call('HMGET', record, 'owner', 'lease', 'expires')
+local now, lease, expires = tonumber(ARGV[4]), tonumber(state[2]), tonumber(state[3])
+if state[1] == ARGV[3] and expires ~= nil and expires > now then
+  return 1
+end
 if state[1] ~= ARGV[2] then
   return 0
 end
-local now, lease, expires = tonumber(ARGV[4]), tonumber(state[2]), tonumber(state[3])
 if lease == nil or expires == nil or lease > now or expires <= now then
   return 0
 end

@@ -203,8 +203,12 @@ impl Store for SqliteStore {
             let (kind, body) = (req.outcome.kind().as_str(), req.outcome.body());
             fenced_write(
                 conn,
+                // The second branch finds this completion sent again, and rewrites the same values.
                 "UPDATE idem_records SET owner = NULL, lease_expires_at = NULL, outcome_kind = ?5, \
-                 outcome_body = ?6, completed_at = ?7, expires_at = ?8 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4",
+                 outcome_body = ?6, completed_at = ?7, expires_at = ?8 \
+                 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND (owner = ?4 \
+                 OR (owner IS NULL AND outcome_kind = ?5 AND outcome_body = ?6 \
+                 AND completed_at = ?7 AND expires_at = ?8))",
                 params![
                     req.id.scope.namespace(),
                     req.id.scope.principal(),
@@ -224,9 +228,12 @@ impl Store for SqliteStore {
         self.with_conn(move |conn| {
             fenced_write(
                 conn,
-                "UPDATE idem_records SET owner = ?5, lease_expires_at = ?6, expires_at = ?7 \
-                 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4 \
-                 AND lease_expires_at <= ?8 AND expires_at > ?8",
+                // The second branch finds this take-over sent again, and changes nothing.
+                "UPDATE idem_records SET owner = ?5, \
+                 lease_expires_at = CASE WHEN owner = ?5 THEN lease_expires_at ELSE ?6 END, \
+                 expires_at = CASE WHEN owner = ?5 THEN expires_at ELSE ?7 END \
+                 WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND expires_at > ?8 \
+                 AND ((owner = ?4 AND lease_expires_at <= ?8) OR owner = ?5)",
                 params![
                     req.id.scope.namespace(),
                     req.id.scope.principal(),

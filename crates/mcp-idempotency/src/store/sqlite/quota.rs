@@ -16,13 +16,13 @@ use crate::time::Timestamp;
 pub(super) fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
     // A retry finds its record with a plain read, which takes no write lock.
     if let Some(record) = read_record(conn, &req.id)?.filter(|r| !r.is_expired(req.now)) {
-        return Ok(ClaimOutcome::Existing(record));
+        return Ok(ClaimOutcome::found(req, record));
     }
     let tx = immediate(conn)?;
     let scope = &req.id.scope;
     let existing = read_record(&tx, &req.id)?;
     if let Some(record) = existing.as_ref().filter(|r| !r.is_expired(req.now)) {
-        return Ok(ClaimOutcome::Existing(record.clone()));
+        return Ok(ClaimOutcome::found(req, record.clone()));
     }
     if existing.is_none() {
         if let Some(quota) = over_quota(&tx, req)? {

@@ -19,6 +19,7 @@
 mod inspection;
 mod lifecycle;
 mod quotas;
+mod resend;
 mod round_trip;
 
 use std::sync::Arc;
@@ -43,6 +44,11 @@ pub use lifecycle::{
 pub use quotas::{
     quota_per_scope, quota_total, racing_claims_have_one_winner, racing_distinct_keys_all_win,
     scopes_are_isolated,
+};
+pub use resend::{
+    claim_sent_twice_is_claimed_once, complete_sent_twice_is_applied_once,
+    release_sent_twice_changes_nothing, renew_sent_twice_is_applied_twice,
+    take_over_sent_twice_is_applied_once,
 };
 pub use round_trip::{awkward_keys_are_kept_exactly, every_outcome_kind_round_trips};
 
@@ -77,7 +83,12 @@ macro_rules! store_test_suite {
             list_filters_by_scope_key_state_and_age,
             list_orders_by_expiry_and_honours_the_limit,
             list_returns_awkward_ids_exactly,
-            delete_frees_the_key_in_any_state
+            delete_frees_the_key_in_any_state,
+            claim_sent_twice_is_claimed_once,
+            complete_sent_twice_is_applied_once,
+            release_sent_twice_changes_nothing,
+            renew_sent_twice_is_applied_twice,
+            take_over_sent_twice_is_applied_once
         );
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {

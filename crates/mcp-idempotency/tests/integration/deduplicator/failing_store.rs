@@ -1,5 +1,6 @@
 //! A store that fails on demand: the deduplicator fails closed on a failed claim, take-over or
-//! renewal.
+//! renewal; a claim whose answer was lost after it was applied, or a release that failed, is
+//! released once the store answers again (by the retry, or in the background).
 
 use super::*;
 
@@ -13,6 +14,9 @@ struct FlakyStore {
     fail_claim: AtomicBool,
     fail_take_over: AtomicBool,
     fail_renew: AtomicBool,
+    fail_release: AtomicBool,
+    /// The next claim is applied, and then its answer is lost.
+    lose_claim_answer: AtomicBool,
 }
 
 fn failure<'a, T: Send + 'a>(what: &str) -> StoreFuture<'a, T> {
@@ -27,6 +31,16 @@ impl Store for FlakyStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         if self.fail_claim.load(Ordering::SeqCst) {
             return failure("claim");
+        }
+        if self.lose_claim_answer.swap(false, Ordering::SeqCst) {
+            return Box::pin(async move {
+                let applied = self.inner.claim(req).await;
+                assert_eq!(applied.unwrap(), ClaimOutcome::Claimed);
+                Err(StoreError::Unavailable {
+                    message: "claim failed: connection reset by peer".into(),
+                    source: None,
+                })
+            });
         }
         self.inner.claim(req)
     }
@@ -55,6 +69,9 @@ impl Store for FlakyStore {
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
+        if self.fail_release.load(Ordering::SeqCst) {
+            return failure("release");
+        }
         self.inner.release(id, owner)
     }
 
@@ -153,4 +170,137 @@ async fn failing_renewal_keeps_the_stored_deadline() {
         record(&store, &scope(), "k").await.unwrap().state,
         RecordState::InProgress { lease_expires_at, .. } if lease_expires_at == claim.lease_expires_at()
     ));
+}
+
+/// Waits (30 s at most) until `done` holds.
+async fn until(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done().await {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A deduplicator on a clock that stands still: the background release never falls due, so what
+/// happens is the retry's doing.
+fn still(store: &Arc<dyn Store>) -> Deduplicator {
+    dedup(store, EngineConfig::default()).with_clock(Arc::new(ManualClock::new(Timestamp::now())))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_releases_a_claim_whose_answer_was_lost_and_runs_once() {
+    let flaky = Arc::new(FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let d = still(&store);
+    flaky.lose_claim_answer.store(true, Ordering::SeqCst);
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k").await,
+        RejectionKind::StoreUnavailable,
+    );
+    // The claim was applied: the key is held by a token nobody will complete.
+    let RecordState::InProgress { owner: lost, .. } =
+        record(&store, &scope(), "k").await.unwrap().state
+    else {
+        panic!("the lost claim holds the key")
+    };
+    assert_eq!(d.pending_releases(), 1);
+
+    // The retry finds the key held by the lost token, releases it and runs the call.
+    let claim = execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
+    assert_ne!(claim.owner(), lost);
+    assert_eq!(d.pending_releases(), 0);
+    d.complete(&claim, Outcome::Success(RESULT.into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        replay(decide(&d, &scope(), TOOL, ARGS, "k").await),
+        Replay::Result(RESULT.into())
+    );
+    assert_eq!(stats(&store).await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_with_other_arguments_after_a_lost_answer_runs_them() {
+    let flaky = Arc::new(FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let d = still(&store);
+    flaky.lose_claim_answer.store(true, Ordering::SeqCst);
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k").await,
+        RejectionKind::StoreUnavailable,
+    );
+    // The first call never ran, so the key was never used: no conflict.
+    execute(decide(&d, &scope(), TOOL, OTHER_ARGS, "k").await);
+    assert_eq!(d.pending_releases(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_was_not_applied_is_forgotten_by_the_retry() {
+    let flaky = Arc::new(FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let d = still(&store);
+    flaky.fail_claim.store(true, Ordering::SeqCst);
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k").await,
+        RejectionKind::StoreUnavailable,
+    );
+    assert_eq!(d.pending_releases(), 1, "the claim may have been applied");
+    flaky.fail_claim.store(false, Ordering::SeqCst);
+    execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
+    assert_eq!(d.pending_releases(), 0, "the answer shows it was not");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_claim_is_released_in_the_background_for_other_instances() {
+    let flaky = Arc::new(FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let first = dedup(&store, EngineConfig::default());
+    let other = dedup(&store, EngineConfig::default());
+    // The claim's answer is lost, and the store then fails releases for a while.
+    flaky.fail_release.store(true, Ordering::SeqCst);
+    flaky.lose_claim_answer.store(true, Ordering::SeqCst);
+    reject(
+        decide(&first, &scope(), TOOL, ARGS, "k").await,
+        RejectionKind::StoreUnavailable,
+    );
+    // Another instance cannot know the token: it sees a call in progress.
+    reject(
+        decide(&other, &scope(), TOOL, ARGS, "k").await,
+        RejectionKind::KeyInProgress,
+    );
+    assert_eq!(first.pending_releases(), 1);
+
+    // Once the store answers releases again, the first instance frees the key by itself.
+    flaky.fail_release.store(false, Ordering::SeqCst);
+    until("the lost claim is released", async || {
+        record(&store, &scope(), "k").await.is_none()
+    })
+    .await;
+    until("nothing waits for release", async || {
+        first.pending_releases() == 0
+    })
+    .await;
+    execute(decide(&other, &scope(), TOOL, ARGS, "k").await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_is_retried_when_the_store_answers_a_claim() {
+    let flaky = Arc::new(FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let d = dedup(&store, EngineConfig::default());
+    let claim = execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
+    flaky.fail_release.store(true, Ordering::SeqCst);
+    assert!(d.release(&claim).await.is_err());
+    assert_eq!(d.pending_releases(), 1);
+    flaky.fail_release.store(false, Ordering::SeqCst);
+    // Any answer of the store (a claim of another key) sets the release going.
+    execute(decide(&d, &scope(), TOOL, ARGS, "other").await);
+    until("the failed release is done", async || {
+        record(&store, &scope(), "k").await.is_none()
+    })
+    .await;
+    until("nothing waits for release", async || {
+        d.pending_releases() == 0
+    })
+    .await;
 }
