@@ -75,6 +75,8 @@ mod proxy_multi_instance;
 #[cfg(unix)]
 mod proxy_scope;
 #[cfg(unix)]
+mod proxy_shutdown;
+#[cfg(unix)]
 mod proxy_store_outage;
 #[cfg(target_os = "linux")]
 mod store_faults;
@@ -90,3 +92,5 @@ mod wrap_keys;
 mod wrap_namespaces;
 #[cfg(unix)]
 mod wrap_rmcp_client;
+#[cfg(unix)]
+mod wrap_shutdown;

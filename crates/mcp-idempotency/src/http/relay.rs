@@ -136,7 +136,9 @@ impl Relaying {
                 // No HTTP answer at all: the upstream did not take the request, so the call did
                 // not run and a retry may run it.
                 tracing::warn!(error = %err, "upstream MCP server unreachable");
-                self.exchange.release("the upstream could not be reached").await;
+                self.exchange
+                    .release("the upstream could not be reached")
+                    .await;
                 let _ = self.send_head(json_response(
                     StatusCode::BAD_GATEWAY,
                     error_body(
@@ -151,12 +153,15 @@ impl Relaying {
         if parts.status.is_client_error() {
             // The upstream refused the request itself (bad headers, authentication, routing): it
             // did not run the tool.
-            self.exchange.release("the upstream refused the request").await;
+            self.exchange
+                .release("the upstream refused the request")
+                .await;
             let _ = self.send_head(Response::from_parts(parts, body));
             return;
         }
         if !parts.status.is_success() {
-            self.exchange.record_unknown(&format!("the upstream answered HTTP {}", parts.status))
+            self.exchange
+                .record_unknown(&format!("the upstream answered HTTP {}", parts.status))
                 .await;
             let _ = self.send_head(Response::from_parts(parts, body));
             return;
@@ -184,7 +189,8 @@ impl Relaying {
                 tracing::warn!(error = %err, "the upstream's response broke off");
                 let reason = "the upstream's response broke off";
                 let response = self.exchange.record_unknown(reason).await;
-                let body = response.unwrap_or_else(|| error_body(&self.exchange.request_id, reason));
+                let body =
+                    response.unwrap_or_else(|| error_body(&self.exchange.request_id, reason));
                 let _ = self.send_head(json_response(StatusCode::BAD_GATEWAY, body));
                 return;
             }
@@ -200,7 +206,8 @@ impl Relaying {
             },
             Err(_) => bytes,
         };
-        self.exchange.record_unknown("the upstream's response did not answer the call")
+        self.exchange
+            .record_unknown("the upstream's response did not answer the call")
             .await;
         parts
             .headers
@@ -259,10 +266,10 @@ impl Relaying {
         if !rest.passthrough.is_empty() {
             self.client.send(Bytes::from(rest.passthrough)).await;
         }
-        self.exchange.record_unknown("the upstream's event stream ended without the call's response")
+        self.exchange
+            .record_unknown("the upstream's event stream ended without the call's response")
             .await;
     }
-
 }
 
 impl Exchange {

@@ -146,7 +146,9 @@ impl Requests {
     }
 
     fn enter(&self) -> OpenRequest {
-        self.0.open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.0
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         OpenRequest(self.clone())
     }
 
