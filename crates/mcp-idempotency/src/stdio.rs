@@ -376,7 +376,12 @@ impl StdioProxy {
                 ClientAction::Decide(call) => {
                     let deciding = stopping.enter_decision();
                     let decision = if deciding.refuse {
-                        Decision::Reject(Rejection::shutting_down(call.tool_call().idempotency_key))
+                        let refusal = Decision::Reject(Rejection::shutting_down(
+                            call.tool_call().idempotency_key,
+                        ));
+                        #[cfg(feature = "metrics")]
+                        crate::metrics::on_decision(&refusal);
+                        refusal
                     } else {
                         self.dedup.begin(&self.scope, &call.tool_call()).await
                     };

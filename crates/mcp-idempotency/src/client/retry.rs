@@ -94,6 +94,8 @@ pub(crate) enum Refusal {
     InProgress,
     /// `idempotency_store_unavailable`: the server failed closed; nothing ran.
     StoreUnavailable,
+    /// `idempotency_shutting_down`: the server is stopping; nothing ran, nothing was claimed.
+    ShuttingDown,
     /// `idempotency_key_conflict`.
     Conflict,
     /// `idempotency_outcome_unknown`.
@@ -110,6 +112,7 @@ impl Refusal {
         let refusal = match kind {
             "idempotency_key_in_progress" => Self::InProgress,
             "idempotency_store_unavailable" => Self::StoreUnavailable,
+            "idempotency_shutting_down" => Self::ShuttingDown,
             "idempotency_key_conflict" => Self::Conflict,
             "idempotency_outcome_unknown" => Self::OutcomeUnknown,
             other if other.starts_with("idempotency_") => Self::Other(other.to_owned()),
@@ -122,11 +125,13 @@ impl Refusal {
         Some((refusal, after))
     }
 
-    /// Whether the same call may be sent again with the same key: only while the original runs
-    /// or when the server failed closed, and only if retrying is `safe`.
+    /// Whether the same call may be sent again with the same key: only while the original runs,
+    /// when the server failed closed or is stopping, and only if retrying is `safe`.
     pub(crate) fn retry(&self, safe: bool, after: Option<Duration>) -> Retry {
         match self {
-            Self::InProgress | Self::StoreUnavailable => Retry::IfSafe { safe, after },
+            Self::InProgress | Self::StoreUnavailable | Self::ShuttingDown => {
+                Retry::IfSafe { safe, after }
+            }
             Self::Conflict | Self::OutcomeUnknown | Self::Other(_) => Retry::Never,
         }
     }

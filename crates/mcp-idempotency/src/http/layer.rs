@@ -289,6 +289,8 @@ where
     let key = call.tool_call().idempotency_key.cloned();
     let Some(counted) = shared.shutdown.enter() else {
         let refusal = Decision::Reject(Rejection::shutting_down(key.as_ref()));
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_decision(&refusal);
         // A rejection is always answered, never forwarded.
         return Ok(match interceptor.on_decision(call, refusal) {
             Decided::Respond(response) | Decided::Forward(response) => {
