@@ -68,9 +68,9 @@ use crate::{Deduplicator, EngineConfig, RunningClaim};
 use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
 use stopping::Stopping;
 
-/// Default of [`StdioProxy::shutdown_grace`]: 3 s. The MCP SDKs' stdio clients close a server's
-/// input, wait 2 s, send SIGTERM, wait 2 s more and send SIGKILL; a grace counted from the first
-/// of these ends, and the calls are recorded, before the SIGKILL.
+/// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
+/// input, waits 2 s, sends SIGTERM, waits 2 s more and sends SIGKILL; a grace counted from the
+/// first of these ends, and the calls are recorded, before the SIGKILL.
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
 /// Why a call still running when the grace ended is answered outcome-unknown (the interceptor

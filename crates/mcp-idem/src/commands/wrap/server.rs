@@ -28,8 +28,8 @@ use tokio::io::AsyncWrite;
 use tokio::process::{Child, ChildStdin, ChildStdout};
 use tokio::sync::oneshot;
 
-/// How long the server gets to exit once its input is closed, and again after SIGTERM (the MCP SDKs'
-/// stdio clients wait as long).
+/// How long the server gets to exit once its input is closed, and again after SIGTERM (the Python
+/// SDK's stdio client waits as long).
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// The running server.
