@@ -92,5 +92,5 @@ mod wrap_keys;
 mod wrap_namespaces;
 #[cfg(unix)]
 mod wrap_rmcp_client;
-#[cfg(unix)]
+#[cfg(target_os = "linux")]
 mod wrap_shutdown;

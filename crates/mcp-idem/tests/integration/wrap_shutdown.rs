@@ -12,7 +12,7 @@
 //! - The server never outlives `wrap`: after SIGTERM it is stopped, after SIGKILL of `wrap` the
 //!   kernel kills it (parent-death signal; Linux).
 //!
-//! Each test waits for the log line that shows the call started ("charge_payment started", from
+//! Linux only (`/proc`, and the parent-death signal). Each test waits for the log line that shows the call started ("charge_payment started", from
 //! the demo server) or that `wrap` began stopping, never for a fixed time.
 
 use std::process::ExitStatus;
@@ -172,7 +172,6 @@ fn a_server_that_ignores_sigterm_is_killed() {
     assert!(ledger_lines(&sandbox.ledger()).is_empty());
 }
 
-#[cfg(target_os = "linux")]
 #[test]
 fn the_server_dies_with_a_sigkilled_wrap() {
     let sandbox = Sandbox::new();
