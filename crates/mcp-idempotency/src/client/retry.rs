@@ -217,6 +217,18 @@ mod tests {
         let (refusal, _) = Refusal::of(Some(&quota)).unwrap();
         assert_eq!(refusal, Refusal::Other("idempotency_quota_exceeded".into()));
         assert_eq!(refusal.retry(true, None), Retry::Never);
+        // A stopping gateway ran nothing and claimed nothing: retried, when safe, after its hint.
+        let stopping = json!({"type": "idempotency_shutting_down", "retryAfterMs": 1000});
+        let (refusal, after) = Refusal::of(Some(&stopping)).unwrap();
+        assert_eq!(refusal, Refusal::ShuttingDown);
+        assert_eq!(after, Some(Duration::from_secs(1)));
+        assert_eq!(
+            refusal.retry(true, after),
+            Retry::IfSafe {
+                safe: true,
+                after: Some(Duration::from_secs(1))
+            }
+        );
         assert_eq!(Refusal::of(Some(&json!({"type": "tool_failed"}))), None);
         assert_eq!(Refusal::of(None), None);
     }
