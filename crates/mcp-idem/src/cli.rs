@@ -10,7 +10,7 @@ use crate::commands::demo::DemoArgs;
 use crate::commands::demo_server::DemoServerArgs;
 use crate::commands::inspect::InspectArgs;
 use crate::commands::proxy::ProxyArgs;
-use crate::commands::wrap::WrapArgs;
+use crate::commands::wrap::{ExecServerArgs, WrapArgs};
 use crate::config_file::Invocation;
 
 /// SEP-3182 request idempotency for MCP servers: replay lost `tools/call` outcomes instead of
@@ -63,6 +63,10 @@ pub(crate) enum Command {
     /// (command line, environment, config file, default): `mcp-idem config-check proxy --config
     /// FILE [OPTIONS]`. Passwords in URLs are redacted. Exit status 2 if it is invalid.
     ConfigCheck(ConfigCheckArgs),
+    /// How `wrap` starts its server on Linux (not for direct use): sets the parent-death signal,
+    /// then executes the server.
+    #[command(hide = true)]
+    ExecServer(ExecServerArgs),
 }
 
 /// The command-line interface; `config-check wrap` needs no server command.
@@ -86,6 +90,7 @@ impl Command {
             Self::Check(args) => args.exec(),
             Self::Inspect(args) => args.exec(),
             Self::ConfigCheck(args) => args.exec(invocation),
+            Self::ExecServer(args) => args.exec(),
         }
     }
 }

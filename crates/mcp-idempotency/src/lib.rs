@@ -102,6 +102,6 @@ pub use key::{IdempotencyKey, KeyError};
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
-pub use rejection::{Rejection, RejectionKind};
+pub use rejection::{Rejection, RejectionKind, SHUTTING_DOWN_RETRY_AFTER};
 pub use running_claim::RunningClaim;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -44,6 +44,10 @@ pub enum RejectionKind {
     /// `idempotency_outcome_not_retained`: the original call completed, but its outcome was too large
     /// to keep. The tool is not run again for this key.
     OutcomeNotRetained,
+    /// `idempotency_shutting_down`: the gateway is stopping and takes no new keyed calls. The call
+    /// was neither run nor claimed, so it is safe to retry with the same key, here after
+    /// `data.retryAfterMs` (once the gateway is back) or at once through another instance.
+    ShuttingDown,
 }
 
 impl RejectionKind {
@@ -59,6 +63,7 @@ impl RejectionKind {
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::OutcomeUnknown => "idempotency_outcome_unknown",
             Self::OutcomeNotRetained => "idempotency_outcome_not_retained",
+            Self::ShuttingDown => "idempotency_shutting_down",
         }
     }
 
@@ -71,14 +76,15 @@ impl RejectionKind {
             | Self::KeyConflict
             | Self::KeyInProgress
             | Self::QuotaExceeded => INVALID_PARAMS,
-            Self::StoreUnavailable | Self::OutcomeUnknown | Self::OutcomeNotRetained => {
-                INTERNAL_ERROR
-            }
+            Self::StoreUnavailable
+            | Self::OutcomeUnknown
+            | Self::OutcomeNotRetained
+            | Self::ShuttingDown => INTERNAL_ERROR,
         }
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::KeyInvalid,
         Self::ArgumentsInvalid,
         Self::ArgumentsTooLarge,
@@ -88,8 +94,14 @@ impl RejectionKind {
         Self::StoreUnavailable,
         Self::OutcomeUnknown,
         Self::OutcomeNotRetained,
+        Self::ShuttingDown,
     ];
 }
+
+/// The `retryAfterMs` of [`RejectionKind::ShuttingDown`]: about the time a client takes to start a
+/// new gateway (a stdio client restarting its server) or a load balancer to notice that an
+/// instance has gone.
+pub const SHUTTING_DOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// A refusal to run or replay a call, ready to be sent as a JSON-RPC error.
 #[derive(Clone, Debug, PartialEq)]
@@ -109,6 +121,22 @@ impl Rejection {
             key: None,
             retry_after: None,
             detail: Map::new(),
+        }
+    }
+
+    /// The refusal of a keyed call that arrived while the gateway was stopping: nothing ran and
+    /// nothing was claimed. `key` is the call's `idempotencyKey`, named in `data` when it is a
+    /// string.
+    pub(crate) fn shutting_down(key: Option<&Value>) -> Self {
+        let rejection = Self::new(
+            RejectionKind::ShuttingDown,
+            "the gateway is shutting down and takes no new keyed calls; nothing was run, so \
+             retrying with the same idempotencyKey is safe",
+        )
+        .with_retry_after(SHUTTING_DOWN_RETRY_AFTER);
+        match key.and_then(Value::as_str) {
+            Some(key) => rejection.with_key(key),
+            None => rejection,
         }
     }
 
@@ -189,6 +217,7 @@ mod tests {
                 "idempotency_store_unavailable",
                 "idempotency_outcome_unknown",
                 "idempotency_outcome_not_retained",
+                "idempotency_shutting_down",
             ]
         );
         for kind in RejectionKind::ALL {

@@ -15,7 +15,8 @@ use mcp_idempotency::bridge::{Bridge, BridgeConfig};
 Every tools/call without an idempotencyKey gets a fresh one (UUID v4). When the server \
 advertises tools.idempotency, a call whose answer is lost (no connection, a reset, a stream \
 that ends early, no answer within --attempt-timeout, HTTP 502/503/504, \
-idempotency_key_in_progress, idempotency_store_unavailable) is re-issued with the same key until \
+idempotency_key_in_progress, idempotency_store_unavailable, idempotency_shutting_down) is \
+re-issued with the same key until \
 --max-time; then the client gets an error (data.type mcp_idem_answer_lost) naming the key. \
 Without the capability such a call is re-issued only if tools/list annotates the tool \
 idempotentHint or readOnlyHint; otherwise the client gets that error, saying the call may have \

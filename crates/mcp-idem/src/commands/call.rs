@@ -30,7 +30,8 @@ member) or \"failure\" ({\"type\", \"message\", \"mayHaveRun\", \"gaveUp\", \"er
 Retries reuse the key, and happen only when safe: the server advertises tools.idempotency (or \
 --trust-idempotent-hint and the tool is annotated idempotentHint: true). Retried: no answer \
 within --timeout, a broken connection (a stdio server is started again), \
-idempotency_key_in_progress (after its retryAfterMs), idempotency_store_unavailable. Never \
+idempotency_key_in_progress (after its retryAfterMs), idempotency_store_unavailable, \
+idempotency_shutting_down. Never \
 retried: idempotency_key_conflict, idempotency_outcome_unknown, other idempotency_* refusals, \
 tool errors.
 
@@ -334,6 +335,7 @@ fn failure_type(failure: &Failure) -> &str {
         Failure::OutcomeUnknown(_) => "idempotency_outcome_unknown",
         Failure::InProgress(_) => "idempotency_key_in_progress",
         Failure::StoreUnavailable(_) => "idempotency_store_unavailable",
+        Failure::ShuttingDown(_) => "idempotency_shutting_down",
         Failure::Rejected { kind, .. } => kind,
         Failure::Timeout(_) => "timeout",
         Failure::Transport(_) => "transport",

@@ -11,8 +11,9 @@
 //! server with status 0.
 //!
 //! Tools:
-//! - `charge_payment {amount, currency, delay_ms?, fail_after_charge?}`: sleeps `delay_ms`,
-//!   appends a charge, and returns `{chargeId, amount, currency}` as text and
+//! - `charge_payment {amount, currency, delay_ms?, fail_after_charge?}`: logs "charge_payment
+//!   started" (info level, so tests can see a call has begun), sleeps `delay_ms`, appends a
+//!   charge, and returns `{chargeId, amount, currency}` as text and
 //!   `structuredContent`. With `fail_after_charge` it appends the charge and then answers with a
 //!   JSON-RPC internal error naming the charge id: the side effect happened, the call failed.
 //!   A cancelled call (`notifications/cancelled`) still charges: only the response is dropped.
@@ -181,6 +182,7 @@ impl PaymentServer {
         params: Parameters<ChargeArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let args = params.0;
+        tracing::info!(amount = %args.amount, delay_ms = args.delay_ms, "charge_payment started");
         if args.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
         }

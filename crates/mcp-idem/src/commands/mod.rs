@@ -11,26 +11,47 @@ pub(crate) mod proxy;
 pub(crate) mod scope_args;
 pub(crate) mod wrap;
 
-/// Resolves on SIGINT or, on Unix, SIGTERM.
-pub(crate) async fn stop_signal() {
-    let interrupt = async {
+/// A future that resolves on SIGINT or, on Unix, SIGTERM. On Unix the handlers are installed at
+/// once, when this is called (not when the future is first polled): from then on these signals no
+/// longer end the process by their default action, even after the future is dropped, so that a
+/// command can finish its shutdown once it has begun it.
+#[cfg(unix)]
+pub(crate) fn stop_signal() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let install = |kind: SignalKind, name: &str| {
+        signal(kind)
+            .map_err(|err| tracing::warn!(error = %err, "cannot handle {name}"))
+            .ok()
+    };
+    let mut interrupt = install(SignalKind::interrupt(), "SIGINT");
+    let mut terminate = install(SignalKind::terminate(), "SIGTERM");
+    async move {
+        tokio::select! {
+            () = received(interrupt.as_mut()) => tracing::info!("SIGINT received"),
+            () = received(terminate.as_mut()) => tracing::info!("SIGTERM received"),
+        }
+    }
+}
+
+/// Completes when `signal` is delivered; never without a handler.
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(signal) => {
+            if signal.recv().await.is_none() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// A future that resolves on Ctrl-C.
+#[cfg(not(unix))]
+pub(crate) fn stop_signal() -> impl std::future::Future<Output = ()> {
+    async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = interrupt => {}
-        () = terminate => {}
     }
 }

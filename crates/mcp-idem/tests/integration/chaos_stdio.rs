@@ -9,11 +9,11 @@
 //! - client timeouts: a few calls run longer than the client waits, so it retries while the first
 //!   attempt still runs.
 //!
-//! The wrapped demo server is not killed with its `wrap`: it is orphaned, reads EOF on its stdin
-//! and exits on its own, possibly after finishing (and writing to the ledger) a call it had
-//! already read. That is the crash being tested (the owner dies between execution and recording),
-//! so the test lets it happen: it notes each orphan's pid before the kill, counts the ledger lines
-//! the orphans wrote after their `wrap` died, and checks at the end that every orphan exited.
+//! On Linux the wrapped demo server dies with its `wrap` (parent-death signal); elsewhere it is
+//! orphaned, reads EOF on its stdin and exits on its own, possibly after finishing (and writing to
+//! the ledger) a call it had already read. Either way the owner may die between execution and
+//! recording, the crash being tested: the test notes each server's pid before the kill, counts the
+//! ledger lines a server wrote after its `wrap` died, and checks at the end that every one exited.
 //!
 //! With `--after-crash reject`: no logical call executed twice; every call the client saw charged
 //! executed exactly once, with the charge id it got; calls answered `idempotency_outcome_unknown`

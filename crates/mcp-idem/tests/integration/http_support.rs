@@ -31,8 +31,11 @@ impl Spawned {
     /// Spawns `command` and waits for the stderr line starting with `ready`; returns the process
     /// and the rest of that line.
     fn spawn(mut command: Command, name: &str, ready: &str) -> (Self, String) {
+        // Warnings and errors, unless the caller chose what to log.
+        if !command.get_envs().any(|(name, _)| name == "MCP_IDEM_LOG") {
+            command.env("MCP_IDEM_LOG", "warn");
+        }
         let mut child = command
-            .env("MCP_IDEM_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -71,6 +74,37 @@ impl Spawned {
 
     fn stderr(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (polling, without blocking the runtime) for the process to exit; panics after
+    /// [`TIMEOUT`].
+    async fn exited(&mut self) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll the process") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the process did not exit within {TIMEOUT:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits (without blocking the runtime) until the process logged a line containing `text`;
+    /// panics after [`TIMEOUT`].
+    async fn logged(&self, text: &str) {
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        while !self.stderr().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {text:?} logged within {TIMEOUT:?}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 }
 
@@ -116,11 +150,19 @@ impl HttpDemo {
     /// `mcp-idem demo-server --http LISTEN --ledger LEDGER [extra]`: on a port of the test's
     /// choosing, e.g. to restart a server where its clients expect it.
     pub(crate) fn spawn_on(listen: &str, ledger: &Path, extra: &[&str]) -> Self {
+        Self::spawn_with_log(listen, ledger, extra, "warn")
+    }
+
+    /// [`HttpDemo::spawn_on`] logging with the `MCP_IDEM_LOG` filter `log`: with
+    /// `mcp_idem::commands::demo_server=info` it logs "charge_payment started" as each charge
+    /// begins ([`HttpDemo::logged`]).
+    pub(crate) fn spawn_with_log(listen: &str, ledger: &Path, extra: &[&str], log: &str) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mcp-idem"));
         command
             .args(["demo-server", "--http", listen, "--ledger"])
             .arg(ledger)
-            .args(extra);
+            .args(extra)
+            .env("MCP_IDEM_LOG", log);
         let (process, url) = Spawned::spawn(command, "demo-server", "listening on ");
         let authority = url
             .strip_prefix("http://")
@@ -147,6 +189,11 @@ impl HttpDemo {
     pub(crate) fn stderr(&self) -> String {
         self.process.stderr()
     }
+
+    /// Waits until the server logged a line containing `text`.
+    pub(crate) async fn logged(&self, text: &str) {
+        self.process.logged(text).await;
+    }
 }
 
 impl Endpoint for HttpDemo {
@@ -165,10 +212,16 @@ pub(crate) struct Proxy {
 impl Proxy {
     /// Spawns a proxy to `upstream` (`http://HOST:PORT`) and waits until it listens.
     pub(crate) fn spawn(upstream: &str, args: &[&str]) -> Self {
+        Self::spawn_with_log(upstream, args, "warn")
+    }
+
+    /// [`Proxy::spawn`] logging with the `MCP_IDEM_LOG` filter `log`.
+    pub(crate) fn spawn_with_log(upstream: &str, args: &[&str], log: &str) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mcp-idem"));
         command
             .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
-            .args(args);
+            .args(args)
+            .env("MCP_IDEM_LOG", log);
         let (process, base) =
             Spawned::spawn(command, "mcp-idem proxy", "mcp-idem proxy: listening on ");
         assert!(
@@ -189,6 +242,21 @@ impl Proxy {
     /// What the proxy logged so far (warnings and errors).
     pub(crate) fn stderr(&self) -> String {
         self.process.stderr()
+    }
+
+    /// Waits until the proxy logged a line containing `text`.
+    pub(crate) async fn logged(&self, text: &str) {
+        self.process.logged(text).await;
+    }
+
+    /// The proxy's pid.
+    pub(crate) fn pid(&self) -> u32 {
+        self.process.child.id()
+    }
+
+    /// Waits for the proxy to exit; panics after [`TIMEOUT`].
+    pub(crate) async fn exited(&mut self) -> std::process::ExitStatus {
+        self.process.exited().await
     }
 }
 

@@ -83,6 +83,8 @@ mod proxy_multi_instance;
 #[cfg(unix)]
 mod proxy_scope;
 #[cfg(unix)]
+mod proxy_shutdown;
+#[cfg(unix)]
 mod proxy_store_outage;
 #[cfg(unix)]
 mod proxy_upstream;
@@ -100,3 +102,5 @@ mod wrap_keys;
 mod wrap_namespaces;
 #[cfg(unix)]
 mod wrap_rmcp_client;
+#[cfg(target_os = "linux")]
+mod wrap_shutdown;

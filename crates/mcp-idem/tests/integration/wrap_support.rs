@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::common::{meta_2026, StdioPeer};
+use crate::common::{meta_2026, StdioPeer, TIMEOUT};
 
 /// The binary under test.
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
@@ -278,11 +278,43 @@ pub(crate) fn is_running(pid: u32) -> bool {
 
 /// Sends SIGKILL to exactly `pid`.
 pub(crate) fn kill_pid(pid: u32) {
+    signal_pid(pid, "KILL");
+}
+
+/// Sends signal `name` (`TERM`, `INT`, `KILL`) to exactly `pid`.
+pub(crate) fn signal_pid(pid: u32, name: &str) {
     let status = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
+        .args([&format!("-{name}"), &pid.to_string()])
         .status()
         .expect("run kill");
-    assert!(status.success(), "kill -KILL {pid} failed");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// Sends signal `name` to every process of process group `pgid`, as some clients stop their
+/// servers (the Python SDK's `os.killpg`).
+pub(crate) fn signal_group(pgid: u32, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), "--", &format!("-{pgid}")])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} -- -{pgid} failed");
+}
+
+/// The process group of process `pid`.
+pub(crate) fn process_group(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read stat");
+    // `pid (comm) state ppid pgrp ...`
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(2))
+        .and_then(|pgrp| pgrp.parse().ok())
+        .expect("the process group in /proc/PID/stat")
+}
+
+/// Waits until `peer` (a `wrap`, with its server's stderr) logged a line containing `text`.
+pub(crate) fn wait_for_log(peer: &StdioPeer, text: &str) {
+    wait_until(&format!("{text:?} in the log"), TIMEOUT, || {
+        peer.stderr().contains(text)
+    });
 }
 
 /// Kills the process on drop if it still runs and its command line still names `marker` (a path

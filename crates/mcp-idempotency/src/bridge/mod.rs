@@ -27,9 +27,10 @@
 //! When the server advertises `tools.idempotency`, a call whose answer is lost (no connection,
 //! a connection reset, a stream that ends before the response, no answer within the attempt
 //! timeout, HTTP 502/503/504, `idempotency_key_in_progress` (after its `retryAfterMs`),
-//! `idempotency_store_unavailable`) is re-issued with the same key under a new JSON-RPC id, and the
-//! answer reaches the client under the client's id. Waits between attempts back off with jitter
-//! ([`RetryPolicy`]: the same loop as [`Client`](crate::client::Client)); once the call's time is
+//! `idempotency_store_unavailable`, `idempotency_shutting_down`) is re-issued with the same key
+//! under a new JSON-RPC id, and the answer reaches the client under the client's id. Waits between
+//! attempts back off with jitter ([`RetryPolicy`]: the same loop as
+//! [`Client`](crate::client::Client)); once the call's time is
 //! up the client gets an error whose `data.type` is [`ANSWER_LOST`] and which names the key. A
 //! conflict, `idempotency_outcome_unknown` or any other answer is the client's as it came.
 //!

@@ -73,10 +73,16 @@ pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mu
                     .as_ref()
                     .and_then(|_| Refusal::of(message::error_data(&response).as_ref()));
                 match refusal {
-                    Some((refusal @ (Refusal::InProgress | Refusal::StoreUnavailable), after)) => {
+                    Some((
+                        refusal @ (Refusal::InProgress
+                        | Refusal::StoreUnavailable
+                        | Refusal::ShuttingDown),
+                        after,
+                    )) => {
                         may_have_run |= refusal == Refusal::InProgress;
                         let reason = match refusal {
                             Refusal::InProgress => "idempotency_key_in_progress",
+                            Refusal::ShuttingDown => "idempotency_shutting_down",
                             _ => "idempotency_store_unavailable",
                         };
                         (refusal.retry(reissuable, after), reason.to_owned())

@@ -382,6 +382,7 @@ fn classify_error(error: ErrorData, safe: bool) -> Attempt {
     let failure = match refusal {
         Refusal::InProgress => Failure::InProgress(error),
         Refusal::StoreUnavailable => Failure::StoreUnavailable(error),
+        Refusal::ShuttingDown => Failure::ShuttingDown(error),
         Refusal::Conflict => Failure::Conflict(error),
         Refusal::OutcomeUnknown => Failure::OutcomeUnknown(error),
         Refusal::Other(kind) => Failure::Rejected { kind, error },

@@ -121,6 +121,10 @@ pub enum Failure {
     /// tool did not run. Retried with the same key.
     #[error("the server's idempotency store is unavailable: {}", .0.message)]
     StoreUnavailable(ErrorData),
+    /// `idempotency_shutting_down`: the server (a gateway) is stopping and took no new keyed
+    /// call; the tool did not run. Retried with the same key after `data.retryAfterMs`.
+    #[error("the server is shutting down: {}", .0.message)]
+    ShuttingDown(ErrorData),
     /// Any other `idempotency_*` refusal (`idempotency_key_invalid`,
     /// `idempotency_arguments_too_large`, `idempotency_quota_exceeded`,
     /// `idempotency_outcome_not_retained`, …). Never retried.
@@ -154,6 +158,7 @@ impl Failure {
             | Self::OutcomeUnknown(error)
             | Self::InProgress(error)
             | Self::StoreUnavailable(error)
+            | Self::ShuttingDown(error)
             | Self::Rejected { error, .. } => Some(error),
             _ => None,
         }

@@ -34,6 +34,7 @@
 //! | the connection failed or closed ([`Failure::Transport`]); the session is replaced | maybe | if safe |
 //! | `idempotency_key_in_progress` | running | if safe, after `data.retryAfterMs` |
 //! | `idempotency_store_unavailable` (the server failed closed) | no | if safe, after `data.retryAfterMs` if given |
+//! | `idempotency_shutting_down` (a gateway is stopping) | no | if safe, after `data.retryAfterMs` |
 //! | `idempotency_key_conflict` | no | never: [`Failure::Conflict`] |
 //! | `idempotency_outcome_unknown` | maybe | never: [`Failure::OutcomeUnknown`]; the server will not run it again for this key |
 //! | any other `idempotency_*` (invalid key, arguments too large, quota, outcome not retained) | no, or its outcome is gone | never: [`Failure::Rejected`] |

@@ -94,6 +94,8 @@ pub(crate) enum Refusal {
     InProgress,
     /// `idempotency_store_unavailable`: the server failed closed; nothing ran.
     StoreUnavailable,
+    /// `idempotency_shutting_down`: the server is stopping; nothing ran, nothing was claimed.
+    ShuttingDown,
     /// `idempotency_key_conflict`.
     Conflict,
     /// `idempotency_outcome_unknown`.
@@ -110,6 +112,7 @@ impl Refusal {
         let refusal = match kind {
             "idempotency_key_in_progress" => Self::InProgress,
             "idempotency_store_unavailable" => Self::StoreUnavailable,
+            "idempotency_shutting_down" => Self::ShuttingDown,
             "idempotency_key_conflict" => Self::Conflict,
             "idempotency_outcome_unknown" => Self::OutcomeUnknown,
             other if other.starts_with("idempotency_") => Self::Other(other.to_owned()),
@@ -122,11 +125,13 @@ impl Refusal {
         Some((refusal, after))
     }
 
-    /// Whether the same call may be sent again with the same key: only while the original runs
-    /// or when the server failed closed, and only if retrying is `safe`.
+    /// Whether the same call may be sent again with the same key: only while the original runs,
+    /// when the server failed closed or is stopping, and only if retrying is `safe`.
     pub(crate) fn retry(&self, safe: bool, after: Option<Duration>) -> Retry {
         match self {
-            Self::InProgress | Self::StoreUnavailable => Retry::IfSafe { safe, after },
+            Self::InProgress | Self::StoreUnavailable | Self::ShuttingDown => {
+                Retry::IfSafe { safe, after }
+            }
             Self::Conflict | Self::OutcomeUnknown | Self::Other(_) => Retry::Never,
         }
     }
@@ -212,6 +217,18 @@ mod tests {
         let (refusal, _) = Refusal::of(Some(&quota)).unwrap();
         assert_eq!(refusal, Refusal::Other("idempotency_quota_exceeded".into()));
         assert_eq!(refusal.retry(true, None), Retry::Never);
+        // A stopping gateway ran nothing and claimed nothing: retried, when safe, after its hint.
+        let stopping = json!({"type": "idempotency_shutting_down", "retryAfterMs": 1000});
+        let (refusal, after) = Refusal::of(Some(&stopping)).unwrap();
+        assert_eq!(refusal, Refusal::ShuttingDown);
+        assert_eq!(after, Some(Duration::from_secs(1)));
+        assert_eq!(
+            refusal.retry(true, after),
+            Retry::IfSafe {
+                safe: true,
+                after: Some(Duration::from_secs(1))
+            }
+        );
         assert_eq!(Refusal::of(Some(&json!({"type": "tool_failed"}))), None);
         assert_eq!(Refusal::of(None), None);
     }

@@ -17,9 +17,12 @@ use tower_service::Service;
 use super::body::{json_response, BoxError, ResponseBody};
 use super::principal::ScopeBy;
 use super::relay::{self, Exchange};
+use super::shutdown::Shutdown;
+use crate::engine::Decision;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig};
 use crate::jsonrpc::{error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST};
 use crate::record::Scope;
+use crate::rejection::Rejection;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig};
 
@@ -93,6 +96,7 @@ pub(super) struct Shared {
     interceptor: InterceptorConfig,
     max_body_bytes: usize,
     body_timeout: Duration,
+    shutdown: Shutdown,
 }
 
 impl IdempotencyLayer {
@@ -106,6 +110,7 @@ impl IdempotencyLayer {
                 interceptor: InterceptorConfig::default(),
                 max_body_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
                 body_timeout: DEFAULT_BODY_TIMEOUT,
+                shutdown: Shutdown::default(),
             }),
         }
     }
@@ -135,6 +140,13 @@ impl IdempotencyLayer {
     /// `413`.
     pub fn max_body_bytes(self, max: usize) -> Self {
         self.with(|shared| shared.max_body_bytes = max)
+    }
+
+    /// The graceful stop of this layer and of every service made from it (call
+    /// [`Shutdown::drain`] when the server stops). Settings changed after this call give a layer
+    /// with the same shutdown.
+    pub fn shutdown(&self) -> Shutdown {
+        self.shared.shutdown.clone()
     }
 
     /// Longest a request body may take to arrive (default [`DEFAULT_BODY_TIMEOUT`]); a slower one
@@ -246,6 +258,7 @@ where
                 Exchange {
                     interceptor,
                     request_id: "null".into(),
+                    call: None,
                 },
                 inner.call(request),
             )
@@ -275,7 +288,28 @@ where
         }
     };
     let scope = Scope::new(Arc::clone(&shared.namespace), Arc::<str>::from(principal));
-    let decision = shared.dedup.begin(&scope, &call.tool_call()).await;
+    let key = call.tool_call().idempotency_key.cloned();
+    let Some(counted) = shared.shutdown.enter() else {
+        let refusal = Decision::Reject(Rejection::shutting_down(key.as_ref()));
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_decision(&refusal);
+        // A rejection is always answered, never forwarded.
+        return Ok(match interceptor.on_decision(call, refusal) {
+            Decided::Respond(response) | Decided::Forward(response) => {
+                json_response(StatusCode::OK, response)
+            }
+        });
+    };
+    let decision = match shared.dedup.begin(&scope, &call.tool_call()).await {
+        // The shutdown grace ended while the key was being claimed: the call is not forwarded.
+        Decision::Execute(claim) if shared.shutdown.grace_is_over() => {
+            claim
+                .release("the gateway shut down before forwarding the call")
+                .await;
+            Decision::Reject(Rejection::shutting_down(key.as_ref()))
+        }
+        decision => decision,
+    };
     let request_id = call.id().as_json().to_owned();
     match interceptor.on_decision(call, decision) {
         Decided::Respond(response) => Ok(json_response(StatusCode::OK, response)),
@@ -286,6 +320,7 @@ where
                 Exchange {
                     interceptor,
                     request_id,
+                    call: Some(counted),
                 },
                 inner.call(request),
             )

@@ -10,6 +10,8 @@ mod body;
 mod layer;
 pub mod principal;
 mod relay;
+mod shutdown;
 
 pub use body::{BoxError, ResponseBody};
 pub use layer::{idempotent_layer, IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT};
+pub use shutdown::{Shutdown, CUT_OFF_WAIT};

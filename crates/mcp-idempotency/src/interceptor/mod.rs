@@ -500,6 +500,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         !self.in_flight.is_empty()
     }
 
+    /// Whether any client request forwarded to the server is still unanswered: a claimed call,
+    /// or another request the interceptor tracks (every forwarded request with an id, up to a
+    /// limit, until its response or its cancellation).
+    pub fn has_requests_in_flight(&self) -> bool {
+        !self.in_flight.is_empty() || !self.pending.is_empty()
+    }
+
     /// The server went away: every claimed call in flight becomes an orphan to record as
     /// outcome-unknown and to answer with `idempotency_outcome_unknown`.
     pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan<C>> {

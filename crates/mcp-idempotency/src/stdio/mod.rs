@@ -31,25 +31,52 @@
 //! server line longer than [`MAX_SERVER_MESSAGE_BYTES`] is passed to the client as it comes,
 //! unread: the client asked for that response, so dropping it would only make the client wait; a
 //! keyed call it answered is not recorded and stays in flight until the server exits.
+//!
+//! # Stopping
+//!
+//! A run stops gracefully when the client closes its input, or when the future given to
+//! [`StdioProxy::run_until`] completes (`mcp-idem wrap` passes SIGTERM and SIGINT): keyed calls
+//! that arrive from then on are refused with `idempotency_shutting_down` (nothing runs, nothing
+//! is claimed), while everything else is still forwarded both ways, so that calls in flight can
+//! finish. Once no request forwarded to the server is unanswered, or when
+//! [`StdioProxy::shutdown_grace`] has passed, the claimed calls still running are recorded as
+//! outcome-unknown and answered `idempotency_outcome_unknown`, the client's input is no longer
+//! read, and the server's input is closed; the server's output is still relayed until it ends.
 
 pub(crate) mod lines;
+mod stopping;
 
+use std::future::Future;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
 use tokio::sync::{mpsc, Notify};
 
+use crate::engine::Decision;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::jsonrpc::{
     error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
 };
 use crate::record::Scope;
+use crate::rejection::Rejection;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RunningClaim};
 use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
+use stopping::Stopping;
+
+/// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
+/// input, waits 2 s, sends SIGTERM, waits 2 s more and sends SIGKILL; a grace counted from the
+/// first of these ends, and the calls are recorded, before the SIGKILL.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Why a call still running when the grace ended is answered outcome-unknown (the interceptor
+/// adds "before answering; the call may or may not have taken effect").
+const GRACE_ENDED: &str =
+    "the gateway shut down with the call still running: the MCP server was stopped";
 
 /// Buffer between the in-process server and the proxy, per direction.
 const DUPLEX_BUFFER: usize = 256 * 1024;
@@ -67,6 +94,7 @@ pub struct StdioProxy {
     scope: Scope,
     config: InterceptorConfig,
     max_line_bytes: usize,
+    shutdown_grace: Duration,
 }
 
 /// How a proxy run ended.
@@ -74,6 +102,8 @@ pub struct StdioProxy {
 pub struct ProxyExit {
     /// Claimed calls that were in flight when the server went away (recorded as outcome-unknown).
     pub orphaned_calls: usize,
+    /// Claimed calls still running when the shutdown grace ended (recorded as outcome-unknown).
+    pub calls_cut_off: usize,
 }
 
 impl StdioProxy {
@@ -84,7 +114,16 @@ impl StdioProxy {
             scope,
             config: InterceptorConfig::default(),
             max_line_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
+    }
+
+    /// How long a stopping run waits for the requests in flight (default
+    /// [`DEFAULT_SHUTDOWN_GRACE`]), counted from the client's EOF or the `stop` of
+    /// [`run_until`](Self::run_until), whichever comes first; see [Stopping](self#stopping).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
+        self
     }
 
     /// Longest client line (without its line ending) read (default
@@ -101,11 +140,11 @@ impl StdioProxy {
         self
     }
 
-    /// Proxies until the server closes its output. When the client closes its input, the server's
-    /// input is closed too, so a well-behaved server exits and the run ends. When the server's
-    /// output ends first, the client's input is no longer read (it may stay open), and claimed
-    /// calls still unanswered are recorded as outcome-unknown and answered with
-    /// `idempotency_outcome_unknown`.
+    /// Proxies until the server closes its output. When the client closes its input, the run
+    /// stops gracefully (see [Stopping](self#stopping)) and then closes the server's input, so a
+    /// well-behaved server exits and the run ends. When the server's output ends first, the
+    /// client's input is no longer read (it may stay open), and claimed calls still unanswered are
+    /// recorded as outcome-unknown and answered with `idempotency_outcome_unknown`.
     pub async fn run<CR, CW, SW, SR>(
         self,
         client_in: CR,
@@ -119,33 +158,72 @@ impl StdioProxy {
         SW: AsyncWrite + Unpin,
         SR: AsyncRead + Unpin,
     {
+        self.run_until(
+            client_in,
+            client_out,
+            server_in,
+            server_out,
+            std::future::pending(),
+        )
+        .await
+    }
+
+    /// [`run`](Self::run), also stopping gracefully when `stop` completes (a signal), as on the
+    /// client's EOF: keyed calls are refused from then on, the requests in flight get
+    /// [`shutdown_grace`](Self::shutdown_grace) to be answered, then the server's input is closed.
+    pub async fn run_until<CR, CW, SW, SR, S>(
+        self,
+        client_in: CR,
+        client_out: CW,
+        server_in: SW,
+        server_out: SR,
+        stop: S,
+    ) -> io::Result<ProxyExit>
+    where
+        CR: AsyncRead + Unpin,
+        CW: AsyncWrite + Unpin,
+        SW: AsyncWrite + Unpin,
+        SR: AsyncRead + Unpin,
+        S: Future<Output = ()>,
+    {
         let state = Arc::new(Mutex::new(Interceptor::<RunningClaim>::new(
             self.config.clone(),
         )));
         let (to_client, from_proxy) = mpsc::channel::<Vec<u8>>(CLIENT_QUEUE);
         let write_client = write_lines(from_proxy, client_out);
         let server_gone = Notify::new();
+        let stopping = Stopping::default();
 
         let pumps = async {
             let to_client = ToClient::new(to_client);
             let client_pump = async {
                 let result = self
-                    .client_to_server(&state, client_in, server_in, &to_client, &server_gone)
+                    .client_to_server(
+                        &state,
+                        client_in,
+                        server_in,
+                        &to_client,
+                        &server_gone,
+                        &stopping,
+                    )
                     .await;
                 if let Err(err) = result {
                     tracing::debug!(error = %err, "client stream ended with an error");
                 }
             };
-            let server_pump = self.server_to_client(&state, server_out, &to_client);
-            tokio::pin!(client_pump, server_pump);
+            let server_pump = self.server_to_client(&state, server_out, &to_client, &stopping);
+            let drain = self.drain(stop, &state, &to_client, &stopping);
+            tokio::pin!(client_pump, server_pump, drain);
             // The server pump decides when the run is over; the client pump ending (EOF) only
-            // closes the server's input. Once the server's output has ended, the client pump
-            // stops before its next read (never in the middle of a message), even if the client
-            // keeps its end open.
+            // starts the drain, which ends with the server's input closed. Once the server's
+            // output has ended, the client pump stops before its next read (never in the middle
+            // of a message), even if the client keeps its end open.
             let mut client_done = false;
+            let mut calls_cut_off = None;
             let ended = loop {
                 tokio::select! {
                     () = &mut client_pump, if !client_done => client_done = true,
+                    cut = &mut drain, if calls_cut_off.is_none() => calls_cut_off = Some(cut),
                     ended = &mut server_pump => break ended,
                 }
             };
@@ -156,13 +234,76 @@ impl StdioProxy {
             // Only now is no call on its way to the server: whatever is still in flight (also a
             // call the client pump claimed but could not deliver) will never be answered.
             let orphaned_calls = self.orphan_calls_in_flight(&state, &to_client).await;
-            ended.map(|()| ProxyExit { orphaned_calls })
+            ended.map(|()| ProxyExit {
+                orphaned_calls,
+                calls_cut_off: calls_cut_off.unwrap_or(0),
+            })
         };
         let (result, write_result) = tokio::join!(pumps, write_client);
         if let Err(err) = write_result {
             tracing::debug!(error = %err, "client output closed");
         }
         result
+    }
+
+    /// Waits for `stop` or the client's EOF, then drains (see [Stopping](self#stopping)); returns
+    /// how many claimed calls were cut off by the end of the grace.
+    async fn drain<S: Future<Output = ()>>(
+        &self,
+        stop: S,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        to_client: &ToClient,
+        stopping: &Stopping,
+    ) -> usize {
+        tokio::select! {
+            () = stop => tracing::info!("stopping: no new keyed calls"),
+            () = stopping.client_ended.notified() => {
+                tracing::debug!("the client closed its input; finishing the requests in flight");
+            }
+        }
+        stopping.start_draining();
+        let grace = tokio::time::sleep(self.shutdown_grace);
+        tokio::pin!(grace);
+        let cut_off = loop {
+            let progress = stopping.progress.notified();
+            if stopping.none_deciding() && !lock(state).has_requests_in_flight() {
+                break 0;
+            }
+            tokio::select! {
+                () = progress => {}
+                () = &mut grace => break self.cut_off_calls(state, to_client).await,
+            }
+        };
+        stopping.end_drain();
+        cut_off
+    }
+
+    /// Records the claimed calls still running at the end of the grace as outcome-unknown and
+    /// answers them; returns how many there were.
+    async fn cut_off_calls(
+        &self,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        to_client: &ToClient,
+    ) -> usize {
+        let orphans = lock(state).on_server_gone(GRACE_ENDED);
+        let cut_off = orphans.len();
+        if cut_off > 0 {
+            tracing::warn!(
+                calls = cut_off,
+                grace_ms = u64::try_from(self.shutdown_grace.as_millis()).unwrap_or(u64::MAX),
+                "the shutdown grace ended with calls running; recording them as outcome-unknown"
+            );
+        }
+        for orphan in orphans {
+            orphan
+                .claim
+                .abandon("the gateway shut down while the call ran (its shutdown grace ended)")
+                .await;
+            if let Some(response) = orphan.response {
+                send(to_client, response.into_bytes()).await;
+            }
+        }
+        cut_off
     }
 
     async fn client_to_server<CR, SW>(
@@ -172,6 +313,7 @@ impl StdioProxy {
         mut server_in: SW,
         to_client: &ToClient,
         server_gone: &Notify,
+        stopping: &Stopping,
     ) -> io::Result<()>
     where
         CR: AsyncRead + Unpin,
@@ -179,15 +321,27 @@ impl StdioProxy {
     {
         let mut lines = BufReader::new(client_in);
         let mut line = Vec::new();
-        loop {
+        while !stopping.is_over() {
+            if stopping.is_draining() {
+                // A cancellation, or a refused call, may be what the drain waits for.
+                stopping.progress.notify_one();
+            }
             let read = tokio::select! {
                 biased;
                 // Nobody is left to read what the client sends.
                 () = server_gone.notified() => return Ok(()),
+                // The drain is over: nothing more goes to the server.
+                () = stopping.drained.notified() => break,
                 read = read_line(&mut lines, &mut line, self.max_line_bytes) => read?,
             };
             match read {
-                Line::Eof => break,
+                Line::Eof => {
+                    stopping.client_ended.notify_one();
+                    tokio::select! {
+                        () = server_gone.notified() => return Ok(()),
+                        () = stopping.drained.notified() => break,
+                    }
+                }
                 Line::Whole => {}
                 Line::TooLong => {
                     let skipped = skip_rest(&mut lines).await?;
@@ -220,8 +374,31 @@ impl StdioProxy {
                 ClientAction::Absorb => {}
                 ClientAction::Respond(response) => send(to_client, response.into_bytes()).await,
                 ClientAction::Decide(call) => {
-                    let decision = self.dedup.begin(&self.scope, &call.tool_call()).await;
+                    let deciding = stopping.enter_decision();
+                    let decision = if deciding.refuse {
+                        let refusal = Decision::Reject(Rejection::shutting_down(
+                            call.tool_call().idempotency_key,
+                        ));
+                        #[cfg(feature = "metrics")]
+                        crate::metrics::on_decision(&refusal);
+                        refusal
+                    } else {
+                        self.dedup.begin(&self.scope, &call.tool_call()).await
+                    };
+                    let decision = match decision {
+                        // The grace ended while the key was being claimed: the call was not sent.
+                        Decision::Execute(claim) if stopping.is_over() => {
+                            claim
+                                .release("the gateway shut down before forwarding the call")
+                                .await;
+                            Decision::Reject(Rejection::shutting_down(
+                                call.tool_call().idempotency_key,
+                            ))
+                        }
+                        decision => decision,
+                    };
                     let decided = lock(state).on_decision(call, decision);
+                    drop(deciding);
                     match decided {
                         Decided::Forward(request) => {
                             write_line(&mut server_in, request.into_bytes()).await?;
@@ -245,6 +422,7 @@ impl StdioProxy {
         state: &Mutex<Interceptor<RunningClaim>>,
         server_out: SR,
         to_client: &ToClient,
+        stopping: &Stopping,
     ) -> io::Result<()>
     where
         SR: AsyncRead + Unpin,
@@ -252,6 +430,8 @@ impl StdioProxy {
         let mut lines = BufReader::new(server_out);
         let mut line = Vec::new();
         loop {
+            // A response ends what the drain may wait for.
+            stopping.progress.notify_one();
             match read_line(&mut lines, &mut line, MAX_SERVER_MESSAGE_BYTES).await? {
                 Line::Eof => return Ok(()),
                 Line::Whole => {}

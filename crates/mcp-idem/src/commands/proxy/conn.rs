@@ -4,6 +4,14 @@
 //! kept-alive connection from the next request's first byte), and a kept-alive connection idle
 //! for `idle_timeout` is closed. A request being answered (its response body included) is never
 //! cut off by these; the request body has the layer's own timeout.
+//!
+//! When the shutdown signal comes, the listener is closed at once (new connections are refused,
+//! so a client or a load balancer turns to another instance), each connection finishes the
+//! request it is answering and closes, and [`serve`] returns once the open requests are answered
+//! and the idempotency layer's claimed calls are recorded ([`Shutdown::drain`]), or when the grace
+//! ends: the layer then cuts off its calls still running (recorded outcome-unknown, answered so),
+//! and requests without a key still open are cut off when the process exits. GET streams (a
+//! session's server-to-client stream) are not waited for.
 
 use std::future::Future;
 use std::io;
@@ -17,6 +25,7 @@ use http::{Request, Response};
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
+use mcp_idempotency::http::{Shutdown, CUT_OFF_WAIT};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, Semaphore};
@@ -31,13 +40,51 @@ pub(crate) struct Limits {
     pub(crate) idle_timeout: Duration,
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then waits for open requests to be
-/// answered.
+/// Serves `router` on `listener` until `stop` completes, then drains: see the module docs.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: axum::Router,
     limits: Limits,
+    stop: impl Future<Output = ()>,
+    calls: Shutdown,
+    grace: Duration,
+) {
+    let requests = Requests::default();
+    accept(listener, router, limits, stop, &requests).await;
+    calls.stop_taking_calls();
+    tracing::info!(
+        requests = requests.open(),
+        calls = calls.calls_in_flight(),
+        "stopping: no new connections; finishing the requests in flight"
+    );
+    let answered = async {
+        tokio::join!(requests.done(), calls.calls_done());
+    };
+    if tokio::time::timeout(grace, answered).await.is_ok() {
+        return;
+    }
+    calls.end_grace();
+    // The calls cut off are recorded and answered; give their answers a moment to be sent.
+    let answered = async {
+        tokio::join!(requests.done(), calls.calls_done());
+    };
+    if tokio::time::timeout(CUT_OFF_WAIT, answered).await.is_err() {
+        tracing::warn!(
+            requests = requests.open(),
+            calls = calls.calls_in_flight(),
+            "exiting with requests still open"
+        );
+    }
+}
+
+/// Accepts connections until `shutdown` completes; then closes the listener and asks every open
+/// connection to close once it has answered its request.
+async fn accept(
+    listener: TcpListener,
+    router: axum::Router,
+    limits: Limits,
     shutdown: impl Future<Output = ()>,
+    requests: &Requests,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let (stop, stopped) = watch::channel(());
@@ -73,15 +120,61 @@ pub(crate) async fn serve(
         };
         let router = router.clone();
         let stopped = stopped.clone();
+        let requests = requests.clone();
         tokio::spawn(async move {
-            serve_connection(stream, router, limits, stopped).await;
+            serve_connection(stream, router, limits, stopped, requests).await;
             drop(permit);
         });
     }
+    drop(listener);
     drop(stop);
-    // Every open connection holds a permit.
-    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
-    let _ = permits.acquire_many(all).await;
+}
+
+/// Requests being answered, GET streams left out: what a stopping proxy waits for.
+#[derive(Clone, Debug, Default)]
+struct Requests(Arc<RequestsInner>);
+
+#[derive(Debug, Default)]
+struct RequestsInner {
+    open: std::sync::atomic::AtomicUsize,
+    none_open: Notify,
+}
+
+impl Requests {
+    fn open(&self) -> usize {
+        self.0.open.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn enter(&self) -> OpenRequest {
+        self.0
+            .open
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        OpenRequest(self.clone())
+    }
+
+    async fn done(&self) {
+        loop {
+            let none_open = self.0.none_open.notified();
+            tokio::pin!(none_open);
+            none_open.as_mut().enable();
+            if self.open() == 0 {
+                return;
+            }
+            none_open.await;
+        }
+    }
+}
+
+/// One open request, until its response has been sent (or dropped).
+struct OpenRequest(Requests);
+
+impl Drop for OpenRequest {
+    fn drop(&mut self) {
+        let inner = &(self.0).0;
+        if inner.open.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            inner.none_open.notify_waiters();
+        }
+    }
 }
 
 async fn serve_connection(
@@ -89,6 +182,7 @@ async fn serve_connection(
     router: axum::Router,
     limits: Limits,
     mut stopped: watch::Receiver<()>,
+    requests: Requests,
 ) {
     let activity = Arc::new(Activity::new(Instant::now()));
     let io = TokioIo::new(Watched {
@@ -98,6 +192,7 @@ async fn serve_connection(
     let service = TowerToHyperService::new(Tracked {
         inner: router,
         activity: Arc::clone(&activity),
+        requests,
     });
     let mut conn = pin!(hyper::server::conn::http1::Builder::new()
         .header_read_timeout(None)
@@ -291,6 +386,7 @@ impl AsyncWrite for Watched {
 struct Tracked {
     inner: axum::Router,
     activity: Arc<Activity>,
+    requests: Requests,
 }
 
 impl Service<Request<Incoming>> for Tracked {
@@ -305,10 +401,17 @@ impl Service<Request<Incoming>> for Tracked {
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         self.activity.update(Phase::on_request);
         let busy = Busy(Arc::clone(&self.activity));
+        // A GET is a stream the server keeps open (a session's server-to-client stream): a
+        // stopping proxy does not wait for it.
+        let open = (request.method() != http::Method::GET).then(|| self.requests.enter());
         let call = self.inner.call(request);
         Box::pin(async move {
             let response = call.await?;
-            Ok(response.map(|body| TrackedBody { body, _busy: busy }))
+            Ok(response.map(|body| TrackedBody {
+                body,
+                _busy: busy,
+                _open: open,
+            }))
         })
     }
 }
@@ -327,6 +430,7 @@ impl Drop for Busy {
 struct TrackedBody {
     body: Body,
     _busy: Busy,
+    _open: Option<OpenRequest>,
 }
 
 impl hyper::body::Body for TrackedBody {

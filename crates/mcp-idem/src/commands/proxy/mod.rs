@@ -92,6 +92,13 @@ pub(crate) struct ProxyArgs {
     )]
     allow_any_host: bool,
 
+    /// How long requests in flight get to be answered, and keyed calls recorded, once the proxy
+    /// is stopping (SIGTERM or SIGINT): it stops accepting connections at once and answers new
+    /// keyed calls `idempotency_shutting_down`. Calls still running then are recorded as
+    /// outcome-unknown and answered so; the proxy exits with status 0.
+    #[arg(long, env = "MCP_IDEM_SHUTDOWN_GRACE", default_value = "8s", value_parser = humantime::parse_duration)]
+    shutdown_grace: std::time::Duration,
+
     #[command(flatten)]
     scope: ScopeArgs,
 
@@ -125,6 +132,8 @@ impl ProxyArgs {
             .unwrap_or_else(|| format!("http:{upstream_url}"));
         tracing::info!(%namespace, upstream = %upstream_url, "proxying");
 
+        // Before the listener opens: from now on SIGTERM and SIGINT start the graceful stop.
+        let stop = super::stop_signal();
         let layer = IdempotencyLayer::new(dedup.clone())
             .namespace(namespace)
             .scope_by(scope_by)
@@ -134,6 +143,7 @@ impl ProxyArgs {
                     .forward_key(self.forward_key)
                     .cancel_policy(CancelPolicy::Absorb),
             );
+        let calls = layer.shutdown();
         let hosts = if self.allow_any_host {
             AllowedHosts::any()
         } else {
@@ -155,7 +165,7 @@ impl ProxyArgs {
             idle_timeout: self.idle_timeout,
         };
         tokio::select! {
-            () = conn::serve(listener, router, limits, super::stop_signal()) => {}
+            () = conn::serve(listener, router, limits, stop, calls, self.shutdown_grace) => {}
             never = purge_periodically(dedup) => match never {},
         }
         Ok(())

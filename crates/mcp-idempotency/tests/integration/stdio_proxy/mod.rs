@@ -264,3 +264,4 @@ fn error_type(response: &Value) -> &str {
 mod in_flight;
 mod passthrough;
 mod records;
+mod stopping;

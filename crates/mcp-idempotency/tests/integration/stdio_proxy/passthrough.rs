@@ -25,7 +25,13 @@ async fn client_eof_closes_the_server_input() {
         client.recv().await["method"],
         json!("notifications/message")
     );
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 0 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 0
+        }
+    );
     client.from_proxy.expect_eof().await;
 }
 
@@ -57,7 +63,13 @@ async fn malformed_lines_pass_through_byte_for_byte() {
         client.send_raw(line).await;
     }
     client.close().await;
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 0 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 0
+        }
+    );
     server_task.await.unwrap();
     let seen = log.lines();
     assert_eq!(seen.len(), lines.len());

@@ -80,7 +80,13 @@ async fn executes_once_then_replays(dedup: Deduplicator) {
     assert_eq!(calls[0]["params"]["arguments"], json!({"amount": 4200}));
 
     client.close().await;
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 0 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 0
+        }
+    );
     server_task.await.unwrap();
     client.from_proxy.expect_eof().await;
 }
@@ -143,7 +149,13 @@ async fn out_of_order_responses_are_recorded_to_their_keys() {
     client.close().await;
     server.requests.expect_eof().await;
     drop(server);
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 0 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 0
+        }
+    );
 }
 
 async fn orphaned_call_is_not_run_again(
@@ -166,7 +178,13 @@ async fn orphaned_call_is_not_run_again(
     assert_eq!(response["error"]["code"], json!(-32603));
     assert_eq!(error_type(&response), "idempotency_outcome_unknown");
     assert_eq!(response["error"]["data"]["idempotencyKey"], "pay-once");
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 1 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 1,
+            calls_cut_off: 0
+        }
+    );
     client.from_proxy.expect_eof().await;
 
     // A new server behind a new proxy over the same records: the retry is refused, not run.
@@ -193,7 +211,13 @@ async fn orphaned_call_is_not_run_again(
     assert_eq!(response["id"], json!("retry"));
     assert_eq!(error_type(&response), "idempotency_outcome_unknown");
     client.close().await;
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 0 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 0
+        }
+    );
     server_task.await.unwrap();
     assert_eq!(log.executions(), 0);
     assert!(log.lines().is_empty());
@@ -244,7 +268,13 @@ async fn claimed_call_that_cannot_reach_the_server_is_outcome_unknown() {
     let response = client.recv().await;
     assert_eq!(response["id"], json!(1));
     assert_eq!(error_type(&response), "idempotency_outcome_unknown");
-    assert_eq!(finished(run).await, ProxyExit { orphaned_calls: 1 });
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 1,
+            calls_cut_off: 0
+        }
+    );
     let record = store
         .get(&record_id("undelivered"), Timestamp::now())
         .await

@@ -1,6 +1,14 @@
 //! `mcp-idem wrap -- <command>`: SEP-3182 in front of any stdio MCP server.
+//!
+//! On SIGTERM, SIGINT or the client's EOF, `wrap` stops taking keyed calls, gives the calls in
+//! flight `--shutdown-grace` to be answered and recorded (see the library's
+//! [stdio stopping](mcp_idempotency::stdio#stopping)), then stops the server as [`server`] says
+//! and exits with its status.
 
-use std::process::{ExitCode, Stdio};
+mod server;
+
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -11,11 +19,16 @@ use sha2::{Digest, Sha256};
 
 use super::engine_args::{purge_periodically, EngineArgs};
 use crate::ops::OpsArgs;
+pub(crate) use server::ExecServerArgs;
 
 /// Default of `--max-line-bytes`: the library's
 /// [`DEFAULT_MAX_CLIENT_MESSAGE_BYTES`](mcp_idempotency::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES),
 /// spelled for `--help` and `config-check`.
 const DEFAULT_MAX_LINE: &str = "4MiB";
+
+/// Default of `--shutdown-grace`: the library's
+/// [`DEFAULT_SHUTDOWN_GRACE`](mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE), spelled for `--help`.
+const DEFAULT_GRACE: &str = "3s";
 
 #[derive(Debug, Args)]
 pub(crate) struct WrapArgs {
@@ -47,6 +60,13 @@ pub(crate) struct WrapArgs {
     /// without being held in memory whole and answered with a JSON-RPC error.
     #[arg(long, env = "MCP_IDEM_MAX_LINE_BYTES", default_value = DEFAULT_MAX_LINE, value_parser = parse_bytes)]
     max_line_bytes: usize,
+
+    /// How long keyed calls in flight get to be answered and recorded once `wrap` is stopping
+    /// (SIGTERM, SIGINT or the client's EOF, counted from the first); new keyed calls are refused
+    /// meanwhile. Calls still running then are recorded as outcome-unknown. Then the server's
+    /// input is closed; it gets 2 s to exit, then SIGTERM, 2 s more, then SIGKILL.
+    #[arg(long, env = "MCP_IDEM_SHUTDOWN_GRACE", default_value = DEFAULT_GRACE, value_parser = humantime::parse_duration)]
+    shutdown_grace: Duration,
 
     /// The MCP server to run, and its arguments.
     #[arg(last = true, required = true, value_name = "COMMAND")]
@@ -106,17 +126,12 @@ impl WrapArgs {
             self.command
         );
 
-        let (program, args) = self.command.split_first().context("no command to run")?;
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {program:?}"))?;
-        let child_in = child.stdin.take().context("child stdin")?;
-        let child_out = child.stdout.take().context("child stdout")?;
+        // Before the server starts: from now on SIGTERM and SIGINT start the graceful stop instead
+        // of killing `wrap` at once.
+        let stop = super::stop_signal();
+        let (mut server, child_in, child_out) = server::spawn(&self.command)?;
+        let (input_closed, closing) = tokio::sync::oneshot::channel();
+        let child_in = server::ServerInput::new(child_in, input_closed);
 
         let purge = purge_periodically(dedup.clone());
         let proxy = StdioProxy::new(dedup, scope)
@@ -125,18 +140,27 @@ impl WrapArgs {
                     .forward_key(self.forward_key)
                     .cancel_policy(self.cancel),
             )
-            .max_line_bytes(self.max_line_bytes);
+            .max_line_bytes(self.max_line_bytes)
+            .shutdown_grace(self.shutdown_grace);
         // Non-blocking pipes when the client launched us with pipes (the usual case): no thread
         // hand-off per message.
         let (client_in, client_out) = rmcp::transport::stdio_pipes();
-        let run = proxy.run(client_in, client_out, child_in, child_out);
-        tokio::select! {
-            result = run => {
-                result.context("stdio proxy failed")?;
+        let run = proxy.run_until(client_in, client_out, child_in, child_out, stop);
+        let proxied = async {
+            tokio::select! {
+                result = run => result,
+                never = purge => match never {},
             }
-            never = purge => match never {},
+        };
+        let (proxied, status) = tokio::join!(proxied, server.wait_or_stop(closing));
+        let exit = proxied.context("stdio proxy failed")?;
+        if exit.calls_cut_off > 0 {
+            tracing::warn!(
+                calls = exit.calls_cut_off,
+                "stopped with calls still running after --shutdown-grace; they are recorded as outcome-unknown"
+            );
         }
-        let status = child.wait().await.context("cannot wait for the server")?;
+        let status = status.context("cannot wait for the server")?;
         Ok(exit_code(status))
     }
 }
@@ -195,6 +219,15 @@ mod tests {
         assert!(parse_bytes("0").is_err());
         assert!(parse_bytes("4MB").is_err());
         assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn the_default_grace_is_the_librarys() {
+        use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
+        assert_eq!(
+            humantime::parse_duration(DEFAULT_GRACE),
+            Ok(DEFAULT_SHUTDOWN_GRACE)
+        );
     }
 
     #[test]

@@ -1,0 +1,83 @@
+//! The graceful stop of one [`StdioProxy`](super::StdioProxy) run, shared by its two pumps and
+//! the task that drains it.
+//!
+//! A run stops when the client's input ends or the caller's `stop` future completes, whichever
+//! comes first. From then on keyed calls are refused (`idempotency_shutting_down`, nothing
+//! claimed); everything else is still forwarded both ways, so that a call in flight can finish
+//! (it may wait for the client's answer to a server request). The drain is over when no request
+//! forwarded to the server is unanswered, or when the grace period ends: then the claimed calls
+//! still running are recorded as outcome-unknown and answered, the client's input is no longer
+//! read, and the server's input is closed.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokio::sync::Notify;
+
+/// Where a run is in its stop; every flag only goes from `false` to `true`.
+#[derive(Debug, Default)]
+pub(super) struct Stopping {
+    /// New keyed calls are refused.
+    draining: AtomicBool,
+    /// The drain is over: nothing more goes to the server.
+    over: AtomicBool,
+    /// Keyed calls past the `draining` check and not yet handed to the interceptor (their claim
+    /// is being taken): the drain waits for them as for calls in flight.
+    deciding: AtomicUsize,
+    /// Something the drain waits for may have changed (a response, a decided call).
+    pub(super) progress: Notify,
+    /// The client's input ended.
+    pub(super) client_ended: Notify,
+    /// The drain is over.
+    pub(super) drained: Notify,
+}
+
+impl Stopping {
+    /// Starts the drain: keyed calls from now on are refused.
+    pub(super) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub(super) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Ends the drain; the client pump stops and closes the server's input.
+    pub(super) fn end_drain(&self) {
+        self.over.store(true, Ordering::SeqCst);
+        self.drained.notify_one();
+    }
+
+    pub(super) fn is_over(&self) -> bool {
+        self.over.load(Ordering::SeqCst)
+    }
+
+    /// Marks a keyed call as being decided, then tells whether it must be refused. Counting
+    /// first (both sequentially consistent) means the drain either sees the call counted or the
+    /// call sees the drain: a call is never claimed behind the drain's back.
+    pub(super) fn enter_decision(&self) -> Deciding<'_> {
+        self.deciding.fetch_add(1, Ordering::SeqCst);
+        Deciding {
+            stopping: self,
+            refuse: self.is_draining(),
+        }
+    }
+
+    /// Whether no keyed call is being decided.
+    pub(super) fn none_deciding(&self) -> bool {
+        self.deciding.load(Ordering::SeqCst) == 0
+    }
+}
+
+/// A keyed call being decided; dropped once the interceptor holds it (or it was answered).
+pub(super) struct Deciding<'a> {
+    stopping: &'a Stopping,
+    /// The run is draining: refuse the call without claiming it.
+    pub(super) refuse: bool,
+}
+
+impl Drop for Deciding<'_> {
+    fn drop(&mut self) {
+        self.stopping.deciding.fetch_sub(1, Ordering::SeqCst);
+        self.stopping.progress.notify_one();
+    }
+}

@@ -1,0 +1,145 @@
+//! [`StdioProxy::run_until`] and [`StdioProxy::shutdown_grace`]: a stopping run refuses new keyed
+//! calls without claiming them, waits for the call in flight, and cuts off (outcome-unknown) what is
+//! still running when the grace ends.
+
+use tokio::sync::oneshot;
+
+use super::*;
+
+/// [`start`] with `run_until`: the run stops when `stop` fires; `stopped` fires from inside the
+/// proxy's task, in the poll that starts the drain (the tests run on one thread, so by the time the
+/// test sees it the drain has begun).
+fn start_until(
+    dedup: Deduplicator,
+    grace: Duration,
+) -> (
+    Client,
+    ServerEnds,
+    Run,
+    oneshot::Sender<()>,
+    oneshot::Receiver<()>,
+) {
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (stopped_tx, stopped_rx) = oneshot::channel::<()>();
+    let (client_to_proxy, proxy_client_in) = tokio::io::duplex(PIPE);
+    let (proxy_client_out, proxy_to_client) = tokio::io::duplex(PIPE);
+    let (proxy_server_in, server_requests) = tokio::io::duplex(PIPE);
+    let (server_to_proxy, proxy_server_out) = tokio::io::duplex(PIPE);
+    let proxy = StdioProxy::new(dedup, scope()).shutdown_grace(grace);
+    let stop = async move {
+        let _ = stop_rx.await;
+        let _ = stopped_tx.send(());
+    };
+    let run = tokio::spawn(proxy.run_until(
+        proxy_client_in,
+        proxy_client_out,
+        proxy_server_in,
+        proxy_server_out,
+        stop,
+    ));
+    (
+        Client {
+            to_proxy: client_to_proxy,
+            from_proxy: LineReader(BufReader::new(proxy_to_client)),
+        },
+        ServerEnds {
+            requests: LineReader(BufReader::new(server_requests)),
+            to_proxy: server_to_proxy,
+        },
+        run,
+        stop_tx,
+        stopped_rx,
+    )
+}
+
+#[tokio::test]
+async fn a_stop_refuses_new_keyed_calls_and_lets_the_call_in_flight_finish() {
+    let (dedup, store) = memory_dedup(EngineConfig::default());
+    let (mut client, mut server, run, stop, stopped) =
+        start_until(dedup, Duration::from_secs(3600));
+    client
+        .send(&call(1, "in-flight", json!({"amount": 1})))
+        .await;
+    let request = server.requests.json().await;
+    assert_eq!(request["id"], 1);
+    stop.send(()).unwrap();
+    stopped.await.unwrap();
+
+    client
+        .send(&call(2, "too-late", json!({"amount": 2})))
+        .await;
+    let refused = client.recv().await;
+    assert_eq!(refused["id"], 2, "{refused}");
+    assert_eq!(error_type(&refused), "idempotency_shutting_down");
+    assert_eq!(refused["error"]["code"], -32603);
+    assert_eq!(refused["error"]["data"]["retryAfterMs"], 1000);
+    assert!(store
+        .get(&record_id("too-late"), Timestamp::now())
+        .await
+        .unwrap()
+        .is_none());
+
+    // The call in flight is answered and recorded; only then is the server's input closed.
+    server
+        .send(r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#)
+        .await;
+    assert_eq!(client.recv().await["result"], json!({"content": []}));
+    server.requests.expect_eof().await;
+    drop(server);
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 0
+        }
+    );
+    assert!(matches!(
+        store
+            .get(&record_id("in-flight"), Timestamp::now())
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        RecordState::Completed {
+            outcome: Outcome::Success(_),
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn a_call_still_running_when_the_grace_ends_is_cut_off() {
+    let (dedup, store) = memory_dedup(EngineConfig::default());
+    let (mut client, mut server, run, _stop, _stopped) =
+        start_until(dedup, Duration::from_millis(50));
+    client.send(&call(1, "slow", json!({"amount": 1}))).await;
+    server.requests.json().await;
+    // The client's EOF starts the drain as a stop does.
+    client.close().await;
+
+    let response = client.recv().await;
+    assert_eq!(response["id"], 1);
+    assert_eq!(error_type(&response), "idempotency_outcome_unknown");
+    assert_eq!(response["error"]["data"]["idempotencyKey"], "slow");
+    server.requests.expect_eof().await;
+    drop(server);
+    assert_eq!(
+        finished(run).await,
+        ProxyExit {
+            orphaned_calls: 0,
+            calls_cut_off: 1
+        }
+    );
+    assert!(matches!(
+        store
+            .get(&record_id("slow"), Timestamp::now())
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        RecordState::Completed {
+            outcome: Outcome::Unknown { .. },
+            ..
+        }
+    ));
+}
