@@ -90,7 +90,7 @@ impl EngineConfig {
     /// Default number of live records a store may hold.
     pub const DEFAULT_MAX_RECORDS_TOTAL: u64 = 100_000;
     /// Default `retryAfterMs` of `idempotency_key_in_progress`
-    /// ([`EngineConfig::in_progress_retry_after`]).
+    /// ([`EngineConfig::with_in_progress_retry_after`]).
     pub const DEFAULT_IN_PROGRESS_RETRY_AFTER: Duration = Duration::from_secs(1);
     /// Shortest `retryAfterMs` of `idempotency_key_in_progress`, whatever the configuration and
     /// the lease left: a client that retries exactly when told never spins.

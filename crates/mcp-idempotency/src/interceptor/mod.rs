@@ -21,11 +21,11 @@
 //!   the call finishes and its outcome is recorded; or forwarded and the call recorded as
 //!   outcome-unknown ([`CancelPolicy::Forward`]).
 //! - A JSON-RPC batch (an array, MCP 2025-03-26) holding a keyed `tools/call` is refused whole with
-//!   `-32600` errors of `data.type` [`BATCH_REFUSED`]; other batches pass through ([`batch`]).
+//!   `-32600` errors of `data.type` [`BATCH_REFUSED`]; other batches pass through.
 //! - Everything else (other methods, calls without a key, server requests and notifications, lines
 //!   that are not JSON or not JSON-RPC) passes through untouched.
 
-pub mod batch;
+mod batch;
 pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
