@@ -1,5 +1,7 @@
-//! Requests per second of keyed `tools/call` over Streamable HTTP: the demo server on its own, and
-//! behind `mcp-idem proxy` with each store (memory, SQLite, Redis, PostgreSQL).
+//! Requests per second, latency and CPU per request of `tools/call` over Streamable HTTP: the demo
+//! server on its own, behind nginx (the plain reverse proxy a user without us would run), and
+//! behind `mcp-idem proxy`: without a key (pass-through) and keyed on each store (memory, SQLite,
+//! Redis, PostgreSQL).
 //!
 //! ```text
 //! cargo build --release -p mcp-idem
@@ -16,7 +18,11 @@
 //! servers) and are skipped with a note when unreachable. Store round trips per call are counted on
 //! the servers: Redis `total_commands_processed` and PostgreSQL `xact_commit` before and after.
 //!
-//! Target (reported, not enforced): >= 0.8x direct throughput with Redis for the 1 ms tool.
+//! CPU per request is read from `/proc` before and after each measured window, for each process
+//! involved: the proxy (nginx: its master and worker), the upstream demo server, `redis-server`
+//! (the pid Redis reports) and PostgreSQL (the postmaster and all its children, from the data
+//! directory's `postmaster.pid`; needs root or the server's user). nginx comes from the Debian
+//! package `nginx-light` and is skipped with a note when it is not installed.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -33,7 +39,12 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::json;
 
 mod support;
-use support::{load_average, mcp_idem_bin, modified_ago, Progress};
+use support::{load_average, mcp_idem_bin, modified_ago, percentile_us, Progress};
+#[path = "support/cpu.rs"]
+mod cpu;
+use cpu::Processes;
+#[path = "support/nginx.rs"]
+mod nginx;
 
 struct Options {
     concurrency: usize,
@@ -131,10 +142,35 @@ fn spawn(bin: &Path, args: &[String], marker: &str) -> Result<(Process, String),
 struct Config {
     label: String,
     url: String,
+    /// Calls carry a fresh `idempotencyKey` each (else none: the proxy passes them through).
+    keyed: bool,
     store: StoreCounter,
     _process: Option<Process>,
+    /// The processes whose CPU is reported: the proxy, the upstream, the store's server.
+    cpu: [Processes; 3],
     rps: Vec<f64>,
     round_trips: Vec<f64>,
+    /// CPU microseconds per call of each of `cpu`, one entry per round.
+    cpu_us: [Vec<f64>; 3],
+    /// Latency of every measured call, in nanoseconds.
+    latencies: Vec<u64>,
+}
+
+impl Config {
+    fn new(label: &str, url: String, keyed: bool, cpu: [Processes; 3]) -> Self {
+        Self {
+            label: label.into(),
+            url,
+            keyed,
+            store: StoreCounter::None,
+            _process: None,
+            cpu,
+            rps: Vec::new(),
+            round_trips: Vec::new(),
+            cpu_us: Default::default(),
+            latencies: Vec::new(),
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -246,18 +282,26 @@ fn run() -> Result<(), String> {
     let namespace = format!("bench-{}", std::process::id());
 
     let mut stores = vec![
-        ("memory".to_owned(), "memory".to_owned(), StoreCounter::None),
+        (
+            "memory".to_owned(),
+            "memory".to_owned(),
+            StoreCounter::None,
+            Processes::None,
+        ),
         (
             "SQLite".to_owned(),
             format!("sqlite:{}", dir.path().join("bench.sqlite3").display()),
             StoreCounter::None,
+            Processes::None,
         ),
     ];
     if redis_reachable(&redis_url) {
+        let server = cpu::redis_pid(&redis_url).map_or(Processes::None, Processes::Pid);
         stores.push((
             "Redis".into(),
             redis_url.clone(),
             StoreCounter::Redis(redis_url),
+            server,
         ));
     } else {
         println!("note: Redis at {redis_url} unreachable, skipped");
@@ -267,27 +311,45 @@ fn run() -> Result<(), String> {
     if postgres_reachable(&pg_url) {
         let separator = if pg_url.contains('?') { '&' } else { '?' };
         let store = format!("{pg_url}{separator}schema={pg_schema}");
+        let server = cpu::postmaster_pid(&pg_url).map_or(Processes::None, Processes::Tree);
         stores.push((
             "PostgreSQL".into(),
             store,
             StoreCounter::Postgres(pg_url.clone()),
+            server,
         ));
     } else {
         println!("note: PostgreSQL at {pg_url} unreachable, skipped");
     }
 
-    let mut configs = vec![Config {
-        label: "direct".into(),
-        url: server_url.clone(),
-        store: StoreCounter::None,
-        _process: None,
-        rps: Vec::new(),
-        round_trips: Vec::new(),
-    }];
-    stores.retain(|(label, _, _)| {
+    let upstream_cpu = Processes::Pid(_server.0.id());
+    let mut configs = vec![Config::new(
+        "direct",
+        server_url.clone(),
+        true,
+        [Processes::None, upstream_cpu.clone(), Processes::None],
+    )];
+    match nginx::start(upstream.trim_start_matches("http://"), dir.path()) {
+        Ok((child, url)) => {
+            let mut config = Config::new(
+                "nginx",
+                url,
+                true,
+                [
+                    Processes::Tree(child.id()),
+                    upstream_cpu.clone(),
+                    Processes::None,
+                ],
+            );
+            config._process = Some(Process(child));
+            configs.push(config);
+        }
+        Err(err) => println!("note: {err}; the nginx row is skipped"),
+    }
+    stores.retain(|(label, ..)| {
         options.stores.is_empty() || options.stores.contains(&label.to_lowercase())
     });
-    for (label, store, counter) in stores {
+    for (label, store, counter, server) in stores {
         let (process, url) = spawn(
             &bin,
             &[
@@ -311,19 +373,30 @@ fn run() -> Result<(), String> {
             ],
             "listening on ",
         )?;
-        configs.push(Config {
-            label: format!("proxy, {label}"),
-            url: format!("{url}/mcp"),
-            store: counter,
-            _process: Some(process),
-            rps: Vec::new(),
-            round_trips: Vec::new(),
-        });
+        let proxy = Processes::Pid(process.0.id());
+        if label == "memory" {
+            // The same proxy, calls without a key: what the interceptor costs when it only looks.
+            configs.push(Config::new(
+                "proxy, no key",
+                format!("{url}/mcp"),
+                false,
+                [proxy.clone(), upstream_cpu.clone(), Processes::None],
+            ));
+        }
+        let mut config = Config::new(
+            &format!("proxy, {label}"),
+            format!("{url}/mcp"),
+            true,
+            [proxy, upstream_cpu.clone(), server],
+        );
+        config.store = counter;
+        config._process = Some(process);
+        configs.push(config);
     }
 
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "http_throughput: keyed tools/call {} over Streamable HTTP, {} in flight, {} rounds of {}s",
+        "http_throughput: tools/call {} over Streamable HTTP (keyed: a fresh key per call), {} in flight, {} rounds of {}s",
         options.tool, options.concurrency, options.rounds, options.seconds
     );
     println!("  binary:  {} ({})", bin.display(), modified_ago(&bin));
@@ -344,10 +417,25 @@ fn run() -> Result<(), String> {
             let config = &mut configs[(i + round) % n];
             progress.step(&format!("round {}: {}", round + 1, config.label));
             // A short warm-up fills the connection pool and the proxy's caches.
-            runtime.block_on(load(&client, &config.url, &options, 0.3, round))?;
+            let keyed = config.keyed;
+            runtime.block_on(load(&client, &config.url, keyed, &options, 0.3, round))?;
             let before = config.store.read();
-            let calls =
-                runtime.block_on(load(&client, &config.url, &options, options.seconds, round))?;
+            let cpu_before = config.cpu.clone().map(|p| p.cpu_seconds());
+            let (calls, latencies) = runtime.block_on(load(
+                &client,
+                &config.url,
+                keyed,
+                &options,
+                options.seconds,
+                round,
+            ))?;
+            let cpu_after = config.cpu.clone().map(|p| p.cpu_seconds());
+            for (i, (b, a)) in cpu_before.iter().zip(&cpu_after).enumerate() {
+                if let (Some(b), Some(a)) = (b, a) {
+                    config.cpu_us[i].push((a - b) * 1e6 / calls.max(1) as f64);
+                }
+            }
+            config.latencies.extend(latencies);
             config.rps.push(calls as f64 / options.seconds);
             if let Some(before) = before {
                 // PostgreSQL publishes its counters lazily.
@@ -360,32 +448,41 @@ fn run() -> Result<(), String> {
         }
     }
     drop(progress);
-    print_table(&configs, started.elapsed());
+    print_table(&mut configs, started.elapsed());
     Ok(())
 }
 
-/// Keeps `concurrency` keyed calls in flight for `seconds`; returns how many completed.
+/// Keeps `concurrency` calls in flight for `seconds` (`keyed`: each with a fresh key); returns how
+/// many completed in that time and the latency of each, in nanoseconds.
 async fn load(
     client: &Client<HttpConnector, Full<Bytes>>,
     url: &str,
+    keyed: bool,
     options: &Options,
     seconds: f64,
     round: usize,
-) -> Result<u64, String> {
+) -> Result<(u64, Vec<u64>), String> {
     static NEXT_KEY: AtomicU64 = AtomicU64::new(0);
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let failed = Arc::new(std::sync::Mutex::new(None::<String>));
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
     let mut workers = Vec::new();
     for _ in 0..options.concurrency {
         let (client, url, tool) = (client.clone(), url.to_owned(), options.tool.clone());
         let (done, stop, failed) = (Arc::clone(&done), Arc::clone(&stop), Arc::clone(&failed));
+        let latencies = Arc::clone(&latencies);
         workers.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
             while !stop.load(Ordering::Relaxed) {
                 let key = format!("r{round}-{}-{}", std::process::id(), NEXT_KEY.fetch_add(1, Ordering::Relaxed));
-                let message = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
+                let mut message = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
                     "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
-                    "name": tool, "arguments": {}, "idempotencyKey": key}});
+                    "name": tool, "arguments": {}}});
+                if keyed {
+                    message["params"]["idempotencyKey"] = key.into();
+                }
+                let sent = Instant::now();
                 let request = http::Request::post(&url)
                     .header("content-type", "application/json")
                     .header("accept", "application/json, text/event-stream")
@@ -413,7 +510,10 @@ async fn load(
                 };
                 match outcome {
                     Ok(()) => {
-                        done.fetch_add(1, Ordering::Relaxed);
+                        if !stop.load(Ordering::Relaxed) {
+                            done.fetch_add(1, Ordering::Relaxed);
+                            mine.push(sent.elapsed().as_nanos() as u64);
+                        }
                     }
                     Err(err) => {
                         failed.lock().expect("lock").get_or_insert(err);
@@ -421,18 +521,20 @@ async fn load(
                     }
                 }
             }
+            latencies.lock().expect("lock").extend(mine);
         }));
     }
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    let counted = done.load(Ordering::Relaxed);
     stop.store(true, Ordering::Relaxed);
+    let counted = done.load(Ordering::Relaxed);
     for worker in workers {
         let _ = worker.await;
     }
     if let Some(err) = failed.lock().expect("lock").take() {
         return Err(format!("a call through {url} failed: {err}"));
     }
-    Ok(counted)
+    let latencies = std::mem::take(&mut *latencies.lock().expect("lock"));
+    Ok((counted, latencies))
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -441,37 +543,67 @@ fn median(values: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-fn print_table(configs: &[Config], elapsed: Duration) {
-    let direct = &configs[0].rps;
+fn print_table(configs: &mut [Config], elapsed: Duration) {
+    let direct = configs[0].rps.clone();
+    let nginx = configs
+        .iter()
+        .find(|c| c.label == "nginx")
+        .map(|c| c.rps.clone());
     println!();
     println!(
-        "{:<22} {:>10} {:>10} {:>10} {:>12} {:>16}",
-        "configuration", "median rps", "min rps", "max rps", "ratio", "store ops/call"
+        "{:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9}",
+        "configuration",
+        "rps",
+        "p50 ms",
+        "p99 ms",
+        "/direct",
+        "/nginx",
+        "proxy us",
+        "server us",
+        "store us",
+        "store ops"
     );
-    for config in configs {
-        let ratios: Vec<f64> = config.rps.iter().zip(direct).map(|(p, d)| p / d).collect();
-        let ratio = if config.label == "direct" {
-            "baseline".to_owned()
+    let us = |values: &[f64]| {
+        if values.is_empty() {
+            String::new()
         } else {
-            format!("{:.3}x", median(&ratios))
+            format!("{:.1}", median(values))
+        }
+    };
+    for config in configs.iter_mut() {
+        let ratio = |base: &[f64]| {
+            let ratios: Vec<f64> = config.rps.iter().zip(base).map(|(p, d)| p / d).collect();
+            format!("{:.3}", median(&ratios))
         };
+        let to_direct = if config.label == "direct" {
+            "1".to_owned()
+        } else {
+            ratio(&direct)
+        };
+        let to_nginx = nginx.as_deref().map(ratio).unwrap_or_default();
+        config.latencies.sort_unstable();
+        let p50_ms = percentile_us(&config.latencies, 50.0) / 1000.0;
+        let p99_ms = percentile_us(&config.latencies, 99.0) / 1000.0;
         let trips = if config.round_trips.is_empty() {
             String::new()
         } else {
             format!("{:.2}", median(&config.round_trips))
         };
-        let min = config.rps.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = config.rps.iter().copied().fold(0.0, f64::max);
         println!(
-            "{:<22} {:>10.0} {:>10.0} {:>10.0} {:>12} {:>16}",
+            "{:<20} {:>8.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9}",
             config.label,
             median(&config.rps),
-            min,
-            max,
-            ratio,
+            p50_ms,
+            p99_ms,
+            to_direct,
+            to_nginx,
+            us(&config.cpu_us[0]),
+            us(&config.cpu_us[1]),
+            us(&config.cpu_us[2]),
             trips
         );
     }
-    println!("\nratio: median over rounds of proxy rps / direct rps in the same round; target >= 0.8x with Redis for work_1ms");
+    println!("\nrps: median over rounds; /direct, /nginx: median over rounds of rps / that row's rps in the same round");
+    println!("proxy us, server us, store us: CPU microseconds per completed call (median over rounds) of the proxy (nginx: master + worker), the upstream demo server, and redis-server or PostgreSQL (postmaster and all its children)");
     println!("took {:.0}s", elapsed.as_secs_f64());
 }

@@ -54,3 +54,12 @@ pub(crate) fn load_average() -> String {
         })
         .unwrap_or_else(|| "unknown".into())
 }
+
+/// Nearest-rank percentile of sorted samples, in microseconds.
+pub(crate) fn percentile_us(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1] as f64 / 1000.0
+}
