@@ -45,7 +45,9 @@ async fn inspect_lists_shows_counts_and_deletes_across_the_primaries() {
         return;
     };
     let namespace = unique_namespace("inspect-cluster");
-    let store = RedisStore::open(&url).await.expect("open the cluster store");
+    let store = RedisStore::open(&url)
+        .await
+        .expect("open the cluster store");
     let now = Timestamp::now();
     for n in 0..PRINCIPALS {
         let req = ClaimRequest {
@@ -75,7 +77,11 @@ async fn inspect_lists_shows_counts_and_deletes_across_the_primaries() {
     assert!(!stats["store"].as_str().unwrap().is_empty());
 
     let shown = inspect(&url, &["show", "order-7", "--namespace", &namespace]);
-    assert_eq!(shown.to_string().matches("principal-7").count(), 1, "{shown}");
+    assert_eq!(
+        shown.to_string().matches("principal-7").count(),
+        1,
+        "{shown}"
+    );
     for n in 0..PRINCIPALS {
         let key = format!("order-{n}");
         inspect(&url, &["delete", &key, "--namespace", &namespace, "--yes"]);

@@ -81,7 +81,6 @@ impl Keys {
         encode_into(&mut part, scope.principal());
         part
     }
-
 }
 
 impl Shard {

@@ -229,8 +229,7 @@ impl RedisStore {
             Some(StateFilter::Completed) => "done",
             _ => "",
         };
-        let bound =
-            |t: Option<Timestamp>| t.map(|t| t.as_millis().to_string()).unwrap_or_default();
+        let bound = |t: Option<Timestamp>| t.map(|t| t.as_millis().to_string()).unwrap_or_default();
         let mut records = Vec::new();
         let mut offset = 0;
         while records.len() < limit {
@@ -472,7 +471,7 @@ impl Store for RedisStore {
             }
             // Each shard's records come latest expiry first; so do all of them.
             if self.keys.shards().len() > 1 {
-                records.sort_by(|a, b| b.expires_at.cmp(&a.expires_at));
+                records.sort_by_key(|record| std::cmp::Reverse(record.expires_at));
             }
             records.truncate(limit);
             Ok(records)
