@@ -588,6 +588,9 @@ pub(crate) enum SharedStore {
     Redis,
     /// `DATABASE_URL`, default `postgres://postgres@127.0.0.1:5432/test`.
     Postgres,
+    /// `REDIS_CLUSTER_URL`, default the cluster of `scripts/redis-cluster.sh`
+    /// (`redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002`).
+    RedisCluster,
 }
 
 impl SharedStore {
@@ -597,6 +600,10 @@ impl SharedStore {
         let (var, default) = match self {
             Self::Redis => ("REDIS_URL", "redis://127.0.0.1:6379"),
             Self::Postgres => ("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            Self::RedisCluster => (
+                "REDIS_CLUSTER_URL",
+                "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
+            ),
         };
         let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
         let address = host_port(&url, self);
@@ -619,10 +626,11 @@ impl SharedStore {
     }
 }
 
-/// `HOST:PORT` of a `redis://` or `postgres://` URL (userinfo, path and query dropped).
+/// `HOST:PORT` of a `redis://` or `postgres://` URL (userinfo, path and query dropped), or of the
+/// first node of a `redis-cluster://` URL.
 fn host_port(url: &str, store: SharedStore) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let rest = rest.split(['/', '?']).next().unwrap_or("");
+    let rest = rest.split(['/', '?', ',']).next().unwrap_or("");
     let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
     let has_port = match host.rsplit_once(':') {
         Some((_, port)) => !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()),
@@ -635,6 +643,7 @@ fn host_port(url: &str, store: SharedStore) -> String {
         let port = match store {
             SharedStore::Redis => 6379,
             SharedStore::Postgres => 5432,
+            SharedStore::RedisCluster => 7000,
         };
         format!("{host}:{port}")
     }

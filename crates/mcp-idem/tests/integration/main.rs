@@ -58,6 +58,7 @@ mod demo_server_stateful;
 mod exhaustion;
 #[cfg(unix)]
 mod inspect;
+mod inspect_cluster;
 #[cfg(unix)]
 mod interop_clients;
 #[cfg(unix)]

@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use super::{MemoryStore, Store, StoreError};
 
-/// A parsed store URL: `memory`, `sqlite:PATH` (also `sqlite://PATH`), `redis://…`, `postgres://…`.
+/// A parsed store URL: `memory`, `sqlite:PATH` (also `sqlite://PATH`), `redis://…`,
+/// `redis-cluster://…`, `postgres://…`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreUrl {
@@ -13,7 +14,8 @@ pub enum StoreUrl {
     Memory,
     /// `sqlite:PATH`: records live in a SQLite file.
     Sqlite(PathBuf),
-    /// `redis://…` or `rediss://…`.
+    /// `redis://…` or `rediss://…` (one server), or `redis-cluster://HOST:PORT,…` (a Redis
+    /// Cluster).
     Redis(String),
     /// `postgres://…` or `postgresql://…`.
     Postgres(String),
@@ -46,10 +48,11 @@ impl FromStr for StoreUrl {
         }
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
-            Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
+            Some("redis" | "rediss" | "redis-cluster") => Ok(Self::Redis(url.to_owned())),
             Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
             Some(other) => Err(invalid(&format!(
-                "unknown scheme {other:?}; expected memory, sqlite:PATH, redis:// or postgres://"
+                "unknown scheme {other:?}; expected memory, sqlite:PATH, redis://, redis-cluster:// \
+                 or postgres://"
             ))),
             None => Err(invalid(
                 "expected memory, sqlite:PATH, redis://HOST or postgres://HOST/DB",
@@ -237,6 +240,12 @@ mod tests {
             StoreUrl::Redis(_)
         ));
         assert!(matches!(
+            "redis-cluster://127.0.0.1:7000,127.0.0.1:7001"
+                .parse::<StoreUrl>()
+                .unwrap(),
+            StoreUrl::Redis(_)
+        ));
+        assert!(matches!(
             "postgresql://localhost/test".parse::<StoreUrl>().unwrap(),
             StoreUrl::Postgres(_)
         ));
@@ -288,6 +297,10 @@ mod tests {
             ("redis://app:s3cret@h/0", "redis://app:***@h/0"),
             ("redis://app@h/0", "redis://app@h/0"),
             ("rediss://h:6380", "rediss://h:6380"),
+            (
+                "redis-cluster://app:s3cret@a:7000,b:7001?shards=16",
+                "redis-cluster://app:***@a:7000,b:7001?shards=16",
+            ),
             ("rediss://app:s3cret@h:6380/1", "rediss://app:***@h:6380/1"),
             (
                 "rediss://:s3cret@h:6380/?protocol=resp3",

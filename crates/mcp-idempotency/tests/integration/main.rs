@@ -32,4 +32,6 @@ mod store_memory;
 mod store_postgres;
 #[cfg(feature = "redis")]
 mod store_redis;
+#[cfg(feature = "redis")]
+mod store_redis_cluster;
 mod store_sqlite;

@@ -1,29 +1,69 @@
-//! The names of a store's keys: every key starts with the store's hash tag, and the parts of a
-//! record's name (namespace, principal, key) are percent-encoded so that two records never share a
-//! Redis key.
+//! The names of a store's keys: every key starts with the hash tag of its shard, and the parts of
+//! a record's name (namespace, principal, key) are percent-encoded so that two records never share
+//! a Redis key.
+//!
+//! A store has one or more shards. A scope's records, its index and the shard's two indexes share
+//! the shard's hash tag, so every script touches one Redis Cluster slot. With one shard (the
+//! default on a single server) the tag is `{PREFIX}`, the layout of the earlier versions; with `N`
+//! shards shard `j`'s tag is `{PREFIX:j.c}`, the first `c = 0, 1, …` whose slot lies in the `j`-th
+//! of `N` equal ranges of the 16384 slots, so that the shards spread over the primaries of a
+//! cluster whose slots were handed out in ranges (as `redis-cli --cluster create` does).
 
 use crate::key::IdempotencyKey;
 use crate::record::{CorruptRecord, RecordId, Scope};
 
+/// Redis Cluster's number of hash slots.
+const SLOTS: u16 = 16384;
+
 /// The names of one store's keys.
 #[derive(Clone, Debug)]
 pub(super) struct Keys {
-    /// `{PREFIX}:`, the start of every key.
+    shards: Vec<Shard>,
+}
+
+/// The names of one shard's keys.
+#[derive(Clone, Debug)]
+pub(super) struct Shard {
+    /// `{TAG}:`, the start of every key of the shard.
     pub(super) tag: String,
-    /// Every record, scored by `expires_at`.
+    /// Every record of the shard, scored by `expires_at`.
     pub(super) all: String,
-    /// Records in progress, scored by `expires_at`.
+    /// The shard's records in progress, scored by `expires_at`.
     pub(super) running: String,
 }
 
 impl Keys {
-    pub(super) fn new(prefix: &str) -> Self {
-        let tag = format!("{{{prefix}}}:");
-        Self {
-            all: format!("{tag}all"),
-            running: format!("{tag}run"),
-            tag,
-        }
+    /// The keys of a store under `prefix` with `shards` shards (at least one, at most
+    /// [`Keys::MAX_SHARDS`]).
+    pub(super) fn new(prefix: &str, shards: u16) -> Self {
+        let count = shards.clamp(1, Self::MAX_SHARDS);
+        let shards = if count == 1 {
+            vec![Shard::new(prefix.to_owned())]
+        } else {
+            (0..count)
+                .map(|j| Shard::new(spread_tag(prefix, j, count)))
+                .collect()
+        };
+        Self { shards }
+    }
+
+    /// The most shards a store may have.
+    pub(super) const MAX_SHARDS: u16 = 1024;
+
+    /// Every shard, in order.
+    pub(super) fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    /// The shard holding `scope`'s records.
+    pub(super) fn shard_of(&self, scope: &Scope) -> &Shard {
+        let count = self.shards.len();
+        let index = if count == 1 {
+            0
+        } else {
+            usize::from(crc16(Self::scope_part(scope).as_bytes())) % count
+        };
+        &self.shards[index]
     }
 
     /// `NS:PRINCIPAL:KEY`, each part encoded: how the indexes name a record.
@@ -41,16 +81,71 @@ impl Keys {
         encode_into(&mut part, scope.principal());
         part
     }
+}
 
-    /// The key of the hash holding the record `member` names.
+impl Shard {
+    fn new(tag: String) -> Self {
+        let tag = format!("{{{tag}}}:");
+        Self {
+            all: format!("{tag}all"),
+            running: format!("{tag}run"),
+            tag,
+        }
+    }
+
+    /// The key of the hash holding the record `member` names (a record of this shard).
     pub(super) fn record(&self, member: &str) -> String {
         format!("{}r:{member}", self.tag)
     }
 
-    /// The key of `scope`'s index.
+    /// The key of `scope`'s index (a scope of this shard).
     pub(super) fn scope(&self, scope: &Scope) -> String {
-        format!("{}s:{}", self.tag, Self::scope_part(scope))
+        format!("{}s:{}", self.tag, Keys::scope_part(scope))
     }
+}
+
+/// The tag of shard `j` of `count`: `PREFIX:j.c` for the first `c` whose slot is in the `j`-th of
+/// `count` equal slot ranges. The search is deterministic, so every instance finds the same tags.
+fn spread_tag(prefix: &str, j: u16, count: u16) -> String {
+    let (low, high) = slot_range(j, count);
+    let mut fallback = None;
+    for c in 0..u32::from(SLOTS) * 64 {
+        let tag = format!("{prefix}:{j}.{c}");
+        let slot = slot_of_tag(&tag);
+        if (low..high).contains(&slot) {
+            return tag;
+        }
+        fallback.get_or_insert(tag);
+    }
+    // Not reached in practice (each try lands in the range with probability 1/count).
+    fallback.unwrap_or_else(|| format!("{prefix}:{j}"))
+}
+
+/// The `j`-th of `count` equal ranges of slots, as `(first, end)`.
+fn slot_range(j: u16, count: u16) -> (u16, u16) {
+    let bound = |i: u16| (u32::from(i) * u32::from(SLOTS) / u32::from(count)) as u16;
+    (bound(j), bound(j + 1))
+}
+
+/// The Redis Cluster slot of a key whose hash tag is `tag`.
+fn slot_of_tag(tag: &str) -> u16 {
+    crc16(tag.as_bytes()) % SLOTS
+}
+
+/// CRC16-CCITT (XMODEM), as Redis Cluster uses it.
+fn crc16(data: &[u8]) -> u16 {
+    let mut crc = 0u16;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
 }
 
 /// Appends `part` percent-encoded: `%`, `:`, braces, spaces and control characters become `%XX`
@@ -130,22 +225,6 @@ mod tests {
         }
     }
 
-    /// CRC16-CCITT (XMODEM), as Redis Cluster uses it.
-    fn crc16(data: &[u8]) -> u16 {
-        let mut crc = 0u16;
-        for &byte in data {
-            crc ^= u16::from(byte) << 8;
-            for _ in 0..8 {
-                crc = if crc & 0x8000 != 0 {
-                    (crc << 1) ^ 0x1021
-                } else {
-                    crc << 1
-                };
-            }
-        }
-        crc
-    }
-
     /// The Redis Cluster slot of `key`, honouring `{hash tags}`.
     fn slot(key: &str) -> u16 {
         let bytes = key.as_bytes();
@@ -168,7 +247,8 @@ mod tests {
 
     #[test]
     fn every_key_of_a_store_shares_one_slot() {
-        let keys = Keys::new("mcp-idem");
+        let keys = Keys::new("mcp-idem", 1);
+        let shard = &keys.shards()[0];
         let expected = slot("{mcp-idem}");
         for id in [
             id("ns", "alice", "k"),
@@ -178,15 +258,44 @@ mod tests {
         ] {
             let member = Keys::member(&id);
             for key in [
-                keys.record(&member),
-                keys.scope(&id.scope),
-                keys.all.clone(),
-                keys.running.clone(),
+                keys.shard_of(&id.scope).record(&member),
+                keys.shard_of(&id.scope).scope(&id.scope),
+                shard.all.clone(),
+                shard.running.clone(),
             ] {
                 assert!(key.starts_with("{mcp-idem}:"), "{key}");
                 assert_eq!(slot(&key), expected, "{key}");
             }
         }
+    }
+
+    #[test]
+    fn a_scopes_keys_share_its_shards_slot_and_shards_spread_over_the_slots() {
+        let keys = Keys::new("p", 8);
+        assert_eq!(keys.shards().len(), 8);
+        for (j, shard) in keys.shards().iter().enumerate() {
+            let (low, high) = slot_range(j as u16, 8);
+            let at = slot(&shard.all);
+            assert!((low..high).contains(&at), "shard {j}: slot {at}");
+            assert_eq!(at, slot(&shard.running));
+        }
+        // Deterministic: another instance finds the same tags.
+        let again = Keys::new("p", 8);
+        for (a, b) in keys.shards().iter().zip(again.shards()) {
+            assert_eq!(a.tag, b.tag);
+        }
+        let mut used = std::collections::HashSet::new();
+        for n in 0..200 {
+            let id = id(&format!("ns{n}"), "alice", "k");
+            let shard = keys.shard_of(&id.scope);
+            used.insert(shard.tag.clone());
+            let member = Keys::member(&id);
+            let expected = slot(&shard.all);
+            assert_eq!(slot(&shard.record(&member)), expected);
+            assert_eq!(slot(&shard.scope(&id.scope)), expected);
+            assert_eq!(shard.record(&member).matches('{').count(), 1);
+        }
+        assert_eq!(used.len(), 8, "200 scopes use every shard");
     }
 
     #[test]

@@ -2,24 +2,23 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | `keys` | the names of a store's keys and the encoding of record names |
+//! | `connect` | store URLs (one server or a cluster) and opening the connection |
+//! | `keys` | the names of a store's keys, its shards and the encoding of record names |
 //! | `record` | a record as a hash, and decoding it |
 //! | `server` | the Lua scripts (the `.lua` files here), bounded exchanges, errors |
 //! | this file | [`RedisStore`] and its [`Store`] operations |
 
+mod connect;
 mod keys;
 mod record;
 mod server;
 
 use std::fmt;
-use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisError};
-
-use self::keys::{member_id, wanted_part, Keys};
+use self::connect::Target;
+use self::keys::{member_id, wanted_part, Keys, Shard};
 use self::record::{decode, FIELDS};
-use self::server::{OPERATION_TIMEOUT, SCRIPTS};
+use self::server::{Conn, SCRIPTS};
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
     Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
@@ -28,12 +27,6 @@ use crate::key::IdempotencyKey;
 use crate::record::{CorruptRecord, FencingToken, Record, RecordId, Scope};
 use crate::time::Timestamp;
 
-/// How long one connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long the server may take to answer one command.
-const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Connection attempts after the first one, before an operation fails.
-const RECONNECT_RETRIES: usize = 2;
 /// Records deleted per purge script, so that no script blocks the server for long.
 const PURGE_BATCH: u64 = 256;
 /// Index members read per list script, for the same reason.
@@ -47,22 +40,28 @@ const LIST_BATCH: usize = 256;
 ///
 /// # Layout
 ///
-/// Every key of one store starts with the same hash tag, `{PREFIX}:` (`PREFIX` is `mcp-idem` unless
-/// set with [`RedisStore::open_with_prefix`]):
+/// A store's records are split into shards by scope; each shard's keys start with its hash tag.
+/// On one server (`redis://`) there is one shard whose tag is `{PREFIX}` (`PREFIX` is `mcp-idem`
+/// unless set with [`RedisStore::open_with_prefix`]); on a cluster (`redis-cluster://`) there are
+/// eight (or `?shards=N`), tagged `{PREFIX:J.C}` (see "Redis Cluster" below). With `TAG` the
+/// tag of the scope's shard:
 ///
 /// | key | type | holds |
 /// | --- | --- | --- |
-/// | `{PREFIX}:r:NS:PRINCIPAL:KEY` | hash | one record |
-/// | `{PREFIX}:s:NS:PRINCIPAL` | sorted set | the scope's records, scored by `expires_at` |
-/// | `{PREFIX}:all` | sorted set | every record, scored by `expires_at` |
-/// | `{PREFIX}:run` | sorted set | records in progress, scored by `expires_at` |
+/// | `{TAG}:r:NS:PRINCIPAL:KEY` | hash | one record |
+/// | `{TAG}:s:NS:PRINCIPAL` | sorted set | the scope's records, scored by `expires_at` |
+/// | `{TAG}:all` | sorted set | every record of the shard, scored by `expires_at` |
+/// | `{TAG}:run` | sorted set | the shard's records in progress, scored by `expires_at` |
 ///
 /// [`Store::list`] reads the narrowest index that covers its filter (the scope's, the records in
-/// progress, or all), latest `expires_at` first, one Lua script per batch of 256 index members.
+/// progress, or all) of each shard concerned (one for a scope, else every shard), latest
+/// `expires_at` first, one Lua script per batch of 256 index members, and merges the shards'
+/// answers. [`Store::stats`] and [`Store::purge_expired`] go through every shard's indexes: the
+/// index names are known, so no `SCAN` of the primaries is needed.
 ///
 /// `NS`, `PRINCIPAL` and `KEY` are percent-encoded (`%`, `:`, `{`, `}`, spaces and control
 /// characters), so two different `(scope, key)` never share a Redis key and the hash tag is always
-/// the prefix. A record hash has the fields `fp` (the 32 fingerprint bytes), `tool`, `owner` and
+/// the shard's. A record hash has the fields `fp` (the 32 fingerprint bytes), `tool`, `owner` and
 /// `lease` (in progress), `kind`, `body` (byte for byte) and `done` (completed), `created` and
 /// `expires`; numbers are decimal text.
 ///
@@ -83,11 +82,28 @@ const LIST_BATCH: usize = 256;
 ///
 /// # Redis Cluster
 ///
-/// Because every key of one store shares one hash tag, every script touches a single slot (no
-/// `CROSSSLOT`, also for the records that purges find through the indexes) and the store-wide quota
-/// is exact, but **all records of one store live on one shard**. Give stores that need to scale
-/// independently different prefixes. The store talks to one node through a [`ConnectionManager`]:
-/// point it at the primary serving the prefix's slot, or at a cluster-aware proxy.
+/// `redis-cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT…][?shards=N]` opens the store on a
+/// cluster through the `redis` crate's cluster client, seeded by the listed nodes: each command
+/// goes to the primary serving its slot, `MOVED` and `ASK` are followed, and a command is retried
+/// (up to three times) after an I/O error or `TRYAGAIN`. Every script touches the keys of one
+/// shard, so one slot (no `CROSSSLOT`), and stays atomic; each is safe to run twice, so a retry
+/// never applies an operation twice. `NOSCRIPT` (a promoted replica that never saw the script)
+/// makes the driver load the script on every node and run it again.
+///
+/// Scopes are spread over the shards by a hash of the scope, and each shard's tag is chosen so
+/// that the `N` shards sit in `N` equal ranges of the 16384 slots, hence spread over the primaries
+/// of a cluster whose slots were assigned in ranges (as `redis-cli --cluster create` does). A
+/// scope's records and its per-scope quota live in one shard, so **the per-scope quota is exact**.
+///
+/// **The store-wide quota is bounded, not exact, on a cluster.** No script can count records in
+/// other slots, so each of the `N` shards admits a new record only while it holds fewer than
+/// `⌈max_records_total / N⌉` live records. Hence the store never holds more than
+/// `N · ⌈max_records_total / N⌉ < max_records_total + N` live records, but a claim can be refused
+/// ([`QuotaExceeded::Total`]) while other shards still have room — at worst when its shard alone
+/// holds `⌈max_records_total / N⌉`. Scopes spread evenly over the shards, so this matters only when
+/// a few scopes hold most records: keep `max_records_per_scope` at or below `max_records_total /
+/// N` (with the defaults, 10 000 ≤ 100 000 / 8), or raise `max_records_total`. On one server
+/// (one shard) both quotas are exact.
 ///
 /// # Durability
 ///
@@ -95,7 +111,7 @@ const LIST_BATCH: usize = 256;
 /// or `always`) and replication allow: a failover to a replica that missed a claim forgets it.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     keys: Keys,
     /// The URL without its password, for error messages.
     url: String,
@@ -105,7 +121,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("url", &self.url)
-            .field("tag", &self.keys.tag)
+            .field("shards", &self.keys.shards().len())
             .finish_non_exhaustive()
     }
 }
@@ -114,8 +130,9 @@ impl RedisStore {
     /// The key prefix (and hash tag) of [`RedisStore::open`].
     pub const DEFAULT_PREFIX: &'static str = "mcp-idem";
 
-    /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`) with the
-    /// default key prefix, [`RedisStore::DEFAULT_PREFIX`].
+    /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`), or to the
+    /// Redis Cluster at `redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT…][?shards=N]`,
+    /// with the default key prefix, [`RedisStore::DEFAULT_PREFIX`].
     ///
     /// Fails with [`StoreError::Unavailable`] if the server cannot be reached, and with
     /// [`StoreError::InvalidUrl`] if the URL cannot be understood; neither message shows the
@@ -125,8 +142,8 @@ impl RedisStore {
     }
 
     /// [`RedisStore::open`] with keys under `prefix` (non-empty, without `{`, `}` or control
-    /// characters), to keep several stores apart on one server. The prefix is also the Redis
-    /// Cluster hash tag: one store lives in one slot.
+    /// characters), to keep several stores apart on one server or cluster. On one server the
+    /// prefix is the hash tag of every key; on a cluster each shard's tag starts with it.
     pub async fn open_with_prefix(url: &str, prefix: &str) -> Result<Self, StoreError> {
         let shown = super::redact_password(url);
         let invalid = |reason: String| StoreError::InvalidUrl {
@@ -139,48 +156,28 @@ impl RedisStore {
                  characters"
             )));
         }
-        let client = Client::open(url).map_err(|err| invalid(err.to_string()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(Some(RESPONSE_TIMEOUT))
-            .set_number_of_retries(RECONNECT_RETRIES)
-            .set_min_delay(Duration::from_millis(100))
-            .set_max_delay(Duration::from_secs(1));
-        let cannot_connect = |err: RedisError| {
-            StoreError::unavailable(format!("cannot connect to the Redis store {shown}"), err)
-        };
-        let conn = match tokio::time::timeout(
-            OPERATION_TIMEOUT,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        {
-            Ok(conn) => conn.map_err(cannot_connect)?,
-            Err(elapsed) => {
-                let message = format!(
-                    "cannot connect to the Redis store {shown}: no answer within \
-                     {OPERATION_TIMEOUT:?}"
-                );
-                return Err(StoreError::unavailable(message, elapsed));
-            }
-        };
+        let target = Target::parse(url).map_err(invalid)?;
+        let conn = target.connect(&shown).await?;
         let store = Self {
             conn,
-            keys: Keys::new(prefix),
+            keys: Keys::new(prefix, target.shards()),
             url: shown,
         };
         // PING proves the server answers (and accepted our credentials); loading the scripts now
         // makes a server without scripting a startup error rather than a failure of every call.
-        let mut startup = redis::pipe();
-        startup.cmd("PING");
-        for source in server::ALL {
-            startup.cmd("SCRIPT").arg("LOAD").arg(source);
-        }
+        // On a cluster both go to every node (PING to every primary).
         let mut conn = store.conn.clone();
-        let replies: Vec<String> = store
-            .bounded("startup", startup.query_async(&mut conn))
+        let pong: String = store
+            .bounded("startup", redis::cmd("PING").query_async(&mut conn))
             .await?;
-        if replies.first().map(String::as_str) != Some("PONG") {
+        for source in server::ALL {
+            let mut load = redis::cmd("SCRIPT");
+            load.arg("LOAD").arg(source);
+            let _sha: String = store
+                .bounded("startup", load.query_async(&mut conn))
+                .await?;
+        }
+        if pong != "PONG" {
             return Err(StoreError::Backend {
                 message: format!("the Redis store {} did not answer PING", store.url),
                 source: None,
@@ -194,17 +191,96 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         let mut hmget = redis::cmd("HMGET");
         hmget
-            .arg(self.keys.record(&Keys::member(id)))
+            .arg(self.keys.shard_of(&id.scope).record(&Keys::member(id)))
             .arg(&FIELDS[..]);
         let fields: Vec<Option<Vec<u8>>> =
             self.bounded("get", hmget.query_async(&mut conn)).await?;
         Ok(decode(id, fields)?)
+    }
+
+    /// Each shard's part of the store-wide limit `total`: `total` on one shard, else `⌈total /
+    /// shards⌉` (see "Redis Cluster" above for the bound this gives).
+    fn total_share(&self, total: u64) -> u64 {
+        total.div_ceil(self.keys.shards().len() as u64)
+    }
+
+    /// Up to `limit` records of one shard matching `filter`, latest `expires_at` first.
+    async fn list_shard(
+        &self,
+        shard: &Shard,
+        filter: &ListFilter,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<Record>, StoreError> {
+        let index = match (&filter.namespace, &filter.principal, filter.state) {
+            (Some(namespace), Some(principal), _) => {
+                shard.scope(&Scope::new(namespace.as_str(), principal.as_str()))
+            }
+            (_, _, Some(StateFilter::InProgress)) => shard.running.clone(),
+            _ => shard.all.clone(),
+        };
+        let (highest, lowest) = match filter.state {
+            Some(StateFilter::Expired) => (now.as_millis().to_string(), "-inf".to_owned()),
+            Some(_) => ("+inf".to_owned(), format!("({}", now.as_millis())),
+            None => ("+inf".to_owned(), "-inf".to_owned()),
+        };
+        let state = match filter.state {
+            Some(StateFilter::InProgress) => "run",
+            Some(StateFilter::Completed) => "done",
+            _ => "",
+        };
+        let bound = |t: Option<Timestamp>| t.map(|t| t.as_millis().to_string()).unwrap_or_default();
+        let mut records = Vec::new();
+        let mut offset = 0;
+        while records.len() < limit {
+            let mut invocation = SCRIPTS.list.prepare_invoke();
+            invocation
+                .key(&index)
+                .arg(&shard.tag)
+                .arg(&highest)
+                .arg(&lowest)
+                .arg(offset)
+                .arg(LIST_BATCH)
+                .arg(wanted_part(filter.namespace.as_deref()))
+                .arg(wanted_part(filter.principal.as_deref()))
+                .arg(wanted_part(filter.key.as_deref()))
+                .arg(state)
+                .arg(bound(filter.created_at_or_before))
+                .arg(bound(filter.created_after));
+            let reply: Vec<Option<Vec<u8>>> = self.invoke("list", &invocation).await?;
+            let mut reply = reply.into_iter();
+            let scanned: usize = reply
+                .next()
+                .flatten()
+                .and_then(|n| String::from_utf8(n).ok()?.parse().ok())
+                .ok_or_else(|| StoreError::Backend {
+                    message: "the Redis list script returned no count".into(),
+                    source: None,
+                })?;
+            let found: Vec<Option<Vec<u8>>> = reply.collect();
+            for chunk in found.chunks(FIELDS.len() + 1) {
+                let member = chunk[0].as_deref().unwrap_or_default();
+                let id = member_id(member)?;
+                if let Some(record) = decode(&id, chunk[1..].to_vec())? {
+                    if filter.matches(&record, now) {
+                        records.push(record);
+                    }
+                }
+            }
+            if scanned < LIST_BATCH {
+                break;
+            }
+            offset += scanned;
+        }
+        records.truncate(limit);
+        Ok(records)
     }
 }
 
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
+            let shard = self.keys.shard_of(&req.id.scope);
             let mut invocation = self.on_record(&SCRIPTS.claim, &req.id);
             invocation
                 .arg(req.now.as_millis())
@@ -214,8 +290,8 @@ impl Store for RedisStore {
                 .arg(req.lease_expires_at.as_millis())
                 .arg(req.expires_at.as_millis())
                 .arg(req.limits.max_records_per_scope)
-                .arg(req.limits.max_records_total)
-                .arg(&self.keys.tag)
+                .arg(self.total_share(req.limits.max_records_total))
+                .arg(&shard.tag)
                 .arg(PURGE_BATCH);
             let reply: Vec<Option<Vec<u8>>> = self.invoke("claim", &invocation).await?;
             let mut reply = reply.into_iter();
@@ -305,49 +381,58 @@ impl Store for RedisStore {
     fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
         Box::pin(async move {
             let mut purged = 0;
-            loop {
-                let mut invocation = SCRIPTS.purge.prepare_invoke();
-                invocation
-                    .key(&self.keys.all)
-                    .key(&self.keys.running)
-                    .arg(&self.keys.tag)
-                    .arg(now.as_millis())
-                    .arg(PURGE_BATCH);
-                let batch: u64 = self.invoke("purge", &invocation).await?;
-                purged += batch;
-                if batch < PURGE_BATCH {
-                    return Ok(purged);
+            for shard in self.keys.shards() {
+                loop {
+                    let mut invocation = SCRIPTS.purge.prepare_invoke();
+                    invocation
+                        .key(&shard.all)
+                        .key(&shard.running)
+                        .arg(&shard.tag)
+                        .arg(now.as_millis())
+                        .arg(PURGE_BATCH);
+                    let batch: u64 = self.invoke("purge", &invocation).await?;
+                    purged += batch;
+                    if batch < PURGE_BATCH {
+                        break;
+                    }
                 }
             }
+            Ok(purged)
         })
     }
 
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
         Box::pin(async move {
             let live = format!("({}", now.as_millis());
-            let mut counts = redis::pipe();
-            counts
-                .atomic()
-                .cmd("ZCOUNT")
-                .arg(&self.keys.all)
-                .arg(&live)
-                .arg("+inf")
-                .cmd("ZCOUNT")
-                .arg(&self.keys.running)
-                .arg(&live)
-                .arg("+inf")
-                .cmd("ZCOUNT")
-                .arg(&self.keys.all)
-                .arg("-inf")
-                .arg(now.as_millis());
-            let mut conn = self.conn.clone();
-            let (live, in_progress, expired): (u64, u64, u64) =
-                self.bounded("stats", counts.query_async(&mut conn)).await?;
-            Ok(StoreStats {
-                in_progress,
-                completed: live.saturating_sub(in_progress),
-                expired,
-            })
+            let mut stats = StoreStats::default();
+            for shard in self.keys.shards() {
+                // One shard's three counts in one round trip; on one server (one shard) they are
+                // one transaction, so they always agree.
+                let mut counts = redis::pipe();
+                if self.keys.shards().len() == 1 {
+                    counts.atomic();
+                }
+                counts
+                    .cmd("ZCOUNT")
+                    .arg(&shard.all)
+                    .arg(&live)
+                    .arg("+inf")
+                    .cmd("ZCOUNT")
+                    .arg(&shard.running)
+                    .arg(&live)
+                    .arg("+inf")
+                    .cmd("ZCOUNT")
+                    .arg(&shard.all)
+                    .arg("-inf")
+                    .arg(now.as_millis());
+                let mut conn = self.conn.clone();
+                let (live, in_progress, expired): (u64, u64, u64) =
+                    self.bounded("stats", counts.query_async(&mut conn)).await?;
+                stats.in_progress += in_progress;
+                stats.completed += live.saturating_sub(in_progress);
+                stats.expired += expired;
+            }
+            Ok(stats)
         })
     }
 
@@ -374,66 +459,19 @@ impl Store for RedisStore {
                     .into_iter()
                     .collect());
             }
-            let index = match (&filter.namespace, &filter.principal, filter.state) {
-                (Some(namespace), Some(principal), _) => self
+            let shards: Vec<&Shard> = match (&filter.namespace, &filter.principal) {
+                (Some(namespace), Some(principal)) => vec![self
                     .keys
-                    .scope(&Scope::new(namespace.as_str(), principal.as_str())),
-                (_, _, Some(StateFilter::InProgress)) => self.keys.running.clone(),
-                _ => self.keys.all.clone(),
+                    .shard_of(&Scope::new(namespace.as_str(), principal.as_str()))],
+                _ => self.keys.shards().iter().collect(),
             };
-            let (highest, lowest) = match filter.state {
-                Some(StateFilter::Expired) => (now.as_millis().to_string(), "-inf".to_owned()),
-                Some(_) => ("+inf".to_owned(), format!("({}", now.as_millis())),
-                None => ("+inf".to_owned(), "-inf".to_owned()),
-            };
-            let state = match filter.state {
-                Some(StateFilter::InProgress) => "run",
-                Some(StateFilter::Completed) => "done",
-                _ => "",
-            };
-            let bound =
-                |t: Option<Timestamp>| t.map(|t| t.as_millis().to_string()).unwrap_or_default();
             let mut records = Vec::new();
-            let mut offset = 0;
-            while records.len() < limit {
-                let mut invocation = SCRIPTS.list.prepare_invoke();
-                invocation
-                    .key(&index)
-                    .arg(&self.keys.tag)
-                    .arg(&highest)
-                    .arg(&lowest)
-                    .arg(offset)
-                    .arg(LIST_BATCH)
-                    .arg(wanted_part(filter.namespace.as_deref()))
-                    .arg(wanted_part(filter.principal.as_deref()))
-                    .arg(wanted_part(filter.key.as_deref()))
-                    .arg(state)
-                    .arg(bound(filter.created_at_or_before))
-                    .arg(bound(filter.created_after));
-                let reply: Vec<Option<Vec<u8>>> = self.invoke("list", &invocation).await?;
-                let mut reply = reply.into_iter();
-                let scanned: usize = reply
-                    .next()
-                    .flatten()
-                    .and_then(|n| String::from_utf8(n).ok()?.parse().ok())
-                    .ok_or_else(|| StoreError::Backend {
-                        message: "the Redis list script returned no count".into(),
-                        source: None,
-                    })?;
-                let found: Vec<Option<Vec<u8>>> = reply.collect();
-                for chunk in found.chunks(FIELDS.len() + 1) {
-                    let member = chunk[0].as_deref().unwrap_or_default();
-                    let id = member_id(member)?;
-                    if let Some(record) = decode(&id, chunk[1..].to_vec())? {
-                        if filter.matches(&record, now) {
-                            records.push(record);
-                        }
-                    }
-                }
-                if scanned < LIST_BATCH {
-                    break;
-                }
-                offset += scanned;
+            for shard in shards {
+                records.extend(self.list_shard(shard, filter, now, limit).await?);
+            }
+            // Each shard's records come latest expiry first; so do all of them.
+            if self.keys.shards().len() > 1 {
+                records.sort_by_key(|record| std::cmp::Reverse(record.expires_at));
             }
             records.truncate(limit);
             Ok(records)

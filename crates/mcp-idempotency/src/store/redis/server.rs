@@ -1,16 +1,25 @@
-//! Talking to the server: the Lua scripts (one per operation, each with the helpers of
-//! `common.lua` in front), exchanges bounded in time, and the mapping of Redis errors to
-//! [`StoreError`]s that name the server, never the password.
+//! Talking to the server: the connection (one node, or a Redis Cluster), the Lua scripts (one per
+//! operation, each with the helpers of `common.lua` in front), exchanges bounded in time, and the
+//! mapping of Redis errors to [`StoreError`]s that name the server, never the password.
+//!
+//! On a cluster the driver routes each script by its first key (every key of a script carries one
+//! hash tag, so one slot), follows `MOVED` and `ASK` and retries after I/O errors; every script is
+//! safe to run twice, so such a retry never applies an operation twice. `SCRIPT LOAD` goes to
+//! every node, so a `NOSCRIPT` (a promoted replica, a restarted node) is answered by loading the
+//! script everywhere and running it again, on a cluster as on one node.
 
 use std::future::Future;
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
 use redis::{
-    ErrorKind, FromRedisValue, RedisError, RedisResult, Script, ScriptInvocation, ServerErrorKind,
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Script,
+    ScriptInvocation, ServerErrorKind, Value,
 };
 
-use super::keys::Keys;
+use super::keys::{Keys, Shard};
 use super::RedisStore;
 use crate::record::RecordId;
 use crate::store::{Fenced, StoreError};
@@ -61,6 +70,43 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     delete: Script::new(DELETE),
 });
 
+/// The connection of a store: to one server, or to a Redis Cluster.
+#[derive(Clone)]
+pub(super) enum Conn {
+    /// One server, reconnected after failures.
+    Node(ConnectionManager),
+    /// A cluster: commands go to the primary of their slot.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Node(conn) => conn.req_packed_command(cmd),
+            Self::Cluster(conn) => conn.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(conn) => conn.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(conn) => conn.get_db(),
+            Self::Cluster(conn) => conn.get_db(),
+        }
+    }
+}
+
 impl RedisStore {
     /// Runs one Redis exchange, bounded by [`OPERATION_TIMEOUT`], mapping its errors.
     pub(super) async fn bounded<T>(
@@ -108,15 +154,17 @@ impl RedisStore {
         }
     }
 
-    /// A script invocation on the four keys of `id`'s record, with the record's member first.
+    /// A script invocation on the four keys of `id`'s record (all in the record's shard), with the
+    /// record's member first.
     pub(super) fn on_record<'s>(&self, script: &'s Script, id: &RecordId) -> ScriptInvocation<'s> {
         let member = Keys::member(id);
+        let shard: &Shard = self.keys.shard_of(&id.scope);
         let mut invocation = script.prepare_invoke();
         invocation
-            .key(self.keys.record(&member))
-            .key(self.keys.scope(&id.scope))
-            .key(&self.keys.all)
-            .key(&self.keys.running)
+            .key(shard.record(&member))
+            .key(shard.scope(&id.scope))
+            .key(&shard.all)
+            .key(&shard.running)
             .arg(member);
         invocation
     }
