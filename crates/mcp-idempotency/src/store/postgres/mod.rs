@@ -31,6 +31,7 @@ mod pool;
 mod quota;
 mod schema;
 mod sql;
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
@@ -78,7 +79,8 @@ const PURGE_BATCH: i64 = 10_000;
 ///
 /// Open one with [`PostgresStore::open`] (`postgres://user:password@host:port/db`, optionally
 /// `?schema=NAME` and the parameters tokio-postgres takes, such as `connect_timeout` in seconds)
-/// or [`PostgresStore::open_in_schema`]. TLS is not supported by this build.
+/// or [`PostgresStore::open_in_schema`]. TLS (rustls) as libpq's `sslmode=prefer|require|verify-ca|verify-full`
+/// and `sslrootcert=FILE` (PEM CA certificates) say; without `sslmode`, no TLS.
 ///
 /// The store works through PgBouncer in transaction pooling mode: every statement is sent
 /// unnamed, with its parameter types, in one round trip (no named prepared statement has to
@@ -134,9 +136,16 @@ impl PostgresStore {
     }
 
     async fn connect(url: &str, schema: &str) -> Result<Self, StoreError> {
-        let (config, connect_timeout) = config::connection_config(url, schema)?;
+        let invalid = |reason: String| StoreError::InvalidUrl {
+            url: super::redact_password(url),
+            reason,
+        };
+        let (url, tls_options) = tls::split_tls_params(url).map_err(invalid)?;
+        let (mut config, connect_timeout) = config::connection_config(&url, schema)?;
+        config.ssl_mode(tls_options.mode.ssl_mode());
+        let connector = tls::RustlsConnect::new(&tls_options).map_err(invalid)?;
         let target = config::describe(&config);
-        let pool = pool::build(config, connect_timeout, &target)?;
+        let pool = pool::build(config, connector, connect_timeout, &target)?;
         let quoted = config::quote_ident(schema);
         schema::prepare(&pool, schema, &quoted, &target).await?;
         Ok(Self {

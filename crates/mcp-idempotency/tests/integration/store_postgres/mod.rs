@@ -317,3 +317,4 @@ mod counters;
 mod pgbouncer;
 mod races;
 mod schema;
+mod tls;
