@@ -5,8 +5,7 @@
 //! (`--ca-cert`, for a private CA). The crypto provider is chosen explicitly (aws-lc-rs), so the
 //! client works whichever providers other crates enable.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,8 +14,6 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::CertificateDer;
 
 /// How long a TCP connection may take to open.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -26,22 +23,7 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// hyper's client with TLS, sending whole request bodies.
 pub type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Why no client could be built.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TlsSetupError {
-    /// The CA file could not be read or holds no PEM certificate.
-    #[error("cannot read CA certificates from {path}: {reason}")]
-    CaFile {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// rustls refused the configuration.
-    #[error("cannot configure TLS: {0}")]
-    Rustls(#[from] rustls::Error),
-}
+pub use crate::tls::TlsSetupError;
 
 /// `error` and its sources, joined by `: `, each said once: hyper's own message alone ("client
 /// error (Connect)") does not say what happened, its causes (a refused connection, a certificate
@@ -62,35 +44,7 @@ pub fn error_causes(error: &(dyn std::error::Error + 'static)) -> String {
 
 /// A client trusting the system's roots and the certificates in `ca_file`, if given.
 pub fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, TlsSetupError> {
-    let mut roots = rustls::RootCertStore::empty();
-    let native = rustls_native_certs::load_native_certs();
-    for error in &native.errors {
-        tracing::debug!(%error, "a system CA certificate could not be loaded");
-    }
-    let (_added, _ignored) = roots.add_parsable_certificates(native.certs);
-    if let Some(path) = ca_file {
-        let ca_error = |reason: String| TlsSetupError::CaFile {
-            path: path.to_owned(),
-            reason,
-        };
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| ca_error(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ca_error(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(ca_error("no PEM certificate in it".into()));
-        }
-        for cert in certs {
-            roots
-                .add(cert)
-                .map_err(|e| ca_error(format!("not a usable CA certificate: {e}")))?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let tls = crate::tls::client_config(ca_file)?;
     let mut tcp = HttpConnector::new();
     tcp.enforce_http(false);
     tcp.set_nodelay(true);

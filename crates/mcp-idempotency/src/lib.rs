@@ -94,6 +94,8 @@ mod sse;
 pub mod stdio;
 pub mod store;
 mod time;
+#[cfg(any(feature = "http-client", feature = "postgres"))]
+mod tls;
 
 pub use config::{AfterCrash, EngineConfig};
 pub use deduplicator::Deduplicator;

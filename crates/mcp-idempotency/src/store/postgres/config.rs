@@ -5,7 +5,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use tokio_postgres::config::{Host, SslMode};
+use tokio_postgres::config::Host;
 
 use super::pool::{explain, OPERATION_TIMEOUT};
 use crate::store::{redact_password, StoreError};
@@ -19,7 +19,7 @@ const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The connection settings a URL (without `schema=`) names, for tables in `schema`, and the
 /// connect timeout: the URL's `connect_timeout`, or [`DEFAULT_CONNECT_TIMEOUT`]. A URL without a
-/// host, asking for TLS (`sslmode=require`), or tokio-postgres refuses is an
+/// host, or that tokio-postgres refuses, is an
 /// [`StoreError::InvalidUrl`], shown without its password.
 pub(super) fn connection_config(
     url: &str,
@@ -33,11 +33,6 @@ pub(super) fn connection_config(
     let mut config = tokio_postgres::Config::from_str(url).map_err(|err| invalid(explain(&err)))?;
     if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
         return Err(invalid("the URL names no host".into()));
-    }
-    if config.get_ssl_mode() == SslMode::Require {
-        return Err(invalid(
-            "sslmode=require is not supported: this build has no TLS support".into(),
-        ));
     }
     let connect_timeout = *config
         .get_connect_timeout()

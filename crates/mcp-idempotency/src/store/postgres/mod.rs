@@ -20,23 +20,27 @@
 //! | `schema` | the tables, their invariants, creating them and migrating version 1 |
 //! | `quota` | claims: the counter shards and their capacities, the one-statement and exact paths, why quotas are exact, what it costs |
 //! | `sql` | every statement, and the lock order that keeps them from deadlocking |
+//! | `params` | statement parameters with their types: every statement is unnamed (PgBouncer) |
 //! | `pool` | the connection pool, timeouts, retries, and errors |
 //! | `config` | the URL: the `schema` parameter, schema names, timeouts, the description errors show |
 //! | this file | [`PostgresStore`] and its [`Store`] operations |
 
 mod config;
+mod params;
 mod pool;
 mod quota;
 mod schema;
 mod sql;
+mod tls;
 
 use std::fmt;
 use std::sync::Arc;
 
 use deadpool_postgres::{ClientWrapper, Pool};
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
+use self::params::{params, Typed};
 use self::pool::{explain, run, OpError};
 use self::schema::lock_key;
 use self::sql::Sql;
@@ -75,7 +79,15 @@ const PURGE_BATCH: i64 = 10_000;
 ///
 /// Open one with [`PostgresStore::open`] (`postgres://user:password@host:port/db`, optionally
 /// `?schema=NAME` and the parameters tokio-postgres takes, such as `connect_timeout` in seconds)
-/// or [`PostgresStore::open_in_schema`]. TLS is not supported by this build.
+/// or [`PostgresStore::open_in_schema`]. TLS (rustls) as libpq's `sslmode=prefer|require|verify-ca|verify-full`
+/// and `sslrootcert=FILE` (PEM CA certificates) say; without `sslmode`, no TLS.
+///
+/// The store works through PgBouncer in transaction pooling mode: every statement is sent
+/// unnamed, with its parameter types, in one round trip (no named prepared statement has to
+/// survive on a server connection), the only lock outside a row (schema migration, purges) is a
+/// transaction-level advisory lock, and no session setting is ever changed. PgBouncer before 1.20
+/// refuses the `options` startup parameter, so set a `statement_timeout` for the role there
+/// instead of in the URL.
 #[derive(Clone)]
 pub struct PostgresStore {
     inner: Arc<Inner>,
@@ -124,9 +136,16 @@ impl PostgresStore {
     }
 
     async fn connect(url: &str, schema: &str) -> Result<Self, StoreError> {
-        let (config, connect_timeout) = config::connection_config(url, schema)?;
+        let invalid = |reason: String| StoreError::InvalidUrl {
+            url: super::redact_password(url),
+            reason,
+        };
+        let (url, tls_options) = tls::split_tls_params(url).map_err(invalid)?;
+        let (mut config, connect_timeout) = config::connection_config(&url, schema)?;
+        config.ssl_mode(tls_options.mode.ssl_mode());
+        let connector = tls::RustlsConnect::new(&tls_options).map_err(invalid)?;
         let target = config::describe(&config);
-        let pool = pool::build(config, connect_timeout, &target)?;
+        let pool = pool::build(config, connector, connect_timeout, &target)?;
         let quoted = config::quote_ident(schema);
         schema::prepare(&pool, schema, &quoted, &target).await?;
         Ok(Self {
@@ -156,19 +175,20 @@ impl Store for PostgresStore {
         Box::pin(async move {
             let kind = req.outcome.kind().as_str();
             let body = req.outcome.body();
+            let body: &str = &body;
             run!(self, "complete", |client| {
                 fenced_update(
                     &client,
                     &self.inner.sql.complete,
-                    &[
-                        &req.id.scope.namespace(),
-                        &req.id.scope.principal(),
-                        &req.id.key.as_str(),
-                        &sql_token(req.owner),
-                        &kind,
-                        &body.as_ref(),
-                        &sql_time(req.completed_at),
-                        &sql_time(req.expires_at),
+                    &params![
+                        req.id.scope.namespace(),
+                        req.id.scope.principal(),
+                        req.id.key.as_str(),
+                        sql_token(req.owner),
+                        kind,
+                        body,
+                        sql_time(req.completed_at),
+                        sql_time(req.expires_at),
                     ],
                 )
                 .await
@@ -182,15 +202,15 @@ impl Store for PostgresStore {
                 fenced_update(
                     &client,
                     &self.inner.sql.take_over,
-                    &[
-                        &req.id.scope.namespace(),
-                        &req.id.scope.principal(),
-                        &req.id.key.as_str(),
-                        &sql_token(req.previous_owner),
-                        &sql_token(req.new_owner),
-                        &sql_time(req.lease_expires_at),
-                        &sql_time(req.expires_at),
-                        &sql_time(req.now),
+                    &params![
+                        req.id.scope.namespace(),
+                        req.id.scope.principal(),
+                        req.id.key.as_str(),
+                        sql_token(req.previous_owner),
+                        sql_token(req.new_owner),
+                        sql_time(req.lease_expires_at),
+                        sql_time(req.expires_at),
+                        sql_time(req.now),
                     ],
                 )
                 .await
@@ -209,12 +229,12 @@ impl Store for PostgresStore {
                 fenced_update(
                     &client,
                     &self.inner.sql.renew,
-                    &[
-                        &id.scope.namespace(),
-                        &id.scope.principal(),
-                        &id.key.as_str(),
-                        &sql_token(owner),
-                        &sql_time(lease_expires_at),
+                    &params![
+                        id.scope.namespace(),
+                        id.scope.principal(),
+                        id.key.as_str(),
+                        sql_token(owner),
+                        sql_time(lease_expires_at),
                     ],
                 )
                 .await
@@ -228,11 +248,11 @@ impl Store for PostgresStore {
                 let released = query_count(
                     &client,
                     &self.inner.sql.release,
-                    &[
-                        &id.scope.namespace(),
-                        &id.scope.principal(),
-                        &id.key.as_str(),
-                        &sql_token(owner),
+                    &params![
+                        id.scope.namespace(),
+                        id.scope.principal(),
+                        id.key.as_str(),
+                        sql_token(owner),
                     ],
                 )
                 .await;
@@ -270,7 +290,11 @@ impl Store for PostgresStore {
             // Scopes left without records (by purges or by releases) lose their counter row; a
             // claim recreates it.
             run!(self, "purge", |client| {
-                query_count(&client, &self.inner.sql.drop_empty_scopes, &[]).await
+                Ok::<_, OpError>(
+                    client
+                        .execute_typed(&self.inner.sql.drop_empty_scopes, &[])
+                        .await?,
+                )
             })?;
             Ok(purged)
         })
@@ -294,10 +318,10 @@ impl Store for PostgresStore {
             let (text, params) = list_query(&select, filter, now, limit, |n| format!("${n}"));
             let params: Params = params
                 .into_iter()
-                .map(|param| -> Box<dyn ToSql + Sync + Send> {
+                .map(|param| -> (Box<dyn ToSql + Sync + Send>, Type) {
                     match param {
-                        SqlParam::Text(text) => Box::new(text),
-                        SqlParam::Integer(n) => Box::new(n),
+                        SqlParam::Text(text) => (Box::new(text), Type::TEXT),
+                        SqlParam::Integer(n) => (Box::new(n), Type::INT8),
                     }
                 })
                 .collect();
@@ -311,11 +335,7 @@ impl Store for PostgresStore {
                 query_count(
                     &client,
                     &self.inner.sql.delete,
-                    &[
-                        &id.scope.namespace(),
-                        &id.scope.principal(),
-                        &id.key.as_str(),
-                    ],
+                    &params![id.scope.namespace(), id.scope.principal(), id.key.as_str()],
                 )
                 .await
                 .map(|deleted| deleted == 1)
@@ -325,12 +345,11 @@ impl Store for PostgresStore {
 }
 
 async fn list(client: &ClientWrapper, text: &str, params: &Params) -> Result<Vec<Record>, OpError> {
-    let stmt = client.prepare_cached(text).await?;
-    let params: Vec<&(dyn ToSql + Sync)> = params
+    let params: Vec<Typed<'_>> = params
         .iter()
-        .map(|param| &**param as &(dyn ToSql + Sync))
+        .map(|(param, ty)| (&**param as &(dyn ToSql + Sync), ty.clone()))
         .collect();
-    let rows = client.query(&stmt, &params).await?;
+    let rows = client.query_typed(text, &params).await?;
     let records: Result<Vec<Record>, CorruptRecord> =
         rows.iter().map(sql_row::decode_listed).collect();
     Ok(records?)
@@ -342,15 +361,14 @@ async fn get(
     id: &RecordId,
     now: Timestamp,
 ) -> Result<Option<Record>, OpError> {
-    let stmt = client.prepare_cached(&sql.get).await?;
     let row = client
-        .query_opt(
-            &stmt,
-            &[
-                &id.scope.namespace(),
-                &id.scope.principal(),
-                &id.key.as_str(),
-                &sql_time(now),
+        .query_typed_opt(
+            &sql.get,
+            &params![
+                id.scope.namespace(),
+                id.scope.principal(),
+                id.key.as_str(),
+                sql_time(now),
             ],
         )
         .await?;
@@ -358,8 +376,9 @@ async fn get(
 }
 
 async fn stats(client: &ClientWrapper, sql: &Sql, now: Timestamp) -> Result<StoreStats, OpError> {
-    let stmt = client.prepare_cached(&sql.stats).await?;
-    let row = client.query_one(&stmt, &[&sql_time(now)]).await?;
+    let row = client
+        .query_typed_one(&sql.stats, &params![sql_time(now)])
+        .await?;
     Ok(StoreStats {
         in_progress: count(&row, 0)?,
         completed: count(&row, 1)?,
@@ -372,11 +391,7 @@ async fn purge(client: &ClientWrapper, inner: &Inner, now: Timestamp) -> Result<
     query_count(
         client,
         &inner.sql.purge,
-        &[
-            &sql_time(now),
-            &lock_key("purge", &inner.schema),
-            &PURGE_BATCH,
-        ],
+        &params![sql_time(now), lock_key("purge", &inner.schema), PURGE_BATCH],
     )
     .await
 }
@@ -385,10 +400,9 @@ async fn purge(client: &ClientWrapper, inner: &Inner, now: Timestamp) -> Result<
 async fn fenced_update(
     client: &ClientWrapper,
     sql: &str,
-    params: &[&(dyn ToSql + Sync)],
+    params: &[Typed<'_>],
 ) -> Result<Fenced, OpError> {
-    let stmt = client.prepare_cached(sql).await?;
-    let changed = client.execute(&stmt, params).await?;
+    let changed = client.execute_typed(sql, params).await?;
     Ok(if changed == 1 {
         Fenced::Applied
     } else {
@@ -396,17 +410,13 @@ async fn fenced_update(
     })
 }
 
-/// Runs a statement that returns one count (or, for a plain `DELETE`, counts the rows it deleted).
+/// Runs a statement that returns one count.
 async fn query_count(
     client: &ClientWrapper,
     sql: &str,
-    params: &[&(dyn ToSql + Sync)],
+    params: &[Typed<'_>],
 ) -> Result<u64, OpError> {
-    let stmt = client.prepare_cached(sql).await?;
-    if stmt.columns().is_empty() {
-        return Ok(client.execute(&stmt, params).await?);
-    }
-    let row = client.query_one(&stmt, params).await?;
+    let row = client.query_typed_one(sql, params).await?;
     count(&row, 0)
 }
 
@@ -418,4 +428,4 @@ fn count(row: &Row, i: usize) -> Result<u64, OpError> {
 }
 
 /// Parameters of a statement built at run time.
-type Params = Vec<Box<dyn ToSql + Sync + Send>>;
+type Params = Vec<(Box<dyn ToSql + Sync + Send>, Type)>;

@@ -8,9 +8,9 @@ use deadpool_postgres::{
     Manager, ManagerConfig, Object, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
 };
 use tokio_postgres::error::SqlState;
-use tokio_postgres::NoTls;
 
 use super::quota::MAX_CLAIM_ATTEMPTS;
+use super::tls::RustlsConnect;
 use super::PostgresStore;
 use crate::record::CorruptRecord;
 use crate::store::StoreError;
@@ -29,12 +29,13 @@ const MAX_TRANSIENT_RETRIES: usize = 3;
 /// messages), which opens connections lazily, within `connect_timeout` each.
 pub(super) fn build(
     config: tokio_postgres::Config,
+    tls: RustlsConnect,
     connect_timeout: Duration,
     target: &str,
 ) -> Result<Pool, StoreError> {
     let manager = Manager::from_config(
         config,
-        NoTls,
+        tls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },

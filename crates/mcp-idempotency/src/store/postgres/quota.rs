@@ -85,9 +85,9 @@
 
 use deadpool_postgres::ClientWrapper;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
+use super::params::{params, typed, Typed};
 use super::pool::{explain, OpError};
 use super::schema::{SCOPE_SHARD_FULL, TOTAL_SHARD_FULL};
 use super::sql::Sql;
@@ -219,18 +219,19 @@ fn capacities(counts: &[i64], shard: usize, limit: i64) -> Option<Vec<i64>> {
 }
 
 /// The claim's columns as parameters `$1` to `$9` of the claim and insert statements.
-fn claim_params<'a>(c: &'a ClaimColumns<'a>) -> Vec<&'a (dyn ToSql + Sync)> {
-    vec![
-        &c.namespace,
-        &c.principal,
-        &c.key,
-        &c.fingerprint,
-        &c.tool_name,
-        &c.owner,
-        &c.lease_expires_at,
-        &c.now,
-        &c.expires_at,
+fn claim_params<'a>(c: &'a ClaimColumns<'a>) -> Vec<Typed<'a>> {
+    params![
+        c.namespace,
+        c.principal,
+        c.key,
+        c.fingerprint,
+        c.tool_name,
+        c.owner,
+        c.lease_expires_at,
+        c.now,
+        c.expires_at,
     ]
+    .into()
 }
 
 async fn claim_once(
@@ -239,15 +240,14 @@ async fn claim_once(
     req: &ClaimRequest,
     shard: i16,
 ) -> Result<Attempt, OpError> {
-    let stmt = client.prepare_cached(&sql.claim).await?;
     let record = ClaimColumns::of(req);
     let limits = (
         sql_limit(req.limits.max_records_per_scope),
         sql_limit(req.limits.max_records_total),
     );
     let mut params = claim_params(&record);
-    params.extend([&limits.0 as &(dyn ToSql + Sync), &limits.1, &shard]);
-    let rows = match client.query(&stmt, &params).await {
+    params.extend(params![limits.0, limits.1, shard]);
+    let rows = match client.query_typed(&sql.claim, &params).await {
         Ok(rows) => rows,
         Err(err) => {
             return match shard_refusal(&err) {
@@ -280,11 +280,10 @@ async fn claim_exact(
     exact: Exact,
 ) -> Result<Attempt, OpError> {
     let tx = client.transaction().await?;
-    let stmt = tx.prepare_cached(&sql.insert_record).await?;
     let record = ClaimColumns::of(req);
     let mut params = claim_params(&record);
-    params.push(&shard);
-    let Some(row) = tx.query_opt(&stmt, &params).await? else {
+    params.push(typed(&shard));
+    let Some(row) = tx.query_typed_opt(&sql.insert_record, &params).await? else {
         // A live record holds the key: the one-statement claim returns it.
         tx.rollback().await?;
         return Ok(Attempt::Raced);
@@ -303,24 +302,26 @@ async fn claim_exact(
 
     // The scope counter, then the store's (the lock order).
     if exact.scope {
-        let stmt = tx.prepare_cached(&sql.lock_scope).await?;
-        let rows = tx.query(&stmt, &[&namespace, &principal]).await?;
+        let rows = tx
+            .query_typed(&sql.lock_scope, &params![namespace, principal])
+            .await?;
         let Some(caps) = capacities(&shard_counts(&rows)?, shard_index(shard), scope_limit) else {
             tx.rollback().await?;
             return Ok(Attempt::OverQuota(QuotaExceeded::Scope {
                 limit: req.limits.max_records_per_scope,
             }));
         };
-        let stmt = tx.prepare_cached(&sql.set_scope).await?;
-        tx.execute(
-            &stmt,
-            &[&namespace, &principal, &shard, &caps, &scope_limit],
+        tx.execute_typed(
+            &sql.set_scope,
+            &params![namespace, principal, shard, caps, scope_limit],
         )
         .await?;
     } else {
-        let stmt = tx.prepare_cached(&sql.bump_scope).await?;
         if tx
-            .execute(&stmt, &[&namespace, &principal, &shard, &scope_limit])
+            .execute_typed(
+                &sql.bump_scope,
+                &params![namespace, principal, shard, scope_limit],
+            )
             .await?
             == 0
         {
@@ -330,19 +331,21 @@ async fn claim_exact(
         }
     }
     if exact.total {
-        let stmt = tx.prepare_cached(&sql.lock_total).await?;
-        let rows = tx.query(&stmt, &[]).await?;
+        let rows = tx.query_typed(&sql.lock_total, &[]).await?;
         let Some(caps) = capacities(&shard_counts(&rows)?, shard_index(shard), total_limit) else {
             tx.rollback().await?;
             return Ok(Attempt::OverQuota(QuotaExceeded::Total {
                 limit: req.limits.max_records_total,
             }));
         };
-        let stmt = tx.prepare_cached(&sql.set_total).await?;
-        tx.execute(&stmt, &[&shard, &caps, &total_limit]).await?;
+        tx.execute_typed(&sql.set_total, &params![shard, caps, total_limit])
+            .await?;
     } else {
-        let stmt = tx.prepare_cached(&sql.bump_total).await?;
-        if tx.execute(&stmt, &[&shard, &total_limit]).await? == 0 {
+        if tx
+            .execute_typed(&sql.bump_total, &params![shard, total_limit])
+            .await?
+            == 0
+        {
             tx.rollback().await?;
             return Ok(Attempt::ShardFull(Counter::Total));
         }

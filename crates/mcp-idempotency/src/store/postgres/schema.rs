@@ -34,6 +34,7 @@
 
 use deadpool_postgres::{Object, Pool};
 
+use super::params::params;
 use super::pool::{explain, is_connection_error, pool_error, OpError, OPERATION_TIMEOUT};
 use super::quota::SHARDS;
 use crate::store::StoreError;
@@ -153,13 +154,13 @@ fn migrate_v1_ddl(s: &str) -> String {
 /// opening the store at the same time take turns. Refuses a schema newer than this build.
 async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), OpError> {
     let tx = client.transaction().await?;
-    tx.execute(
+    tx.execute_typed(
         "SELECT pg_advisory_xact_lock($1)",
-        &[&lock_key("migrate", schema)],
+        &params![lock_key("migrate", schema)],
     )
     .await?;
     let encoding: String = tx
-        .query_one("SELECT current_setting('server_encoding')", &[])
+        .query_typed_one("SELECT current_setting('server_encoding')", &[])
         .await?
         .try_get(0)?;
     if !matches!(encoding.as_str(), "UTF8" | "SQL_ASCII") {
@@ -171,11 +172,14 @@ async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), 
     // already up to date.
     let version_table = format!("{quoted}.idem_schema_version");
     let has_version_table: bool = tx
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&version_table])
+        .query_typed_one(
+            "SELECT to_regclass($1) IS NOT NULL",
+            &params![version_table],
+        )
         .await?
         .try_get(0)?;
     let version: i32 = if has_version_table {
-        tx.query_opt(
+        tx.query_typed_opt(
             &format!("SELECT version FROM {version_table} WHERE id = 1"),
             &[],
         )
@@ -194,9 +198,9 @@ async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), 
     }
     if version < SCHEMA_VERSION {
         let schema_exists: bool = tx
-            .query_one(
+            .query_typed_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
-                &[&schema],
+                &params![schema],
             )
             .await?
             .try_get(0)?;
@@ -216,12 +220,12 @@ async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), 
             {tables}"
         ))
         .await?;
-        tx.execute(
+        tx.execute_typed(
             &format!(
                 "INSERT INTO {version_table} (id, version) VALUES (1, $1)
                  ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version"
             ),
-            &[&SCHEMA_VERSION],
+            &params![SCHEMA_VERSION],
         )
         .await?;
     }

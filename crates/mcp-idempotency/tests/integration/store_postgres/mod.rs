@@ -31,9 +31,25 @@ fn database_url() -> String {
 
 /// `DATABASE_URL` if its server answers; `None` (after a note) if not and not on CI.
 async fn reachable_url() -> Option<String> {
-    let url = database_url();
+    reachable(
+        "DATABASE_URL",
+        &database_url(),
+        "start PostgreSQL or point DATABASE_URL at one",
+    )
+    .await
+}
+
+/// `url` (from the variable `var`) if a server answers there, connecting with `tls`; `None`
+/// (after a note) if not and not on CI, where it panics instead, saying `hint`.
+async fn reachable_with<T>(var: &str, url: &str, hint: &str, tls: T) -> Option<String>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket> + Send,
+    T::Stream: Send + 'static,
+    T::TlsConnect: Send,
+    <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+{
     let probe = async {
-        let (client, connection) = tokio_postgres::connect(&url, NoTls).await?;
+        let (client, connection) = tokio_postgres::connect(url, tls).await?;
         let driver = tokio::spawn(connection);
         client.simple_query("SELECT 1").await?;
         drop(client);
@@ -41,22 +57,26 @@ async fn reachable_url() -> Option<String> {
         Ok::<_, tokio_postgres::Error>(())
     };
     let error = match tokio::time::timeout(Duration::from_secs(10), probe).await {
-        Ok(Ok(())) => return Some(url),
-        Ok(Err(err)) => err.to_string(),
+        Ok(Ok(())) => return Some(url.to_owned()),
+        Ok(Err(err)) => format!("{err}: {:?}", std::error::Error::source(&err)),
         Err(_) => "no answer within 10 s".to_owned(),
     };
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!(
-            "PostgreSQL at DATABASE_URL ({}) is unreachable: {error}. CI=true, so this fails \
-             instead of skipping; start PostgreSQL or point DATABASE_URL at one",
-            redacted(&url)
+            "PostgreSQL at {var} ({}) is unreachable: {error}. CI=true, so this fails instead of \
+             skipping; {hint}",
+            redacted(url)
         );
     }
     eprintln!(
-        "note: skipping PostgreSQL store tests: {} is unreachable ({error}); set DATABASE_URL",
-        redacted(&url)
+        "note: skipping PostgreSQL tests: {var} ({}) is unreachable ({error}); {hint}",
+        redacted(url)
     );
     None
+}
+
+async fn reachable(var: &str, url: &str, hint: &str) -> Option<String> {
+    reachable_with(var, url, hint, NoTls).await
 }
 
 fn redacted(url: &str) -> String {
@@ -294,5 +314,7 @@ async fn assert_counters_consistent(url: &str, schema: &str) {
 
 mod connections;
 mod counters;
+mod pgbouncer;
 mod races;
 mod schema;
+mod tls;
