@@ -69,37 +69,11 @@ mod suite {
 
     // Every check of the suite but `quota_total`: on a cluster the store-wide quota is bounded,
     // not exact (see `a_total_quota_is_bounded_by_the_shards_shares` below).
-    mcp_idempotency::store_test_suite!(@tests || async {
+    mcp_idempotency::store_test_suite!(total_quota_bounded: || async {
         cluster_store(None)
             .await
             .map(|(store, _)| Arc::new(store) as Arc<dyn Store>)
-    };
-        claim_then_existing,
-        complete_then_replay_exactly,
-        complete_is_fenced,
-        release_frees_the_key,
-        renew_extends_only_the_owners_lease,
-        renew_keeps_a_running_record_past_its_retention,
-        take_over_only_after_the_lease_ran_out,
-        expired_records_count_as_absent,
-        purge_removes_only_expired,
-        scopes_are_isolated,
-        quota_per_scope,
-        racing_claims_have_one_winner,
-        racing_distinct_keys_all_win,
-        every_outcome_kind_round_trips,
-        awkward_keys_are_kept_exactly,
-        stats_count_states,
-        list_filters_by_scope_key_state_and_age,
-        list_orders_by_expiry_and_honours_the_limit,
-        list_returns_awkward_ids_exactly,
-        delete_frees_the_key_in_any_state,
-        claim_sent_twice_is_claimed_once,
-        complete_sent_twice_is_applied_once,
-        release_sent_twice_changes_nothing,
-        renew_sent_twice_is_applied_twice,
-        take_over_sent_twice_is_applied_once,
-    );
+    });
 }
 
 fn record_id(namespace: &str, principal: &str, key: &str) -> RecordId {
