@@ -11,12 +11,7 @@ async fn two_pools_race_one_key() {
     let Some(url) = reachable_url().await else {
         return;
     };
-    let a = Arc::new(TestStore::open(&url).await);
-    let b = Arc::new(
-        PostgresStore::open_in_schema(&url, &a.schema)
-            .await
-            .unwrap(),
-    );
+    let (a, b) = two_pools(&url).await;
     let id = record_id(&scope(), "contended");
     let tasks: Vec<_> = (0..50)
         .map(|i| {
@@ -51,12 +46,7 @@ async fn scope_quota_holds_under_concurrency() {
     let Some(url) = reachable_url().await else {
         return;
     };
-    let a = Arc::new(TestStore::open(&url).await);
-    let b = Arc::new(
-        PostgresStore::open_in_schema(&url, &a.schema)
-            .await
-            .unwrap(),
-    );
+    let (a, b) = two_pools(&url).await;
     let limits = RecordLimits {
         max_records_per_scope: 10,
         max_records_total: u64::MAX,
@@ -100,12 +90,7 @@ async fn total_quota_holds_under_concurrency() {
     let Some(url) = reachable_url().await else {
         return;
     };
-    let a = Arc::new(TestStore::open(&url).await);
-    let b = Arc::new(
-        PostgresStore::open_in_schema(&url, &a.schema)
-            .await
-            .unwrap(),
-    );
+    let (a, b) = two_pools(&url).await;
     let limits = RecordLimits {
         max_records_per_scope: 1,
         max_records_total: 7,
