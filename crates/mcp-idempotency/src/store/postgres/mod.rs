@@ -19,7 +19,7 @@
 //! | --- | --- |
 //! | `schema` | the tables, their invariants, creating them and migrating version 1 |
 //! | `quota` | claims: the counter shards and their capacities, the one-statement and exact paths, why quotas are exact, what it costs |
-//! | `sql` | every statement, and the lock order that keeps them from deadlocking |
+//! | `sql` | every statement, the two server-side functions for claims and completions, and the lock order that keeps them from deadlocking |
 //! | `params` | statement parameters with their types: every statement is unnamed (PgBouncer) |
 //! | `pool` | the connection pool, timeouts, retries, and errors |
 //! | `config` | the URL: the `schema` parameter, schema names, timeouts, the description errors show |
@@ -147,13 +147,14 @@ impl PostgresStore {
         let target = config::describe(&config);
         let pool = pool::build(config, connector, connect_timeout, &target)?;
         let quoted = config::quote_ident(schema);
-        schema::prepare(&pool, schema, &quoted, &target).await?;
+        let sql = Sql::new(&quoted);
+        schema::prepare(&pool, schema, &quoted, &sql.functions, &target).await?;
         Ok(Self {
             inner: Arc::new(Inner {
                 pool,
                 target,
                 schema: schema.to_owned(),
-                sql: Sql::new(&quoted),
+                sql,
             }),
         })
     }
@@ -177,7 +178,7 @@ impl Store for PostgresStore {
             let body = req.outcome.body();
             let body: &str = &body;
             run!(self, "complete", |client| {
-                fenced_update(
+                fenced_call(
                     &client,
                     &self.inner.sql.complete,
                     &params![
@@ -404,6 +405,20 @@ async fn fenced_update(
 ) -> Result<Fenced, OpError> {
     let changed = client.execute_typed(sql, params).await?;
     Ok(if changed == 1 {
+        Fenced::Applied
+    } else {
+        Fenced::NotOwner
+    })
+}
+
+/// Calls a fenced function, which answers how many records it changed, and reports whether it
+/// touched the record.
+async fn fenced_call(
+    client: &ClientWrapper,
+    sql: &str,
+    params: &[Typed<'_>],
+) -> Result<Fenced, OpError> {
+    Ok(if query_count(client, sql, params).await? == 1 {
         Fenced::Applied
     } else {
         Fenced::NotOwner

@@ -6,9 +6,10 @@
 //! store work through PgBouncer in transaction pooling mode, where consecutive statements of one
 //! client may run on different server connections, so a named prepared statement made on one is
 //! unknown on the next. The same statements are sent whether or not a pooler is in front: one
-//! code path. The cost is that the server parses and plans each statement every time (it would
-//! plan most of them every time anyway: PostgreSQL uses custom plans for the first executions of
-//! a prepared statement).
+//! code path. The cost is that the server parses and plans each statement every time; for the two
+//! statements every executed call runs (the claim and the completion) that cost more than running
+//! them, so those two are PL/pgSQL functions (see `sql::CLAIM_FUNCTION`), whose plans the server
+//! keeps per connection, and the statements sent are only their calls, cheap to plan.
 
 use tokio_postgres::types::{ToSql, Type};
 

@@ -22,6 +22,12 @@
 //! * `idem_shard_guard`: always empty. Its two `CHECK` constraints turn "a counter shard has no
 //!   room" into an error that aborts the claiming statement (see the `quota` module).
 //!
+//! Two PL/pgSQL functions run the statements of every executed call, so that the server plans
+//! them once per connection (see [`CLAIM_FUNCTION`](super::sql::CLAIM_FUNCTION)):
+//! `idem_claim_v1` and `idem_complete_v1`. Opening the store creates them when they are missing,
+//! whatever the version; their names carry their own version, so builds with other bodies keep
+//! calling theirs. A role that may not create them in the schema cannot open it until they exist.
+//!
 //! # Upgrading from version 1
 //!
 //! Version 1 kept one counter row per scope and one for the store. Opening a version 1 schema
@@ -37,6 +43,7 @@ use deadpool_postgres::{Object, Pool};
 use super::params::params;
 use super::pool::{explain, is_connection_error, pool_error, OpError, OPERATION_TIMEOUT};
 use super::quota::SHARDS;
+use super::sql::{CLAIM_ARGS, CLAIM_FUNCTION, COMPLETE_ARGS, COMPLETE_FUNCTION};
 use crate::store::StoreError;
 
 /// The schema version this build creates and understands.
@@ -47,15 +54,20 @@ pub(super) const TOTAL_SHARD_FULL: &str = "idem_total_shard_full";
 pub(super) const SCOPE_SHARD_FULL: &str = "idem_scope_shard_full";
 
 /// Creates or migrates the tables in `schema` (`quoted` as an identifier) on a connection of
-/// `pool`, within [`OPERATION_TIMEOUT`]; errors name the server as `target`.
+/// `pool`, and creates the store's functions with `functions` when they are missing, within
+/// [`OPERATION_TIMEOUT`]; errors name the server as `target`.
 pub(super) async fn prepare(
     pool: &Pool,
     schema: &str,
     quoted: &str,
+    functions: &str,
     target: &str,
 ) -> Result<(), StoreError> {
     let mut client = pool.get().await.map_err(|err| pool_error(target, err))?;
-    let migrated = tokio::time::timeout(OPERATION_TIMEOUT, migrate(&mut client, schema, quoted))
+    let migrated = tokio::time::timeout(
+        OPERATION_TIMEOUT,
+        migrate(&mut client, schema, quoted, functions),
+    )
         .await
         .unwrap_or(Err(OpError::TimedOut("preparing the schema")));
     migrated.map_err(|err| match err {
@@ -152,7 +164,12 @@ fn migrate_v1_ddl(s: &str) -> String {
 
 /// Creates or upgrades the tables, holding a transaction-level advisory lock so that processes
 /// opening the store at the same time take turns. Refuses a schema newer than this build.
-async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), OpError> {
+async fn migrate(
+    client: &mut Object,
+    schema: &str,
+    quoted: &str,
+    functions: &str,
+) -> Result<(), OpError> {
     let tx = client.transaction().await?;
     tx.execute_typed(
         "SELECT pg_advisory_xact_lock($1)",
@@ -228,6 +245,22 @@ async fn migrate(client: &mut Object, schema: &str, quoted: &str) -> Result<(), 
             &params![SCHEMA_VERSION],
         )
         .await?;
+    }
+    // The functions are looked for by name and argument types, so a schema whose tables are up
+    // to date gets them without a version change, and builds calling other versions of them keep
+    // theirs.
+    let present: bool = tx
+        .query_typed_one(
+            "SELECT to_regprocedure($1) IS NOT NULL AND to_regprocedure($2) IS NOT NULL",
+            &params![
+                format!("{quoted}.{CLAIM_FUNCTION}({CLAIM_ARGS})"),
+                format!("{quoted}.{COMPLETE_FUNCTION}({COMPLETE_ARGS})"),
+            ],
+        )
+        .await?
+        .try_get(0)?;
+    if !present {
+        tx.batch_execute(functions).await?;
     }
     tx.commit().await?;
     Ok(())

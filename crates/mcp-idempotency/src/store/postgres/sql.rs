@@ -20,6 +20,7 @@ use crate::store::sql_row::RECORD_COLUMNS;
 
 /// The statements, with the schema name spliced in (quoted) once.
 pub(super) struct Sql {
+    /// The one-statement claim: a call of [`CLAIM_FUNCTION`].
     pub(super) claim: String,
     pub(super) insert_record: String,
     pub(super) bump_scope: String,
@@ -29,6 +30,7 @@ pub(super) struct Sql {
     pub(super) set_scope: String,
     pub(super) set_total: String,
     pub(super) get: String,
+    /// A call of [`COMPLETE_FUNCTION`], which answers how many records it changed.
     pub(super) complete: String,
     pub(super) take_over: String,
     pub(super) renew: String,
@@ -39,7 +41,29 @@ pub(super) struct Sql {
     pub(super) purge: String,
     pub(super) drop_empty_scopes: String,
     pub(super) stats: String,
+    /// Creates (or replaces) the store's functions: [`CLAIM_FUNCTION`] and [`COMPLETE_FUNCTION`].
+    pub(super) functions: String,
 }
+
+/// The server-side function that runs the one-statement claim, with the parameters of
+/// [`Sql::claim`]'s statement.
+///
+/// The two statements of every executed call (this claim and the completion) run inside PL/pgSQL
+/// functions, so that the server plans them once per connection instead of once per call: plain
+/// statements are sent unnamed (see the `params` module), and parsing and planning the claim's
+/// statement cost about twice as much server CPU as running it. PL/pgSQL keeps the plans of a
+/// function's statements for the life of the server connection, which works through PgBouncer
+/// in transaction mode too (the plans belong to the server connection, not to the client). The
+/// statements inside are the same, run the same way (one statement, READ COMMITTED, a fresh
+/// snapshot): only where they are planned changes. Names carry a version, so that builds with
+/// different bodies sharing one schema each call their own.
+pub(super) const CLAIM_FUNCTION: &str = "idem_claim_v1";
+/// The server-side function that runs the completion (see [`CLAIM_FUNCTION`]).
+pub(super) const COMPLETE_FUNCTION: &str = "idem_complete_v1";
+/// The argument types of the functions, as `to_regprocedure` reads them.
+pub(super) const CLAIM_ARGS: &str =
+    "text, text, text, bytea, text, bigint, bigint, bigint, bigint, bigint, bigint, smallint";
+pub(super) const COMPLETE_ARGS: &str = "text, text, text, bigint, text, text, bigint, bigint";
 
 /// Inserts a record, or replaces an expired one (keeping its shard), returning whether it was a
 /// fresh insert; returns nothing when a live record holds the key. Parameters as for
@@ -94,39 +118,12 @@ impl Sql {
             // $7 lease_expires_at, $8 now, $9 expires_at, $10 scope limit, $11 total limit,
             // $12 shard. The total update reads `scope_count` so that it runs (and locks) after
             // it, and only when the scope had room.
-            claim: format!(
-                "WITH ins AS ({}),
-                scope_count AS (
-                    UPDATE {s}.idem_scope_shards AS c SET records = c.records + 1
-                    FROM ins
-                    WHERE ins.created AND c.namespace = $1 AND c.principal = $2 AND c.shard = $12
-                        AND c.capacity_limit = $10::int8 AND c.records < c.capacity
-                    RETURNING c.records
-                ),
-                total_count AS (
-                    UPDATE {s}.idem_total_shards AS t SET records = t.records + 1
-                    FROM (SELECT count(*) AS n FROM scope_count) AS after_scope
-                    WHERE after_scope.n > 0 AND t.shard = $12
-                        AND t.capacity_limit = $11::int8 AND t.records < t.capacity
-                    RETURNING t.records
-                ),
-                guard AS (
-                    INSERT INTO {s}.idem_shard_guard (scope_ok, total_ok)
-                    SELECT EXISTS (SELECT 1 FROM scope_count),
-                        EXISTS (SELECT 1 FROM total_count) OR NOT EXISTS (SELECT 1 FROM scope_count)
-                    FROM ins WHERE ins.created AND NOT EXISTS (SELECT 1 FROM total_count)
-                )
-                SELECT true AS claimed, NULL::bytea, NULL::text, NULL::int8, NULL::int8,
-                    NULL::text, NULL::text, NULL::int8, NULL::int8, NULL::int8
-                FROM ins
-                UNION ALL
-                SELECT false, {RECORD_COLUMNS} FROM {s}.idem_records
-                WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)",
-                insert_record(s, "$12")
-            ),
+            claim: format!("SELECT * FROM {s}.{CLAIM_FUNCTION}({})", placeholders(12)),
+            functions: functions(s, &claim_statement(s), &complete_statement(s)),
             // The exact path, statement by statement in one transaction. $1 to $9 as for
             // `claim`, $10 shard.
             insert_record: insert_record(s, "$10"),
+
             // $1 namespace, $2 principal, $3 shard, $4 limit.
             bump_scope: format!(
                 "UPDATE {s}.idem_scope_shards SET records = records + 1
@@ -172,14 +169,7 @@ impl Sql {
             get: format!(
                 "SELECT {RECORD_COLUMNS} FROM {s}.idem_records WHERE {key} AND expires_at > $4"
             ),
-            // The second branch finds this completion sent again, and rewrites the same values.
-            complete: format!(
-                "UPDATE {s}.idem_records SET owner = NULL, lease_expires_at = NULL,
-                    outcome_kind = $5, outcome_body = $6, completed_at = $7, expires_at = $8
-                 WHERE {key} AND (owner = $4
-                    OR (owner IS NULL AND outcome_kind = $5 AND outcome_body = $6
-                        AND completed_at = $7 AND expires_at = $8))"
-            ),
+            complete: format!("SELECT {s}.{COMPLETE_FUNCTION}({})", placeholders(8)),
             // The second branch finds this take-over sent again, and changes nothing.
             take_over: format!(
                 "UPDATE {s}.idem_records SET owner = $5,
@@ -275,4 +265,88 @@ impl Sql {
             ),
         }
     }
+}
+
+/// The one-statement claim (see the `quota` module), the body of [`CLAIM_FUNCTION`].
+/// $1 namespace, $2 principal, $3 key, $4 fingerprint, $5 tool, $6 owner, $7 lease_expires_at,
+/// $8 now, $9 expires_at, $10 scope limit, $11 total limit, $12 shard. The total update reads
+/// `scope_count` so that it runs (and locks) after it, and only when the scope had room.
+fn claim_statement(s: &str) -> String {
+    let key = "namespace = $1 AND principal = $2 AND key = $3";
+    format!(
+        "WITH ins AS ({}),
+        scope_count AS (
+            UPDATE {s}.idem_scope_shards AS c SET records = c.records + 1
+            FROM ins
+            WHERE ins.created AND c.namespace = $1 AND c.principal = $2 AND c.shard = $12
+                AND c.capacity_limit = $10::int8 AND c.records < c.capacity
+            RETURNING c.records
+        ),
+        total_count AS (
+            UPDATE {s}.idem_total_shards AS t SET records = t.records + 1
+            FROM (SELECT count(*) AS n FROM scope_count) AS after_scope
+            WHERE after_scope.n > 0 AND t.shard = $12
+                AND t.capacity_limit = $11::int8 AND t.records < t.capacity
+            RETURNING t.records
+        ),
+        guard AS (
+            INSERT INTO {s}.idem_shard_guard (scope_ok, total_ok)
+            SELECT EXISTS (SELECT 1 FROM scope_count),
+                EXISTS (SELECT 1 FROM total_count) OR NOT EXISTS (SELECT 1 FROM scope_count)
+            FROM ins WHERE ins.created AND NOT EXISTS (SELECT 1 FROM total_count)
+        )
+        SELECT true AS claimed, NULL::bytea, NULL::text, NULL::int8, NULL::int8,
+            NULL::text, NULL::text, NULL::int8, NULL::int8, NULL::int8
+        FROM ins
+        UNION ALL
+        SELECT false, {RECORD_COLUMNS} FROM {s}.idem_records
+        WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)",
+        insert_record(s, "$12")
+    )
+}
+
+/// The completion, the body of [`COMPLETE_FUNCTION`]. $1 to $3 the record, $4 owner, $5 outcome
+/// kind, $6 body, $7 completed_at, $8 expires_at. The second branch finds this completion sent
+/// again, and rewrites the same values.
+fn complete_statement(s: &str) -> String {
+    format!(
+        "UPDATE {s}.idem_records SET owner = NULL, lease_expires_at = NULL,
+            outcome_kind = $5, outcome_body = $6, completed_at = $7, expires_at = $8
+         WHERE namespace = $1 AND principal = $2 AND key = $3 AND (owner = $4
+            OR (owner IS NULL AND outcome_kind = $5 AND outcome_body = $6
+                AND completed_at = $7 AND expires_at = $8))"
+    )
+}
+
+/// `CREATE OR REPLACE` of the two functions. Their result columns are named `out_…` and
+/// `#variable_conflict use_column` is set, so that no name in the statements can mean a variable.
+fn functions(s: &str, claim: &str, complete: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {s}.{CLAIM_FUNCTION}({CLAIM_ARGS})
+        RETURNS TABLE (out_claimed boolean, out_fingerprint bytea, out_tool_name text,
+            out_owner bigint, out_lease_expires_at bigint, out_outcome_kind text,
+            out_outcome_body text, out_completed_at bigint, out_created_at bigint,
+            out_expires_at bigint)
+        LANGUAGE plpgsql VOLATILE AS $idem$
+        #variable_conflict use_column
+        BEGIN
+        RETURN QUERY {claim};
+        END
+        $idem$;
+        CREATE OR REPLACE FUNCTION {s}.{COMPLETE_FUNCTION}({COMPLETE_ARGS})
+        RETURNS bigint LANGUAGE plpgsql VOLATILE AS $idem$
+        #variable_conflict use_column
+        DECLARE changed bigint;
+        BEGIN
+        {complete};
+        GET DIAGNOSTICS changed = ROW_COUNT;
+        RETURN changed;
+        END
+        $idem$;"
+    )
+}
+
+/// `$1, $2, …, $n`.
+fn placeholders(n: usize) -> String {
+    (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }

@@ -296,6 +296,80 @@ async fn newer_schema_version_is_refused() {
     assert!(message.contains("newer"), "{message}");
 }
 
+/// The two functions that run claims and completions are created when a schema whose tables are
+/// up to date lacks them (a schema made by an earlier build), and a role that may not create
+/// anything uses a schema that has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_functions_are_created_and_a_restricted_role_uses_them() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let store = TestStore::open(&url).await;
+    let client = admin(&url).await;
+    let s = format!("\"{}\"", store.schema);
+    let functions = format!(
+        "SELECT count(*) FROM pg_proc WHERE pronamespace = '{s}'::regnamespace \
+         AND proname IN ('idem_claim_v1', 'idem_complete_v1')"
+    );
+    assert_eq!(count(&client, &functions).await, 2);
+    client
+        .batch_execute(&format!(
+            "DROP FUNCTION {s}.idem_claim_v1, {s}.idem_complete_v1"
+        ))
+        .await
+        .unwrap();
+    let reopened = PostgresStore::open_in_schema(&url, &store.schema)
+        .await
+        .unwrap();
+    assert_eq!(count(&client, &functions).await, 2);
+
+    // A role with only the rights to use the tables and call the functions.
+    let role = format!("{}_user", store.schema);
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE \"{role}\" LOGIN;
+             GRANT USAGE ON SCHEMA {s} TO \"{role}\";
+             GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA {s} TO \"{role}\";
+             GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA {s} TO \"{role}\";"
+        ))
+        .await
+        .unwrap();
+    let role_url = url.replacen("postgres@", &format!("{role}@"), 1);
+    let restricted = PostgresStore::open_in_schema(&role_url, &store.schema).await;
+    let outcome = async {
+        let restricted = restricted?;
+        let req = claim_req(&record_id(&scope(), "k"), T0, RecordLimits::UNLIMITED);
+        // The first claim of a scope takes the exact path; the second is the function's.
+        assert_eq!(restricted.claim(&req).await?, ClaimOutcome::Claimed);
+        let second = claim_req(&record_id(&scope(), "k2"), T0, RecordLimits::UNLIMITED);
+        assert_eq!(restricted.claim(&second).await?, ClaimOutcome::Claimed);
+        let done = CompleteRequest {
+            id: second.id.clone(),
+            owner: second.owner,
+            outcome: Outcome::Success("{}".into()),
+            completed_at: T0,
+            expires_at: later(T0, 60),
+        };
+        assert_eq!(restricted.complete(done).await?, Fenced::Applied);
+        assert!(matches!(
+            reopened.get(&second.id, T0).await?.map(|r| r.state),
+            Some(RecordState::Completed { .. })
+        ));
+        Ok::<_, StoreError>(())
+    }
+    .await;
+    client
+        .batch_execute(&format!(
+            "REVOKE ALL ON ALL TABLES IN SCHEMA {s} FROM \"{role}\";
+             REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {s} FROM \"{role}\";
+             REVOKE ALL ON SCHEMA {s} FROM \"{role}\";
+             DROP ROLE \"{role}\";"
+        ))
+        .await
+        .unwrap();
+    outcome.unwrap();
+}
+
 /// `store::open` takes `postgres://…?schema=NAME`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opens_from_a_store_url_with_a_schema_parameter() {
