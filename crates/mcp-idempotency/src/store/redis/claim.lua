@@ -42,6 +42,6 @@ if exists then
 end
 redis.call('HSET', record, 'fp', ARGV[3], 'tool', ARGV[4], 'owner', ARGV[5], 'lease', ARGV[6],
   'created', ARGV[2], 'expires', ARGV[7])
-expire_in(record, tonumber(ARGV[7]) - now)
-index(record, member, ARGV[7], {scope_index, all, running})
+local ttl = expire_in(record, tonumber(ARGV[7]) - now)
+index(ttl, member, ARGV[7], {scope_index, all, running})
 return {'claimed'}

@@ -14,32 +14,42 @@ local GRACE_MS = 300000
 -- Time-to-live beyond which a key is simply made persistent (about 317 years).
 local MAX_TTL_MS = 10000000000000
 
+-- An index's time-to-live is pushed this much past the record that needed it, so that the
+-- records written in the next hour find it long enough and leave it alone (one PEXPIRE per index
+-- per hour instead of one per write).
+local INDEX_SLACK_MS = 3600000
+
+-- Sets `key`'s time-to-live to `ttl` milliseconds (at least 1); returns the time-to-live it now
+-- has, -1 when it was made persistent.
 local function pexpire(key, ttl)
   if ttl > MAX_TTL_MS then
     redis.call('PERSIST', key)
-  else
-    redis.call('PEXPIRE', key, string.format('%d', math.max(math.floor(ttl), 1)))
+    return -1
   end
+  local ms = math.max(math.floor(ttl), 1)
+  redis.call('PEXPIRE', key, string.format('%d', ms))
+  return ms
 end
 
--- Lets `key` live `remaining` more milliseconds of retention, plus the grace period.
+-- Lets `key` live `remaining` more milliseconds of retention, plus the grace period; returns its
+-- time-to-live as `pexpire` does.
 local function expire_in(key, remaining)
-  pexpire(key, remaining + GRACE_MS)
+  return pexpire(key, remaining + GRACE_MS)
 end
 
--- Scores `member` at `expires` in each index, and makes each index outlive `record` (kept forever
--- if the record is), so that an index never disappears while one of its records still exists.
-local function index(record, member, expires, indexes)
-  local ttl = redis.call('PTTL', record)
+-- Scores `member` at `expires` in each index, and makes each index outlive its record, whose
+-- time-to-live is `ttl` (-1: persistent, and so is then the index), so that an index never
+-- disappears while one of its records still exists.
+local function index(ttl, member, expires, indexes)
   for _, key in ipairs(indexes) do
     -- -2: the index is new; -1: it is already persistent.
     local current = redis.call('PTTL', key)
     redis.call('ZADD', key, expires, member)
     if current ~= -1 then
-      if ttl < 0 or ttl > MAX_TTL_MS then
+      if ttl < 0 then
         redis.call('PERSIST', key)
       elseif current < ttl then
-        redis.call('PEXPIRE', key, string.format('%d', ttl))
+        pexpire(key, ttl + INDEX_SLACK_MS)
       end
     end
   end

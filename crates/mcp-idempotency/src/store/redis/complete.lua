@@ -13,7 +13,7 @@ if state[1] ~= ARGV[2] then
 end
 redis.call('HDEL', record, 'owner', 'lease')
 redis.call('HSET', record, 'kind', ARGV[3], 'body', ARGV[4], 'done', ARGV[5], 'expires', ARGV[6])
-expire_in(record, tonumber(ARGV[6]) - tonumber(ARGV[5]))
-index(record, ARGV[1], ARGV[6], {KEYS[2], KEYS[3]})
+local ttl = expire_in(record, tonumber(ARGV[6]) - tonumber(ARGV[5]))
+index(ttl, ARGV[1], ARGV[6], {KEYS[2], KEYS[3]})
 redis.call('ZREM', KEYS[4], ARGV[1])
 return 1

@@ -76,7 +76,8 @@ const LIST_BATCH: usize = 256;
 ///
 /// Each record key gets a time-to-live equal to its remaining retention by the writer's clock, plus
 /// five minutes of grace for clock skew between instances; renewing extends it, and the indexes
-/// always outlive their records. Redis therefore drops abandoned records by itself, while
+/// always outlive their records (by at most an hour, so that a write pushes an index's expiry
+/// back once an hour rather than every time). Redis therefore drops abandoned records by itself, while
 /// [`Store::purge_expired`] keeps the indexes small. Configure the server with `maxmemory-policy
 /// noeviction`: evicting a live record would let a retry run a call twice.
 ///

@@ -12,9 +12,9 @@ if expires == nil or lease > expires then
   -- Push the key's own expiry back by as much as the retention window moved.
   local ttl = redis.call('PTTL', record)
   if ttl >= 0 and expires ~= nil then
-    pexpire(record, ttl + (lease - expires))
+    ttl = pexpire(record, ttl + (lease - expires))
   end
   redis.call('HSET', record, 'expires', ARGV[3])
-  index(record, ARGV[1], ARGV[3], {KEYS[2], KEYS[3], KEYS[4]})
+  index(ttl, ARGV[1], ARGV[3], {KEYS[2], KEYS[3], KEYS[4]})
 end
 return 1

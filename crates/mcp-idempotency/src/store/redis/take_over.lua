@@ -16,6 +16,6 @@ if lease == nil or expires == nil or lease > now or expires <= now then
   return 0
 end
 redis.call('HSET', record, 'owner', ARGV[3], 'lease', ARGV[5], 'expires', ARGV[6])
-expire_in(record, tonumber(ARGV[6]) - now)
-index(record, ARGV[1], ARGV[6], {KEYS[2], KEYS[3], KEYS[4]})
+local ttl = expire_in(record, tonumber(ARGV[6]) - now)
+index(ttl, ARGV[1], ARGV[6], {KEYS[2], KEYS[3], KEYS[4]})
 return 1
