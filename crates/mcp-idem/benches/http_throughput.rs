@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! cargo build --release -p mcp-idem
-//! cargo bench -p mcp-idem --bench http_throughput -- [--concurrency N] [--seconds S] [--rounds R] [--tool work_1ms|noop] [--stores memory,sqlite,redis,postgresql]
+//! cargo bench -p mcp-idem --bench http_throughput -- [--concurrency N] [--seconds S] [--rounds R] [--tool work_1ms|noop] [--stores memory,sqlite,redis,redis-cluster,postgresql]
 //! ```
 //!
 //! One `mcp-idem demo-server --http` (plain JSON answers) serves every configuration; each proxy is a
@@ -14,8 +14,10 @@
 //! and is recorded; direct calls carry the key too, which the server ignores). Configurations run in
 //! `--rounds` rounds of `--seconds` each, in a different order every round, so machine noise hits them
 //! alike; the ratio of a proxy to direct is the median over rounds of (proxy rps / direct rps) of the
-//! same round. Redis and PostgreSQL come from `REDIS_URL` / `DATABASE_URL` (defaults: the local
-//! servers) and are skipped with a note when unreachable. Store round trips per call are counted on
+//! same round. Redis, a Redis Cluster and PostgreSQL come from `REDIS_URL`, `REDIS_CLUSTER_URL` and
+//! `DATABASE_URL` (defaults: the local servers, the cluster of `scripts/redis-cluster.sh`) and are
+//! skipped with a note when unreachable; after a cluster row, the bench prints how its records
+//! spread over the primaries. Store round trips per call are counted on
 //! the servers: Redis `total_commands_processed` and PostgreSQL `xact_commit` before and after.
 //!
 //! CPU per request is read from `/proc` before and after each measured window, for each process
@@ -45,6 +47,9 @@ mod cpu;
 use cpu::Processes;
 #[path = "support/nginx.rs"]
 mod nginx;
+#[path = "support/stores.rs"]
+mod stores;
+use stores::{key_distribution, postgres_reachable, redis_reachable, DropSchema, StoreCounter};
 
 struct Options {
     concurrency: usize,
@@ -173,82 +178,6 @@ impl Config {
     }
 }
 
-#[derive(Clone)]
-enum StoreCounter {
-    None,
-    Redis(String),
-    Postgres(String),
-}
-
-impl StoreCounter {
-    /// Operations the store server has handled so far.
-    fn read(&self) -> Option<u64> {
-        let output = match self {
-            Self::None => return None,
-            Self::Redis(url) => Command::new("redis-cli")
-                .args(["-u", url, "info", "commandstats"])
-                .output(),
-            Self::Postgres(url) => Command::new("psql")
-                .args([
-                    url.as_str(),
-                    "-tAc",
-                    "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
-                ])
-                .output(),
-        }
-        .ok()?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        match self {
-            // Round trips of the store: its scripts (EVALSHA). Plain reads (HMGET) are not
-            // counted: the scripts run HMGET inside Redis too, and the proxy's hot path never
-            // reads outside a script.
-            Self::Redis(_) => Some(
-                text.lines()
-                    .filter(|l| l.starts_with("cmdstat_evalsha:"))
-                    .filter_map(|l| {
-                        l.split_once("calls=")?
-                            .1
-                            .split(',')
-                            .next()?
-                            .parse::<u64>()
-                            .ok()
-                    })
-                    .sum(),
-            ),
-            _ => text.trim().parse().ok(),
-        }
-    }
-}
-
-/// Drops the bench's PostgreSQL schema at the end of the run.
-struct DropSchema(String, String);
-
-impl Drop for DropSchema {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                self.0.as_str(),
-                "-qc",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.1),
-            ])
-            .output();
-    }
-}
-
-fn redis_reachable(url: &str) -> bool {
-    Command::new("redis-cli")
-        .args(["-u", url, "ping"])
-        .output()
-        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
-}
-
-fn postgres_reachable(url: &str) -> bool {
-    Command::new("psql")
-        .args([url, "-tAc", "SELECT 1"])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
 fn main() -> ExitCode {
     match run() {
         Ok(()) => ExitCode::SUCCESS,
@@ -300,11 +229,44 @@ fn run() -> Result<(), String> {
         stores.push((
             "Redis".into(),
             redis_url.clone(),
-            StoreCounter::Redis(redis_url),
+            StoreCounter::Redis(vec![redis_url.clone()]),
             server,
         ));
     } else {
         println!("note: Redis at {redis_url} unreachable, skipped");
+    }
+    // A Redis Cluster (scripts/redis-cluster.sh): the store CPU is that of every node, primaries
+    // and replicas.
+    let cluster_url = std::env::var("REDIS_CLUSTER_URL")
+        .unwrap_or_else(|_| "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into());
+    let seed = cluster_url
+        .trim_start_matches("redis-cluster://")
+        .split([',', '?', '/'])
+        .next()
+        .unwrap_or_default()
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let nodes = cpu::cluster_nodes(&seed);
+    let primaries: Vec<String> = nodes
+        .iter()
+        .filter(|(_, primary)| *primary)
+        .map(|(address, _)| address.clone())
+        .collect();
+    if primaries.is_empty() {
+        println!("note: no Redis Cluster at {cluster_url}, skipped");
+    } else {
+        let pids = nodes
+            .iter()
+            .filter_map(|(address, _)| cpu::redis_pid(&format!("redis://{address}")))
+            .collect();
+        stores.push((
+            "Redis Cluster".into(),
+            cluster_url.clone(),
+            StoreCounter::Redis(primaries.iter().map(|a| format!("redis://{a}")).collect()),
+            Processes::Pids(pids),
+        ));
     }
     let pg_schema = format!("mcp_idem_bench_{}", std::process::id());
     let _drop_schema = DropSchema(pg_url.clone(), pg_schema.clone());
@@ -347,8 +309,12 @@ fn run() -> Result<(), String> {
         Err(err) => println!("note: {err}; the nginx row is skipped"),
     }
     stores.retain(|(label, ..)| {
-        options.stores.is_empty() || options.stores.contains(&label.to_lowercase())
+        options.stores.is_empty()
+            || options
+                .stores
+                .contains(&label.to_lowercase().replace(' ', "-"))
     });
+    let cluster_measured = stores.iter().any(|(label, ..)| label == "Redis Cluster");
     for (label, store, counter, server) in stores {
         let (process, url) = spawn(
             &bin,
@@ -449,6 +415,17 @@ fn run() -> Result<(), String> {
     }
     drop(progress);
     print_table(&mut configs, started.elapsed());
+    if cluster_measured {
+        let spread = key_distribution(&primaries, &namespace);
+        let total: usize = spread.iter().map(|(_, n)| n).sum();
+        println!("Redis Cluster: the bench's records on each primary");
+        for (address, keys) in spread {
+            println!(
+                "  {address}: {keys} ({:.1}%)",
+                keys as f64 * 100.0 / total.max(1) as f64
+            );
+        }
+    }
     Ok(())
 }
 

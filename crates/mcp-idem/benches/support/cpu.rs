@@ -14,19 +14,22 @@ pub(crate) enum Processes {
     /// A process and its direct children (nginx's master and worker, PostgreSQL's postmaster and
     /// its backends).
     Tree(u32),
+    /// Several processes (the nodes of a Redis Cluster).
+    Pids(Vec<u32>),
 }
 
 impl Processes {
     /// CPU seconds used so far (`None` when nothing is measured or `/proc` can't be read).
     pub(crate) fn cpu_seconds(&self) -> Option<f64> {
-        let pids = match *self {
+        let pids = match self {
             Self::None => return None,
-            Self::Pid(pid) => vec![pid],
+            Self::Pid(pid) => vec![*pid],
             Self::Tree(pid) => {
-                let mut pids = vec![pid];
-                pids.extend(children(pid));
+                let mut pids = vec![*pid];
+                pids.extend(children(*pid));
                 pids
             }
+            Self::Pids(pids) => pids.clone(),
         };
         let ticks: u64 = pids
             .iter()
@@ -89,6 +92,27 @@ pub(crate) fn redis_pid(url: &str) -> Option<u32> {
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .find_map(|line| line.strip_prefix("process_id:")?.trim().parse().ok())
+}
+
+/// The `host:port` of every node of the Redis Cluster that `seed` (`host:port`) belongs to, with
+/// whether it is a primary (`CLUSTER NODES`).
+pub(crate) fn cluster_nodes(seed: &str) -> Vec<(String, bool)> {
+    let (host, port) = seed.rsplit_once(':').unwrap_or((seed, "6379"));
+    let Ok(output) = Command::new("redis-cli")
+        .args(["-h", host, "-p", port, "cluster", "nodes"])
+        .output()
+    else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let address = fields.get(1)?.split('@').next()?.to_owned();
+            let primary = fields.get(2)?.contains("master");
+            Some((address, primary))
+        })
+        .collect()
 }
 
 /// The pid of the postmaster of the PostgreSQL server at `url`: the first line of

@@ -247,7 +247,10 @@ async fn record_keys_expire_with_their_retention_and_indexes_outlive_them() {
         let key_ttl = ttl(key.clone()).await;
         assert!(key_ttl >= record_ttl - 1000, "{key}");
         // An index outlives its latest record by at most an hour (its slack).
-        assert!(key_ttl <= record_ttl + hour + 1000, "{key}: {key_ttl} vs {record_ttl}");
+        assert!(
+            key_ttl <= record_ttl + hour + 1000,
+            "{key}: {key_ttl} vs {record_ttl}"
+        );
     }
 
     // Renewing past the retention window pushes the key's expiry back as much.

@@ -68,8 +68,8 @@ pub(super) async fn prepare(
         OPERATION_TIMEOUT,
         migrate(&mut client, schema, quoted, functions),
     )
-        .await
-        .unwrap_or(Err(OpError::TimedOut("preparing the schema")));
+    .await
+    .unwrap_or(Err(OpError::TimedOut("preparing the schema")));
     migrated.map_err(|err| match err {
         OpError::Pg(err) if is_connection_error(&err) => StoreError::Unavailable {
             message: format!(

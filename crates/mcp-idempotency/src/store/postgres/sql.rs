@@ -348,5 +348,8 @@ fn functions(s: &str, claim: &str, complete: &str) -> String {
 
 /// `$1, $2, …, $n`.
 fn placeholders(n: usize) -> String {
-    (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
+    (1..=n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
