@@ -3,7 +3,7 @@
 //! the test's own (`pg_restart_support::PrivatePostgres`); the call, a charge that takes a while,
 //! goes to A.
 //!
-//! - The server restarts (`-m fast`, then `-m immediate`) 0.5 s into a 6 s call (lease 10 s) and
+//! - The server restarts (`-m fast`, then `-m immediate`) 0.5 s into an 8 s call (lease 10 s) and
 //!   is back before it ends: the completion is written on a new connection, a retry at B replays the charge at
 //!   once, nothing is logged as lost.
 //! - The server crashes (`-m immediate`) 0.5 s into a 1.5 s call (lease 3 s) and is still down
@@ -23,7 +23,7 @@ use crate::pg_restart_support::{lost_completions, PrivatePostgres, Shutdown};
 
 /// How long the charge in flight runs: longer than a restart takes, even on a loaded machine
 /// (a crash's WAL replay and end-of-recovery checkpoint took up to 4.4 s here).
-const CHARGE_MS: u64 = 6000;
+const CHARGE_MS: u64 = 8000;
 /// When the server goes down, after the call started.
 const DOWN_AFTER: Duration = Duration::from_millis(500);
 
