@@ -18,6 +18,8 @@ mod http_support;
 #[cfg(unix)]
 mod interop_support;
 #[cfg(unix)]
+mod pg_restart_support;
+#[cfg(unix)]
 mod store_faults_support;
 mod upstream_support;
 #[cfg(unix)]
@@ -75,6 +77,10 @@ mod limits_wrap_store_outage;
 mod lost_claim_answer;
 #[cfg(unix)]
 mod ops;
+#[cfg(unix)]
+mod pg_restart;
+#[cfg(unix)]
+mod pg_restart_in_flight;
 #[cfg(unix)]
 mod proxy;
 #[cfg(unix)]
