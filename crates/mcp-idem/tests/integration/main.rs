@@ -18,6 +18,8 @@ mod http_support;
 #[cfg(unix)]
 mod interop_support;
 #[cfg(unix)]
+mod redis_own_cluster;
+#[cfg(unix)]
 mod store_faults_support;
 mod upstream_support;
 #[cfg(unix)]
@@ -56,6 +58,10 @@ mod demo_server_http;
 mod demo_server_stateful;
 #[cfg(target_os = "linux")]
 mod exhaustion;
+#[cfg(unix)]
+mod failover_chaos;
+#[cfg(unix)]
+mod failover_storm;
 #[cfg(unix)]
 mod inspect;
 mod inspect_cluster;
