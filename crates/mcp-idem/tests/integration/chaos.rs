@@ -342,7 +342,12 @@ pub(crate) fn response_of(body: &str) -> Option<serde_json::Value> {
 }
 
 /// Retries one logical call with the same key until a definitive answer or [`MAX_ATTEMPTS`].
-pub(crate) async fn logical_call(raws: &[Raw], amount: u64, key: &str, rng: &mut StdRng) -> CallResult {
+pub(crate) async fn logical_call(
+    raws: &[Raw],
+    amount: u64,
+    key: &str,
+    rng: &mut StdRng,
+) -> CallResult {
     let mut attempts = 0;
     let mut last = String::from("no attempt");
     while attempts < MAX_ATTEMPTS {

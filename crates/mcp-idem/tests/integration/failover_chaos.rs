@@ -179,7 +179,13 @@ async fn a_primary_killed_mid_run_duplicates_no_call_when_writes_wait_for_a_repl
     eprintln!("failover chaos: {calls} logical calls per run, CHAOS_SEED={seed}");
 
     let without = run(&mut cluster, "", calls, seed).await;
-    let with = run(&mut cluster, "?replicas=1&replica_timeout_ms=500", calls, seed).await;
+    let with = run(
+        &mut cluster,
+        "?replicas=1&replica_timeout_ms=500",
+        calls,
+        seed,
+    )
+    .await;
     for (name, run) in [("without replicas=", &without), ("with replicas=1", &with)] {
         eprintln!(
             "failover chaos, {name}: {}\n  failover {:?}, run {:?}, duplicate copies answered \

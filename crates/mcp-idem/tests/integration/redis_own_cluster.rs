@@ -59,10 +59,13 @@ impl OwnCluster {
             cluster.spawn(port);
         }
         for port in cluster.ports() {
-            cluster.wait_for(&format!("node {port} to answer"), || {
-                cluster.cli(port, &["ping"]).is_ok_and(|pong| pong == "PONG")
-            })
-            .await;
+            cluster
+                .wait_for(&format!("node {port} to answer"), || {
+                    cluster
+                        .cli(port, &["ping"])
+                        .is_ok_and(|pong| pong == "PONG")
+                })
+                .await;
         }
         let mut create = Command::new("redis-cli");
         create.args(["--cluster", "create"]);
@@ -88,7 +91,12 @@ impl OwnCluster {
         std::fs::create_dir_all(&dir).unwrap();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
             .args(["--cluster-node-timeout", "1000"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
@@ -153,7 +161,11 @@ impl OwnCluster {
     /// The replica of the primary on `port`.
     pub(crate) fn replica_of(&self, port: u16) -> u16 {
         let nodes = self.topology(self.live());
-        let id = &nodes.iter().find(|n| n.port == port).expect("the primary").id;
+        let id = &nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("the primary")
+            .id;
         nodes
             .iter()
             .find(|n| !n.primary && !n.failed && &n.primary_id == id)

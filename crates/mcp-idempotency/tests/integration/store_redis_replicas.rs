@@ -12,6 +12,8 @@
 //!   connection, without this connection's writes to wait for, would succeed at once). Once the
 //!   replica runs again the refused call executes. After `SCRIPT FLUSH` on every primary the
 //!   pipeline loads the script again (`NOSCRIPT`).
+//! - On one server of its own (127.0.0.1:7390, replica on 7391, `redis://`): writes are
+//!   acknowledged; once the replica is killed they fail closed.
 //!
 //! Without `redis-server` (or the shared cluster) the checks fail when `CI=true`; otherwise they
 //! print a note and end without checking anything.
@@ -25,8 +27,8 @@ use std::time::{Duration, Instant};
 use mcp_idempotency::fingerprint::fingerprint;
 use mcp_idempotency::store::{ClaimOutcome, ClaimRequest, RecordLimits, RedisStore, Store};
 use mcp_idempotency::{
-    Decision, Deduplicator, EngineConfig, FencingToken, IdempotencyKey, RecordId, Scope,
-    Timestamp, ToolCall,
+    Decision, Deduplicator, EngineConfig, FencingToken, IdempotencyKey, RecordId, Scope, Timestamp,
+    ToolCall,
 };
 
 const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
@@ -75,7 +77,8 @@ struct OwnCluster {
 
 impl OwnCluster {
     fn start() -> Option<Self> {
-        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis-cluster.sh");
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/redis-cluster.sh");
         let cluster = Self {
             script,
             dir: tempfile::tempdir().unwrap(),
@@ -162,9 +165,21 @@ async fn nodes() -> Vec<(String, u16, bool, String)> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split(' ').collect();
-            let port = fields.get(1)?.split('@').next()?.rsplit(':').next()?.parse().ok()?;
+            let port = fields
+                .get(1)?
+                .split('@')
+                .next()?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()?;
             let primary = fields.get(2)?.contains("master");
-            Some((fields[0].to_owned(), port, primary, fields.get(3)?.to_string()))
+            Some((
+                fields[0].to_owned(),
+                port,
+                primary,
+                fields.get(3)?.to_string(),
+            ))
         })
         .collect()
 }
@@ -182,7 +197,13 @@ async fn primary_of_principals(prefix: &str) -> BTreeMap<String, u16> {
             .await
             .expect("KEYS");
         for key in keys {
-            let principal = key.split(":r:ns:").nth(1).unwrap().split(':').next().unwrap();
+            let principal = key
+                .split(":r:ns:")
+                .nth(1)
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap();
             found.insert(principal.to_owned(), port);
         }
     }
@@ -308,4 +329,88 @@ async fn writes_wait_for_the_replica_of_their_own_primary_and_fail_closed_withou
             ClaimOutcome::Claimed
         );
     }
+}
+
+/// `redis-server` processes of this test's own, killed on drop.
+struct OwnServers(Vec<std::process::Child>);
+
+impl Drop for OwnServers {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_server_writes_wait_for_its_replica_and_fail_closed_once_it_is_killed() {
+    // A primary on 7390 with a replica on 7391.
+    let dir = tempfile::tempdir().unwrap();
+    let spawn = |port: u16, extra: &[&str]| {
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+    };
+    let servers = match (
+        spawn(7390, &[]),
+        spawn(7391, &["--replicaof", "127.0.0.1", "7390"]),
+    ) {
+        (Ok(primary), Ok(replica)) => OwnServers(vec![primary, replica]),
+        (Err(err), _) | (_, Err(err)) if in_ci() => panic!("CI=true but redis-server: {err}"),
+        (Err(err), _) | (_, Err(err)) => {
+            eprintln!("NOTE: skipping a check on servers of its own: {err}");
+            return;
+        }
+    };
+    let url = "redis://127.0.0.1:7390/?replicas=1&replica_timeout_ms=300";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let store = loop {
+        if let Ok(store) = RedisStore::open_with_prefix(url, &random_prefix()).await {
+            break store;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the primary on 7390 did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    // Once the replica has synced, claims and completions are acknowledged.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut n = 0;
+    loop {
+        n += 1;
+        match store.claim(&claim_req("p", &format!("k{n}"))).await {
+            Ok(outcome) => {
+                assert_eq!(outcome, ClaimOutcome::Claimed);
+                break;
+            }
+            Err(err) => assert!(
+                Instant::now() < deadline,
+                "the replica never acknowledged: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let req = claim_req("p", "released");
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+    assert_eq!(
+        store.release(&req.id, req.owner).await.unwrap(),
+        mcp_idempotency::store::Fenced::Applied
+    );
+
+    // Kill the replica: every write fails closed, after the wait, and says why.
+    let mut servers = servers;
+    let _ = servers.0[1].kill();
+    let _ = servers.0[1].wait();
+    let err = store.claim(&claim_req("p", "after")).await.unwrap_err();
+    assert!(err.is_unavailable() && err.may_have_applied(), "{err}");
+    assert!(err.to_string().contains("0 of the 1 replicas"), "{err}");
+    let err = store.release(&req.id, req.owner).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err}");
 }

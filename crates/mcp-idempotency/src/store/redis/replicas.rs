@@ -93,8 +93,9 @@ impl ReplicaAcks {
         let acks = match (replicas, timeout_ms) {
             (None, None) => None,
             (None, Some(_)) => {
-                return Err("replica_timeout_ms needs replicas=N (how many replicas to wait for)"
-                    .into())
+                return Err(
+                    "replica_timeout_ms needs replicas=N (how many replicas to wait for)".into(),
+                )
             }
             (Some(replicas), timeout_ms) => Some(Self {
                 replicas,
@@ -125,7 +126,11 @@ mod tests {
     fn replica_parameters_are_taken_out_of_the_url() {
         for (url, rest, option) in [
             ("redis://h:1/0", "redis://h:1/0", None),
-            ("redis://h:1/0?protocol=resp3", "redis://h:1/0?protocol=resp3", None),
+            (
+                "redis://h:1/0?protocol=resp3",
+                "redis://h:1/0?protocol=resp3",
+                None,
+            ),
             (
                 "redis://h:1/0?replicas=1",
                 "redis://h:1/0",
@@ -153,7 +158,10 @@ mod tests {
     #[test]
     fn bad_replica_parameters_are_refused_with_the_reason() {
         for (url, reason) in [
-            ("redis://h?replicas=0", "replicas=0: expected a number from 1 to 16"),
+            (
+                "redis://h?replicas=0",
+                "replicas=0: expected a number from 1 to 16",
+            ),
             ("redis://h?replicas=17", "replicas=17: expected a number"),
             ("redis://h?replicas=", "replicas=: expected a number"),
             ("redis://h?replicas=x", "replicas=x: expected a number"),
