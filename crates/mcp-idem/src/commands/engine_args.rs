@@ -18,7 +18,9 @@ const PURGE_EVERY: Duration = Duration::from_secs(600);
 pub(crate) struct EngineArgs {
     /// Record store: `sqlite:PATH`, `memory` (this process only), `redis://…`, `redis-cluster://HOST:PORT,…` or `postgres://…`
     /// (shared by many instances) [default: sqlite: in the user's data directory, e.g.
-    /// ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts].
+    /// ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts]. On Redis,
+    /// `?replicas=N[&replica_timeout_ms=T]` makes each write wait for N replicas (T ms, default
+    /// 1000) and fail closed without them.
     #[arg(long, env = "MCP_IDEM_STORE", value_name = "URL")]
     pub(crate) store: Option<String>,
 

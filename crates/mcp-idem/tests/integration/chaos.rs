@@ -299,7 +299,7 @@ async fn relay(
 }
 
 /// One attempt: `None` when no whole answer came (connection error or timeout).
-async fn attempt(raw: &Raw, amount: u64, message: &serde_json::Value) -> Option<Answer> {
+pub(crate) async fn attempt(raw: &Raw, amount: u64, message: &serde_json::Value) -> Option<Answer> {
     let request = raw
         .post(message)
         .header(http::header::CONNECTION, "close")
@@ -324,7 +324,7 @@ async fn attempt(raw: &Raw, amount: u64, message: &serde_json::Value) -> Option<
 
 /// The JSON-RPC response in a body: plain JSON, or the SSE event carrying it. `None` if there is
 /// none (never panics, unlike [`Answer::json`]).
-fn response_of(body: &str) -> Option<serde_json::Value> {
+pub(crate) fn response_of(body: &str) -> Option<serde_json::Value> {
     if let Ok(json) = serde_json::from_str::<serde_json::Value>(body) {
         return Some(json);
     }
@@ -342,7 +342,12 @@ fn response_of(body: &str) -> Option<serde_json::Value> {
 }
 
 /// Retries one logical call with the same key until a definitive answer or [`MAX_ATTEMPTS`].
-async fn logical_call(raws: &[Raw], amount: u64, key: &str, rng: &mut StdRng) -> CallResult {
+pub(crate) async fn logical_call(
+    raws: &[Raw],
+    amount: u64,
+    key: &str,
+    rng: &mut StdRng,
+) -> CallResult {
     let mut attempts = 0;
     let mut last = String::from("no attempt");
     while attempts < MAX_ATTEMPTS {

@@ -19,6 +19,7 @@ mod http_support;
 mod interop_support;
 #[cfg(unix)]
 mod pg_restart_support;
+mod redis_own_cluster;
 #[cfg(unix)]
 mod store_faults_support;
 mod upstream_support;
@@ -58,6 +59,10 @@ mod demo_server_http;
 mod demo_server_stateful;
 #[cfg(target_os = "linux")]
 mod exhaustion;
+#[cfg(unix)]
+mod failover_chaos;
+#[cfg(unix)]
+mod failover_storm;
 #[cfg(unix)]
 mod inspect;
 mod inspect_cluster;

@@ -30,6 +30,8 @@ pub(super) struct Shard {
     pub(super) all: String,
     /// The shard's records in progress, scored by `expires_at`.
     pub(super) running: String,
+    /// The marker written before `WAIT` when writes wait for replicas (`replicas=N`).
+    pub(super) ack: String,
 }
 
 impl Keys {
@@ -89,6 +91,7 @@ impl Shard {
         Self {
             all: format!("{tag}all"),
             running: format!("{tag}run"),
+            ack: format!("{tag}ack"),
             tag,
         }
     }

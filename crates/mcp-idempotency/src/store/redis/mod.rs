@@ -11,6 +11,7 @@
 mod connect;
 mod keys;
 mod record;
+mod replicas;
 mod server;
 
 use std::fmt;
@@ -18,6 +19,7 @@ use std::fmt;
 use self::connect::Target;
 use self::keys::{member_id, wanted_part, Keys, Shard};
 use self::record::{decode, FIELDS};
+use self::replicas::ReplicaAcks;
 use self::server::{Conn, SCRIPTS};
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
@@ -106,16 +108,46 @@ const LIST_BATCH: usize = 256;
 /// N` (with the defaults, 10 000 ≤ 100 000 / 8), or raise `max_records_total`. On one server
 /// (one shard) both quotas are exact.
 ///
-/// # Durability
+/// # Durability and waiting for replicas
 ///
 /// A claim is as durable as the server's persistence (`appendonly yes` with `appendfsync everysec`
-/// or `always`) and replication allow: a failover to a replica that missed a claim forgets it.
+/// or `always`) and replication allow. Redis replicates asynchronously: a primary that dies after
+/// answering a claim, before its replica received it, loses the claim, and the promoted replica
+/// lets a retry execute the call a second time.
+///
+/// `replicas=N` (1 to 16) in the URL's query, on `redis://` as on `redis-cluster://`, makes every
+/// write that exactly-once rests on wait for `N` replicas of the primary that applied it:
+/// claim, take-over, completion, renewal and release. Each runs as one pipeline on the primary
+/// serving the record's slot: the script, a write of the shard's marker key `{TAG}:ack` (kept 24
+/// hours), then `WAIT N T`, with `T` from `replica_timeout_ms=T` (1 to 4000, default 1000). If
+/// fewer than `N` replicas acknowledged within `T` ms, the operation fails with
+/// [`StoreError::Unavailable`], whatever the script answered, so it counts as [may have
+/// applied](StoreError::may_have_applied): a claim is answered `idempotency_store_unavailable`
+/// and not executed (and released later, as any claim whose answer was lost), a completion is
+/// handled as any completion that could not be recorded (logged; the record stays as the primary
+/// holds it). The marker makes the wait cover earlier writes too (a primary replicates in order),
+/// such as a script sent again by the cluster driver after its first answer was lost. For example
+/// `redis-cluster://h1:7000,h2:7001?replicas=1&replica_timeout_ms=500`.
+///
+/// Why each write waits: a lost claim or take-over lets a retry execute again; a lost completion
+/// turns an answered call back into one in progress (after its lease: outcome unknown, or executed
+/// again under a re-executing after-crash policy); a lost renewal shortens a running call's lease
+/// on the new primary, so another instance may take it over while it runs; a lost release leaves a
+/// key held by a call that never ran until its lease runs out. `delete` and purges do not wait.
+///
+/// The price: every keyed call pays a replica round trip, and while a primary has fewer than `N`
+/// reachable replicas every keyed call on its slots fails closed (after up to `T` ms). `WAIT` does
+/// not make Redis strongly consistent: it proves that `N` replicas received the write, not that a
+/// failover promotes one of them (if they fail too, another replica may be promoted), nor that they
+/// persisted it.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
     keys: Keys,
     /// The URL without its password, for error messages.
     url: String,
+    /// How many replicas must acknowledge each write (`replicas=N`), if any.
+    replicas: Option<ReplicaAcks>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -123,6 +155,7 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("url", &self.url)
             .field("shards", &self.keys.shards().len())
+            .field("replicas", &self.replicas)
             .finish_non_exhaustive()
     }
 }
@@ -133,7 +166,9 @@ impl RedisStore {
 
     /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`), or to the
     /// Redis Cluster at `redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT…][?shards=N]`,
-    /// with the default key prefix, [`RedisStore::DEFAULT_PREFIX`].
+    /// with the default key prefix, [`RedisStore::DEFAULT_PREFIX`]. Either URL may add
+    /// `replicas=N[&replica_timeout_ms=T]` to its query (see "Durability and waiting for
+    /// replicas").
     ///
     /// Fails with [`StoreError::Unavailable`] if the server cannot be reached, and with
     /// [`StoreError::InvalidUrl`] if the URL cannot be understood; neither message shows the
@@ -157,12 +192,14 @@ impl RedisStore {
                  characters"
             )));
         }
-        let target = Target::parse(url).map_err(invalid)?;
+        let (url, replicas) = ReplicaAcks::split(url).map_err(&invalid)?;
+        let target = Target::parse(&url).map_err(invalid)?;
         let conn = target.connect(&shown).await?;
         let store = Self {
             conn,
             keys: Keys::new(prefix, target.shards()),
             url: shown,
+            replicas,
         };
         // PING proves the server answers (and accepted our credentials); loading the scripts now
         // makes a server without scripting a startup error rather than a failure of every call.
@@ -294,7 +331,8 @@ impl Store for RedisStore {
                 .arg(self.total_share(req.limits.max_records_total))
                 .arg(&shard.tag)
                 .arg(PURGE_BATCH);
-            let reply: Vec<Option<Vec<u8>>> = self.invoke("claim", &invocation).await?;
+            let reply: Vec<Option<Vec<u8>>> =
+                self.invoke_write("claim", shard, &invocation).await?;
             let mut reply = reply.into_iter();
             let status = reply.next().flatten();
             match status.as_deref() {
@@ -330,7 +368,7 @@ impl Store for RedisStore {
                 .arg(req.outcome.body().as_ref())
                 .arg(req.completed_at.as_millis())
                 .arg(req.expires_at.as_millis());
-            self.fenced("complete", &invocation).await
+            self.fenced("complete", &req.id, &invocation).await
         })
     }
 
@@ -343,7 +381,7 @@ impl Store for RedisStore {
                 .arg(req.now.as_millis())
                 .arg(req.lease_expires_at.as_millis())
                 .arg(req.expires_at.as_millis());
-            self.fenced("take-over", &invocation).await
+            self.fenced("take-over", &req.id, &invocation).await
         })
     }
 
@@ -358,7 +396,7 @@ impl Store for RedisStore {
             invocation
                 .arg(owner.as_u64())
                 .arg(lease_expires_at.as_millis());
-            self.fenced("renew", &invocation).await
+            self.fenced("renew", id, &invocation).await
         })
     }
 
@@ -366,7 +404,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             let mut invocation = self.on_record(&SCRIPTS.release, id);
             invocation.arg(owner.as_u64());
-            self.fenced("release", &invocation).await
+            self.fenced("release", id, &invocation).await
         })
     }
 

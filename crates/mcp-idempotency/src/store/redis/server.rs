@@ -7,6 +7,9 @@
 //! safe to run twice, so such a retry never applies an operation twice. `SCRIPT LOAD` goes to
 //! every node, so a `NOSCRIPT` (a promoted replica, a restarted node) is answered by loading the
 //! script everywhere and running it again, on a cluster as on one node.
+//!
+//! With `replicas=N` in the URL, each write script runs in one pipeline with `WAIT` (see
+//! `replicas`), and a write that fewer than `N` replicas acknowledged in time fails closed.
 
 use std::future::Future;
 use std::sync::LazyLock;
@@ -20,6 +23,7 @@ use redis::{
 };
 
 use super::keys::{Keys, Shard};
+use super::replicas::MARKER_TTL;
 use super::RedisStore;
 use crate::record::RecordId;
 use crate::store::{Fenced, StoreError};
@@ -138,6 +142,58 @@ impl RedisStore {
             .await
     }
 
+    /// Runs the write script `invocation` on a record of `shard`, through [`RedisStore::invoke`];
+    /// with the replica option (`replicas=N`), in one pipeline with the shard's marker write and
+    /// `WAIT`, failing with [`StoreError::Unavailable`] (which [may have
+    /// applied](StoreError::may_have_applied)) unless `N` replicas acknowledged in time, whatever
+    /// the script answered: an answer is given only on state that `N` replicas hold.
+    pub(super) async fn invoke_write<T: FromRedisValue>(
+        &self,
+        operation: &'static str,
+        shard: &Shard,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        let Some(acks) = self.replicas else {
+            return self.invoke(operation, invocation).await;
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation)
+            .cmd("SET")
+            .arg(&shard.ack)
+            .arg(1)
+            .arg("PX")
+            .arg(MARKER_TTL.as_millis() as u64)
+            .ignore()
+            .cmd("WAIT")
+            .arg(acks.replicas)
+            .arg(acks.timeout_ms);
+        let mut conn = self.conn.clone();
+        let exchange = async {
+            match pipe.query_async::<(T, u32)>(&mut conn).await {
+                // As `invoke_async` does for one script: load it (on every node of a cluster) and
+                // send the pipeline again.
+                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    invocation.load_async(&mut conn).await?;
+                    pipe.query_async(&mut conn).await
+                }
+                answer => answer,
+            }
+        };
+        let (reply, acked) = self.bounded(operation, exchange).await?;
+        if acked < acks.replicas {
+            return Err(StoreError::Unavailable {
+                message: format!(
+                    "the Redis store {} answered {operation} but {acked} of the {} replicas it \
+                     waits for acknowledged within {} ms: failing closed, as a failover could \
+                     lose the write",
+                    self.url, acks.replicas, acks.timeout_ms
+                ),
+                source: None,
+            });
+        }
+        Ok(reply)
+    }
+
     /// `err` as [`StoreError::Unavailable`] when the server cannot serve, [`StoreError::Backend`]
     /// otherwise.
     fn error(&self, operation: &str, err: RedisError) -> StoreError {
@@ -169,13 +225,15 @@ impl RedisStore {
         invocation
     }
 
-    /// Runs a fenced script, which answers 1 when it wrote.
+    /// Runs a fenced write script on `id`'s record, which answers 1 when it wrote.
     pub(super) async fn fenced(
         &self,
         operation: &'static str,
+        id: &RecordId,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Fenced, StoreError> {
-        let applied: i64 = self.invoke(operation, invocation).await?;
+        let shard = self.keys.shard_of(&id.scope);
+        let applied: i64 = self.invoke_write(operation, shard, invocation).await?;
         Ok(if applied == 1 {
             Fenced::Applied
         } else {
