@@ -19,6 +19,7 @@ mod http_support;
 mod interop_support;
 #[cfg(unix)]
 mod pg_restart_support;
+#[cfg(unix)]
 mod redis_own_cluster;
 #[cfg(unix)]
 mod store_faults_support;
