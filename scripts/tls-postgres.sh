@@ -13,6 +13,8 @@ set -euo pipefail
 
 DIR="${PG_TLS_DIR:-/tmp/mcp-idem-pg-tls}"
 PORT="${PG_TLS_PORT:-5433}"
+# shellcheck source=scripts/test-certs.sh
+. "$(dirname "$0")/test-certs.sh"
 BIN="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)"
 
 as_owner() { # runs a command as the user owning $DIR (postgres when we are root)
@@ -20,23 +22,11 @@ as_owner() { # runs a command as the user owning $DIR (postgres when we are root
 }
 up() { pg_isready -h 127.0.0.1 -p "$PORT" -q; }
 
-certificates() {
-    [ -f "$DIR/server.key" ] && return 0
-    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=mcp-idem test CA" \
-        -keyout "$DIR/ca.key" -out "$DIR/ca.pem" 2>/dev/null
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
-        -keyout "$DIR/server.key" -out "$DIR/server.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$DIR/ext.cnf"
-    openssl x509 -req -in "$DIR/server.csr" -CA "$DIR/ca.pem" -CAkey "$DIR/ca.key" \
-        -CAcreateserial -days 30 -extfile "$DIR/ext.cnf" -out "$DIR/server.pem" 2>/dev/null
-    chmod 600 "$DIR/server.key" "$DIR/ca.key"
-}
-
 start() {
     if up; then echo "TLS PostgreSQL answers on 127.0.0.1:$PORT"; return 0; fi
     [ -n "$BIN" ] || { echo "PostgreSQL's server binaries are missing" >&2; return 1; }
     mkdir -p "$DIR"
-    certificates
+    test_certificates "$DIR"
     [ "$(id -u)" = 0 ] && chown -R postgres "$DIR"
     if [ ! -f "$DIR/data/PG_VERSION" ]; then
         as_owner "$BIN/initdb" -D "$DIR/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >/dev/null
