@@ -34,4 +34,6 @@ mod store_postgres;
 mod store_redis;
 #[cfg(feature = "redis")]
 mod store_redis_cluster;
+#[cfg(feature = "redis")]
+mod store_redis_tls;
 mod store_sqlite;
