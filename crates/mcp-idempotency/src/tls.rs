@@ -36,9 +36,10 @@ pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
-/// Makes [`provider`] the process' default, unless one is set already: for the crates that build
-/// their rustls configurations themselves with the default provider (the `redis` crate), which
-/// would otherwise panic when several providers are compiled in.
+/// Makes the crate's provider (aws-lc-rs, as [`provider`]) the process' default, unless one is set
+/// already: for the crates that build their rustls configurations themselves with the default
+/// provider (the `redis` crate), which would otherwise panic when several providers are compiled
+/// in.
 #[cfg(feature = "redis")]
 pub(crate) fn install_default_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
@@ -55,23 +56,24 @@ pub(crate) fn install_default_provider() {
     allow(dead_code)
 )]
 pub(crate) fn ca_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
-    let pem = std::fs::read(path).map_err(|e| TlsSetupError::CaFile {
-        path: path.to_owned(),
-        reason: e.to_string(),
-    })?;
-    parse_ca_pem(path, &pem)
+    parse_ca_pem(path, &read_ca_file(path)?)
 }
 
 /// The PEM file `path` as it is, once checked to hold at least one certificate (all of them
 /// readable): for the crates that take CA certificates as PEM bytes (the `redis` crate).
 #[cfg(feature = "redis")]
 pub(crate) fn ca_file_pem(path: &Path) -> Result<Vec<u8>, TlsSetupError> {
-    let pem = std::fs::read(path).map_err(|e| TlsSetupError::CaFile {
-        path: path.to_owned(),
-        reason: e.to_string(),
-    })?;
+    let pem = read_ca_file(path)?;
     parse_ca_pem(path, &pem)?;
     Ok(pem)
+}
+
+/// The bytes of the CA file `path`.
+fn read_ca_file(path: &Path) -> Result<Vec<u8>, TlsSetupError> {
+    std::fs::read(path).map_err(|e| TlsSetupError::CaFile {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })
 }
 
 /// The certificates of `pem`, the contents of the file `path` (named in errors).
