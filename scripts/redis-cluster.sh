@@ -7,19 +7,46 @@
 #   scripts/redis-cluster.sh url     # prints the REDIS_CLUSTER_URL to export
 #
 # Ports 7000-7005 on 127.0.0.1 (REDIS_CLUSTER_BASE_PORT to move them), no persistence, node
-# directories under /tmp/mcp-idem-redis-cluster/PORT.
+# directories under /tmp/mcp-idem-redis-cluster/PORT (REDIS_CLUSTER_DIR to move them).
+#
+# With REDIS_CLUSTER_TLS_DIR set to a directory holding ca.pem, server.pem and server.key (see
+# scripts/test-certs.sh; scripts/tls-redis.sh does this), the nodes speak TLS only, to clients, on
+# the cluster bus and for replication (tls-cluster, tls-replication), without client
+# certificates, and `url` prints a rediss-cluster:// URL.
 set -euo pipefail
 
 BASE=${REDIS_CLUSTER_BASE_PORT:-7000}
 PORTS=$(seq "$BASE" $((BASE + 5)))
 ROOT=${REDIS_CLUSTER_DIR:-/tmp/mcp-idem-redis-cluster}
+TLS=${REDIS_CLUSTER_TLS_DIR:-}
 
-url() { echo "redis-cluster://127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"; }
+SCHEME=redis-cluster
+CLI_TLS=()
+LISTEN=()
+if [ -n "$TLS" ]; then
+    SCHEME=rediss-cluster
+    CLI_TLS=(--tls --cacert "$TLS/ca.pem")
+fi
 
-node_up() { [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
+# The options of the node on port $1 that say where it listens.
+listen() {
+    if [ -n "$TLS" ]; then
+        LISTEN=(--port 0 --tls-port "$1" --tls-cert-file "$TLS/server.pem"
+            --tls-key-file "$TLS/server.key" --tls-ca-cert-file "$TLS/ca.pem"
+            --tls-auth-clients no --tls-cluster yes --tls-replication yes)
+    else
+        LISTEN=(--port "$1")
+    fi
+}
+
+url() { echo "$SCHEME://127.0.0.1:$BASE,127.0.0.1:$((BASE + 1)),127.0.0.1:$((BASE + 2))"; }
+
+cli() { redis-cli "${CLI_TLS[@]}" "$@"; }
+
+node_up() { [ "$(cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]; }
 
 cluster_ok() {
-    redis-cli -h 127.0.0.1 -p "$BASE" cluster info 2>/dev/null | grep -q '^cluster_state:ok'
+    cli -h 127.0.0.1 -p "$BASE" cluster info 2>/dev/null | grep -q '^cluster_state:ok'
 }
 
 wait_until() { # description, tries (0.2 s each), command...
@@ -43,7 +70,8 @@ start() {
         mkdir -p "$ROOT/$port"
         # A node that was part of an older cluster would refuse to join a new one.
         rm -f "$ROOT/$port/nodes.conf"
-        redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
+        listen "$port"
+        redis-server "${LISTEN[@]}" --bind 127.0.0.1 --cluster-enabled yes \
             --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
             --save "" --appendonly no --dir "$ROOT/$port" \
             --logfile "$ROOT/$port/redis.log" --daemonize yes
@@ -52,11 +80,11 @@ start() {
         wait_until "node $port did not start" 50 node_up "$port"
     done
     local known
-    known=$(redis-cli -h 127.0.0.1 -p "$BASE" cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')
+    known=$(cli -h 127.0.0.1 -p "$BASE" cluster info | sed -n 's/^cluster_known_nodes:\([0-9]*\).*/\1/p')
     if [ "${known:-1}" -le 1 ]; then
         local nodes=()
         for port in $PORTS; do nodes+=("127.0.0.1:$port"); done
-        redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
+        cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >/dev/null
     fi
     wait_until "the cluster did not reach cluster_state:ok" 150 cluster_ok
     # Replicas must be in sync before the tests (WAIT, failovers) rely on them.
@@ -69,13 +97,13 @@ start() {
 # A primary, or a replica whose link to its primary is up.
 synced() {
     local info
-    info=$(redis-cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null) || return 1
+    info=$(cli -h 127.0.0.1 -p "$1" info replication 2>/dev/null) || return 1
     grep -q '^role:master' <<<"$info" || grep -q '^master_link_status:up' <<<"$info"
 }
 
 stop() {
     for port in $PORTS; do
-        redis-cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
+        cli -h 127.0.0.1 -p "$port" shutdown nosave >/dev/null 2>&1 || true
     done
     rm -rf "$ROOT"
     echo "redis-cluster: stopped"

@@ -13,20 +13,10 @@ set -euo pipefail
 
 DIR="${PG_TLS_DIR:-/tmp/mcp-idem-pg-tls}"
 PORT="${PG_TLS_PORT:-5433}"
+# shellcheck source=scripts/test-certs.sh
+. "$(dirname "$0")/test-certs.sh"
 
 up() { pg_isready -h 127.0.0.1 -p "$PORT" -q; }
-
-certificates() {
-    [ -f "$DIR/server.key" ] && return 0
-    openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "/CN=mcp-idem test CA" \
-        -keyout "$DIR/ca.key" -out "$DIR/ca.pem" 2>/dev/null
-    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
-        -keyout "$DIR/server.key" -out "$DIR/server.csr" 2>/dev/null
-    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n' >"$DIR/ext.cnf"
-    openssl x509 -req -in "$DIR/server.csr" -CA "$DIR/ca.pem" -CAkey "$DIR/ca.key" \
-        -CAcreateserial -days 30 -extfile "$DIR/ext.cnf" -out "$DIR/server.pem" 2>/dev/null
-    chmod 600 "$DIR/server.key" "$DIR/ca.key"
-}
 
 # The server itself is scripts/pg-server.sh's, with TLS and these options.
 server() {
@@ -38,7 +28,7 @@ server() {
 start() {
     if up; then echo "TLS PostgreSQL answers on 127.0.0.1:$PORT"; return 0; fi
     mkdir -p "$DIR"
-    certificates
+    test_certificates "$DIR"
     server start
     echo "TLS PostgreSQL is up on 127.0.0.1:$PORT (CA: $DIR/ca.pem)"
 }

@@ -94,7 +94,7 @@ mod sse;
 pub mod stdio;
 pub mod store;
 mod time;
-#[cfg(any(feature = "http-client", feature = "postgres"))]
+#[cfg(any(feature = "http-client", feature = "postgres", feature = "redis"))]
 mod tls;
 
 pub use config::{AfterCrash, EngineConfig};

@@ -16,11 +16,13 @@ const PURGE_EVERY: Duration = Duration::from_secs(600);
 /// Where records live and how long, and the limits that protect the store.
 #[derive(Debug, Args)]
 pub(crate) struct EngineArgs {
-    /// Record store: `sqlite:PATH`, `memory` (this process only), `redis://…`, `redis-cluster://HOST:PORT,…` or `postgres://…`
-    /// (shared by many instances) [default: sqlite: in the user's data directory, e.g.
-    /// ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts]. On Redis,
-    /// `?replicas=N[&replica_timeout_ms=T]` makes each write wait for N replicas (T ms, default
-    /// 1000) and fail closed without them.
+    /// Record store: `sqlite:PATH`, `memory` (this process only), `redis://…`,
+    /// `redis-cluster://HOST:PORT,…` or `postgres://…` (shared by many instances; over TLS:
+    /// `rediss://…`, `rediss-cluster://…`, `postgres://…?sslmode=verify-full`, each taking
+    /// `sslrootcert=CA.pem`) [default: sqlite: in the user's data directory, e.g.
+    /// ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts].
+    /// On Redis, `?replicas=N[&replica_timeout_ms=T]` makes each write wait for N replicas (T ms,
+    /// default 1000) and fail closed without them.
     #[arg(long, env = "MCP_IDEM_STORE", value_name = "URL")]
     pub(crate) store: Option<String>,
 

@@ -591,6 +591,13 @@ pub(crate) enum SharedStore {
     /// `REDIS_CLUSTER_URL`, default the cluster of `scripts/redis-cluster.sh`
     /// (`redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002`).
     RedisCluster,
+    /// `REDIS_TLS_URL` (default `rediss://127.0.0.1:6380`) with `sslrootcert=` the CA file
+    /// `REDIS_TLS_CA` (default `/tmp/mcp-idem-redis-tls/ca.pem`): scripts/tls-redis.sh.
+    RedisTls,
+    /// `REDIS_TLS_CLUSTER_URL` (default
+    /// `rediss-cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102`) with `sslrootcert=` the CA
+    /// file `REDIS_TLS_CA`: scripts/tls-redis.sh.
+    RedisTlsCluster,
 }
 
 impl SharedStore {
@@ -604,8 +611,19 @@ impl SharedStore {
                 "REDIS_CLUSTER_URL",
                 "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002",
             ),
+            Self::RedisTls => ("REDIS_TLS_URL", "rediss://127.0.0.1:6380"),
+            Self::RedisTlsCluster => (
+                "REDIS_TLS_CLUSTER_URL",
+                "rediss-cluster://127.0.0.1:7100,127.0.0.1:7101,127.0.0.1:7102",
+            ),
         };
-        let url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+        let mut url = std::env::var(var).unwrap_or_else(|_| default.to_owned());
+        if matches!(self, Self::RedisTls | Self::RedisTlsCluster) {
+            let ca = std::env::var("REDIS_TLS_CA")
+                .unwrap_or_else(|_| "/tmp/mcp-idem-redis-tls/ca.pem".to_owned());
+            let joiner = if url.contains('?') { '&' } else { '?' };
+            url = format!("{url}{joiner}sslrootcert={ca}");
+        }
         let address = host_port(&url, self);
         let reachable = std::net::ToSocketAddrs::to_socket_addrs(address.as_str())
             .ok()
@@ -644,6 +662,8 @@ fn host_port(url: &str, store: SharedStore) -> String {
             SharedStore::Redis => 6379,
             SharedStore::Postgres => 5432,
             SharedStore::RedisCluster => 7000,
+            SharedStore::RedisTls => 6380,
+            SharedStore::RedisTlsCluster => 7100,
         };
         format!("{host}:{port}")
     }

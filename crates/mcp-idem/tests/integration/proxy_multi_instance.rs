@@ -1,11 +1,13 @@
 //! Horizontal scaling: three `mcp-idem proxy` instances on different ports share one Redis (then
-//! one Redis Cluster, then one PostgreSQL) store in front of one demo server. 200 concurrent requests of the SAME keyed
-//! charge, spread round-robin over the three instances, produce exactly one ledger entry; every
-//! caller gets either the original outcome (that charge's id) or `idempotency_key_in_progress`,
-//! and once the charge is done a retry on each instance replays it.
+//! one Redis Cluster, the same two over TLS, then one PostgreSQL) store in front of one demo
+//! server. 200 concurrent requests of the SAME keyed charge, spread round-robin over the three
+//! instances, produce exactly one ledger entry; every caller gets either the original outcome
+//! (that charge's id) or `idempotency_key_in_progress`, and once the charge is done a retry on
+//! each instance replays it.
 //!
 //! The stores come from `REDIS_URL` (default redis://127.0.0.1:6379), `REDIS_CLUSTER_URL`
-//! (default the cluster of scripts/redis-cluster.sh) and `DATABASE_URL` (default
+//! (default the cluster of scripts/redis-cluster.sh), `REDIS_TLS_URL`, `REDIS_TLS_CLUSTER_URL` and
+//! `REDIS_TLS_CA` (defaults those of scripts/tls-redis.sh) and `DATABASE_URL` (default
 //! postgres://postgres@127.0.0.1:5432/test); each run uses a namespace of its own. An unreachable
 //! store skips the test with a note, or fails it when `CI=true`.
 
@@ -102,6 +104,22 @@ async fn three_instances_sharing_redis_charge_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_sharing_a_redis_cluster_charge_once() {
     let Some(url) = SharedStore::RedisCluster.url() else {
+        return;
+    };
+    one_charge_for_concurrent_callers_on_three_instances(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_sharing_tls_redis_charge_once() {
+    let Some(url) = SharedStore::RedisTls.url() else {
+        return;
+    };
+    one_charge_for_concurrent_callers_on_three_instances(&url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_sharing_a_tls_redis_cluster_charge_once() {
+    let Some(url) = SharedStore::RedisTlsCluster.url() else {
         return;
     };
     one_charge_for_concurrent_callers_on_three_instances(&url).await;

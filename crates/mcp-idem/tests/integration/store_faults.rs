@@ -10,6 +10,8 @@
 //!   that is not a database, a read-only file system and a full one (small tmpfs mounts, skipped
 //!   with a note where mounting is not permitted). The proxy refuses to start with an error naming
 //!   the file, or answers keyed calls `idempotency_store_unavailable` without running them.
+//! * A TLS Redis (`REDIS_TLS_URL`, scripts/tls-redis.sh) whose certificate cannot be verified, or
+//!   whose CA file is missing: the proxy refuses to start, saying why.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -196,6 +198,47 @@ fn assert_refuses_to_start(upstream: &str, path: &Path, case: &str) -> String {
     let line = stderr.lines().last().unwrap_or("").to_owned();
     eprintln!("store_faults/sqlite {case}: exit 2: {line}");
     line
+}
+
+/// A TLS Redis whose certificate cannot be checked (no `sslrootcert`, so the system's roots,
+/// which do not know the test CA) or whose CA file is missing: the proxy refuses to start (exit
+/// 2), saying why, without the password.
+#[test]
+fn a_tls_redis_that_cannot_be_verified_stops_the_proxy_at_startup() {
+    let Some(url) = SharedStore::RedisTls.url() else {
+        return;
+    };
+    let (base, _ca) = url.rsplit_once("sslrootcert=").expect("a CA parameter");
+    let base = base.trim_end_matches(['?', '&']);
+    let with_password = base.replacen("://", "://:s3cret@", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let server = HttpDemo::spawn(&ledger_in(&dir), &[]);
+    let joiner = if with_password.contains('?') {
+        '&'
+    } else {
+        '?'
+    };
+    for (store, needle) in [
+        (
+            with_password.clone(),
+            "invalid peer certificate: UnknownIssuer",
+        ),
+        (
+            format!("{with_password}{joiner}sslrootcert=/nonexistent/ca.pem"),
+            "cannot read CA certificates from /nonexistent/ca.pem",
+        ),
+    ] {
+        let (status, stderr) = proxy_startup(&server.base_url(), &store)
+            .unwrap_or_else(|| panic!("the proxy started on {store}"));
+        assert_eq!(status.code(), Some(2), "{store}: {stderr}");
+        assert!(
+            stderr.contains("cannot open the record store") && stderr.contains(needle),
+            "{store}: {stderr}"
+        );
+        assert!(!stderr.contains("s3cret"), "{stderr}");
+        let line = stderr.lines().last().unwrap_or("").to_owned();
+        eprintln!("store_faults/tls-redis: exit 2: {line}");
+    }
 }
 
 #[test]

@@ -35,7 +35,10 @@ impl ReplyEnd {
     /// The one for `store`'s protocol.
     pub(crate) fn of(store: SharedStore) -> Self {
         match store {
-            SharedStore::Redis | SharedStore::RedisCluster => Self::Redis,
+            SharedStore::Redis
+            | SharedStore::RedisCluster
+            | SharedStore::RedisTls
+            | SharedStore::RedisTlsCluster => Self::Redis,
             SharedStore::Postgres => Self::Postgres,
         }
     }
@@ -240,6 +243,8 @@ pub(crate) fn through_port(url: &str, port: u16, store: SharedStore) -> (String,
     let default_port = match store {
         SharedStore::Redis => 6379,
         SharedStore::RedisCluster => 7000,
+        SharedStore::RedisTls => 6380,
+        SharedStore::RedisTlsCluster => 7100,
         SharedStore::Postgres => 5432,
     };
     let host = if host.contains(':') {
@@ -249,7 +254,10 @@ pub(crate) fn through_port(url: &str, port: u16, store: SharedStore) -> (String,
     };
     let via = format!("{scheme}://{userinfo}127.0.0.1:{port}{tail}");
     let via = match store {
-        SharedStore::Redis | SharedStore::RedisCluster => via,
+        SharedStore::Redis
+        | SharedStore::RedisCluster
+        | SharedStore::RedisTls
+        | SharedStore::RedisTlsCluster => via,
         SharedStore::Postgres => {
             let sep = if tail.contains('?') { '&' } else { '?' };
             format!("{via}{sep}connect_timeout=2")

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{MemoryStore, Store, StoreError};
 
 /// A parsed store URL: `memory`, `sqlite:PATH` (also `sqlite://PATH`), `redis://…`,
-/// `redis-cluster://…`, `postgres://…`.
+/// `rediss://…`, `redis-cluster://…`, `rediss-cluster://…`, `postgres://…`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreUrl {
@@ -14,8 +14,9 @@ pub enum StoreUrl {
     Memory,
     /// `sqlite:PATH`: records live in a SQLite file.
     Sqlite(PathBuf),
-    /// `redis://…` or `rediss://…` (one server), or `redis-cluster://HOST:PORT,…` (a Redis
-    /// Cluster).
+    /// `redis://…` or `rediss://…` (one server, `rediss` over TLS), or
+    /// `redis-cluster://HOST:PORT,…` or `rediss-cluster://HOST:PORT,…` (a Redis Cluster, over
+    /// TLS for `rediss-cluster`).
     Redis(String),
     /// `postgres://…` or `postgresql://…`.
     Postgres(String),
@@ -48,11 +49,13 @@ impl FromStr for StoreUrl {
         }
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
-            Some("redis" | "rediss" | "redis-cluster") => Ok(Self::Redis(url.to_owned())),
+            Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster") => {
+                Ok(Self::Redis(url.to_owned()))
+            }
             Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
             Some(other) => Err(invalid(&format!(
-                "unknown scheme {other:?}; expected memory, sqlite:PATH, redis://, redis-cluster:// \
-                 or postgres://"
+                "unknown scheme {other:?}; expected memory, sqlite:PATH, redis://, rediss://, \
+                 redis-cluster://, rediss-cluster:// or postgres://"
             ))),
             None => Err(invalid(
                 "expected memory, sqlite:PATH, redis://HOST or postgres://HOST/DB",
@@ -245,6 +248,15 @@ mod tests {
                 .unwrap(),
             StoreUrl::Redis(_)
         ));
+        for tls in [
+            "rediss://127.0.0.1:6380",
+            "rediss-cluster://127.0.0.1:7100,127.0.0.1:7101?sslrootcert=/etc/ca.pem",
+        ] {
+            assert!(matches!(
+                tls.parse::<StoreUrl>().unwrap(),
+                StoreUrl::Redis(_)
+            ));
+        }
         assert!(matches!(
             "postgresql://localhost/test".parse::<StoreUrl>().unwrap(),
             StoreUrl::Postgres(_)
@@ -302,6 +314,15 @@ mod tests {
                 "redis-cluster://app:***@a:7000,b:7001?shards=16",
             ),
             ("rediss://app:s3cret@h:6380/1", "rediss://app:***@h:6380/1"),
+            (
+                "rediss://:s3cret@h:6380/?sslrootcert=/etc/ca.pem",
+                "rediss://:***@h:6380/?sslrootcert=/etc/ca.pem",
+            ),
+            (
+                "rediss-cluster://app:s3cret@a:7100,b:7101?sslrootcert=/etc/ca.pem&shards=4",
+                "rediss-cluster://app:***@a:7100,b:7101?sslrootcert=/etc/ca.pem&shards=4",
+            ),
+            ("rediss-cluster://a:7100", "rediss-cluster://a:7100"),
             (
                 "rediss://:s3cret@h:6380/?protocol=resp3",
                 "rediss://:***@h:6380/?protocol=resp3",

@@ -36,4 +36,6 @@ mod store_redis;
 mod store_redis_cluster;
 #[cfg(feature = "redis")]
 mod store_redis_replicas;
+#[cfg(feature = "redis")]
+mod store_redis_tls;
 mod store_sqlite;

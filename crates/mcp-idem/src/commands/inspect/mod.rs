@@ -33,7 +33,8 @@ Exit status:
   1  no record matched (show, delete), or the deletion was declined
   2  error: the store cannot be opened, a usage error, an ambiguous key")]
 pub(crate) struct InspectArgs {
-    /// Record store: `sqlite:PATH`, `redis://…`, `redis-cluster://…` or `postgres://…` [default:
+    /// Record store: `sqlite:PATH`, `redis://…`, `redis-cluster://…` (TLS: `rediss://…`,
+    /// `rediss-cluster://…`) or `postgres://…` [default:
     /// the SQLite file that
     /// `wrap` uses by default, e.g. ~/.local/share/mcp-idem/records.sqlite3].
     #[arg(long, env = "MCP_IDEM_STORE", value_name = "URL", global = true)]

@@ -1,11 +1,12 @@
-//! Understanding a store URL (`redis://…` for one server, `redis-cluster://…` for a Redis Cluster)
-//! and opening its connection.
+//! Understanding a store URL (`redis://…` or `rediss://…` for one server, `redis-cluster://…` or
+//! `rediss-cluster://…` for a Redis Cluster) and opening its connection.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
-use redis::{Client, RedisError};
+use redis::{Client, RedisError, TlsCertificates};
 
 use super::server::{Conn, OPERATION_TIMEOUT};
 use crate::store::StoreError;
@@ -20,43 +21,130 @@ const RECONNECT_RETRIES: usize = 2;
 const CLUSTER_RETRIES: u32 = 3;
 /// The shards of a store on a cluster, unless the URL's `shards=` says otherwise.
 pub(super) const DEFAULT_CLUSTER_SHARDS: u16 = 8;
+/// The URL parameter naming the PEM file of the CA certificates a TLS server's certificate must
+/// chain to (the PostgreSQL store's name for the same thing).
+const CA_PARAM: &str = "sslrootcert";
 
 /// What a store URL names.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Target {
-    /// One server, at a URL the `redis` crate understands.
-    Node(String),
-    /// A cluster: the `redis://` URL of each seed node, and the store's shard count.
-    Cluster { nodes: Vec<String>, shards: u16 },
+    /// One server, at a URL the `redis` crate understands (without our parameters).
+    Node { url: String, tls: Option<Tls> },
+    /// A cluster: the `redis://` (or `rediss://`) URL of each seed node, and the store's shard
+    /// count.
+    Cluster {
+        nodes: Vec<String>,
+        shards: u16,
+        tls: Option<Tls>,
+    },
+}
+
+/// How a TLS URL checks the server: its certificate and host name always; against the CAs of
+/// `ca_file` only when given, else against the system's roots.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Tls {
+    pub(super) ca_file: Option<PathBuf>,
+}
+
+/// The TLS settings of a URL: `Some` for a TLS scheme, with the CA file of its `sslrootcert`
+/// (taken out of `params`); an error for `sslrootcert` without TLS or for a fragment (`#insecure`
+/// would turn the checks off: not offered).
+fn tls_settings(
+    tls_scheme: bool,
+    params: &mut Vec<&str>,
+    fragment: Option<&str>,
+) -> Result<Option<Tls>, String> {
+    let mut ca_file = None;
+    params.retain(|param| match param.split_once('=') {
+        Some((CA_PARAM, value)) => {
+            ca_file = Some(PathBuf::from(value));
+            false
+        }
+        _ => true,
+    });
+    if !tls_scheme {
+        if ca_file.is_some() {
+            return Err(format!(
+                "{CA_PARAM}= needs TLS: use rediss:// or rediss-cluster://"
+            ));
+        }
+        return Ok(None);
+    }
+    if let Some(fragment) = fragment {
+        return Err(format!(
+            "unexpected #{fragment}: the server's certificate and host name are always checked \
+             (give its CA with {CA_PARAM}=FILE)"
+        ));
+    }
+    if ca_file
+        .as_deref()
+        .is_some_and(|path| path.as_os_str().is_empty())
+    {
+        return Err(format!("{CA_PARAM}= needs a file path"));
+    }
+    Ok(Some(Tls { ca_file }))
 }
 
 impl Target {
     /// Parses `url`; the error is the reason, for [`StoreError::InvalidUrl`].
     pub(super) fn parse(url: &str) -> Result<Self, String> {
-        let Some(rest) = url.strip_prefix("redis-cluster://") else {
-            return Ok(Self::Node(url.to_owned()));
+        let (without_fragment, fragment) = match url.split_once('#') {
+            Some((before, fragment)) => (before, Some(fragment)),
+            None => (url, None),
         };
+        let (rest, node_scheme) =
+            if let Some(rest) = without_fragment.strip_prefix("redis-cluster://") {
+                (rest, "redis")
+            } else if let Some(rest) = without_fragment.strip_prefix("rediss-cluster://") {
+                (rest, "rediss")
+            } else {
+                let tls_scheme = url.starts_with("rediss://");
+                let (base, query) = match without_fragment.split_once('?') {
+                    Some((base, query)) => (base, Some(query)),
+                    None => (without_fragment, None),
+                };
+                let mut params: Vec<&str> = query.map_or_else(Vec::new, |q| q.split('&').collect());
+                let tls = tls_settings(tls_scheme, &mut params, fragment)?;
+                let mut url = match (query, params.is_empty()) {
+                    (Some(_), false) => format!("{base}?{}", params.join("&")),
+                    _ => base.to_owned(),
+                };
+                if let (None, Some(fragment)) = (&tls, fragment) {
+                    url = format!("{url}#{fragment}");
+                }
+                return Ok(Self::Node { url, tls });
+            };
         let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
         let base = base.strip_suffix('/').unwrap_or(base);
         let (userinfo, hosts) = match base.rsplit_once('@') {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, base),
         };
+        let cluster_scheme = format!("{node_scheme}-cluster");
         if hosts.contains('/') {
-            return Err("a cluster has no database number: use redis-cluster://HOST:PORT,…".into());
+            return Err(format!(
+                "a cluster has no database number: use {cluster_scheme}://HOST:PORT,…"
+            ));
         }
         let mut nodes = Vec::new();
         for host in hosts.split(',') {
             if host.is_empty() {
-                return Err("expected redis-cluster://HOST:PORT[,HOST:PORT…]".into());
+                return Err(format!(
+                    "expected {cluster_scheme}://HOST:PORT[,HOST:PORT…]"
+                ));
             }
             nodes.push(match userinfo {
-                Some(userinfo) => format!("redis://{userinfo}@{host}"),
-                None => format!("redis://{host}"),
+                Some(userinfo) => format!("{node_scheme}://{userinfo}@{host}"),
+                None => format!("{node_scheme}://{host}"),
             });
         }
+        let mut params: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
+        let tls = tls_settings(node_scheme == "rediss", &mut params, fragment)?;
+        if fragment.is_some() {
+            return Err("a cluster URL takes no #fragment".into());
+        }
         let mut shards = DEFAULT_CLUSTER_SHARDS;
-        for param in query.split('&').filter(|param| !param.is_empty()) {
+        for param in params {
             match param.split_once('=') {
                 Some(("shards", value)) => {
                     shards = value
@@ -72,17 +160,22 @@ impl Target {
                 }
                 _ => {
                     let name = param.split_once('=').map_or(param, |(name, _)| name);
-                    return Err(format!("unknown parameter {name:?} (expected shards=N)"));
+                    let expected = if tls.is_some() {
+                        format!("shards=N or {CA_PARAM}=FILE")
+                    } else {
+                        "shards=N".to_owned()
+                    };
+                    return Err(format!("unknown parameter {name:?} (expected {expected})"));
                 }
             }
         }
-        Ok(Self::Cluster { nodes, shards })
+        Ok(Self::Cluster { nodes, shards, tls })
     }
 
     /// How many shards the store's records spread over: one on a single server.
     pub(super) fn shards(&self) -> u16 {
         match self {
-            Self::Node(_) => 1,
+            Self::Node { .. } => 1,
             Self::Cluster { shards, .. } => *shards,
         }
     }
@@ -94,12 +187,26 @@ impl Target {
             reason: err.to_string(),
         };
         let cannot_connect = |err: RedisError| {
-            StoreError::unavailable(format!("cannot connect to the Redis store {shown}"), err)
+            let hint = match certificate_refusal(&err) {
+                Some(refusal) => format!(
+                    ": the server's TLS certificate was refused ({refusal}; give the CA that \
+                     issued it with {CA_PARAM}=FILE, and connect to a name it is for)"
+                ),
+                None => String::new(),
+            };
+            StoreError::unavailable(
+                format!("cannot connect to the Redis store {shown}{hint}"),
+                err,
+            )
         };
         let connecting = async {
             match self {
-                Self::Node(url) => {
-                    let client = Client::open(url.as_str()).map_err(invalid)?;
+                Self::Node { url, tls } => {
+                    let client = match certificates(tls.as_ref(), shown)? {
+                        Some(certs) => Client::build_with_tls(url.as_str(), certs),
+                        None => Client::open(url.as_str()),
+                    }
+                    .map_err(invalid)?;
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(CONNECT_TIMEOUT))
                         .set_response_timeout(Some(RESPONSE_TIMEOUT))
@@ -111,15 +218,17 @@ impl Target {
                         .map_err(cannot_connect)?;
                     Ok(Conn::Node(conn))
                 }
-                Self::Cluster { nodes, .. } => {
-                    let client = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+                Self::Cluster { nodes, tls, .. } => {
+                    let mut builder = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
                         .connection_timeout(CONNECT_TIMEOUT)
                         .response_timeout(RESPONSE_TIMEOUT)
                         .retries(CLUSTER_RETRIES)
                         .min_retry_wait(100)
-                        .max_retry_wait(1000)
-                        .build()
-                        .map_err(invalid)?;
+                        .max_retry_wait(1000);
+                    if let Some(certs) = certificates(tls.as_ref(), shown)? {
+                        builder = builder.certs(certs);
+                    }
+                    let client = builder.build().map_err(invalid)?;
                     let conn = client
                         .get_async_connection()
                         .await
@@ -141,6 +250,52 @@ impl Target {
     }
 }
 
+/// The `redis` crate's TLS settings for `tls`: `None` without TLS or without a CA file (the
+/// system's roots then), else the CA file's certificates, checked here so that a bad file is a
+/// clear [`StoreError::InvalidUrl`].
+fn certificates(tls: Option<&Tls>, shown: &str) -> Result<Option<TlsCertificates>, StoreError> {
+    let Some(tls) = tls else {
+        return Ok(None);
+    };
+    // The `redis` crate builds its rustls configuration with the process' default provider.
+    crate::tls::install_default_provider();
+    let Some(path) = tls.ca_file.as_deref() else {
+        return Ok(None);
+    };
+    let root_cert =
+        crate::tls::ca_file_pem(Path::new(path)).map_err(|err| StoreError::InvalidUrl {
+            url: shown.to_owned(),
+            reason: err.to_string(),
+        })?;
+    Ok(Some(TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    }))
+}
+
+/// What rustls said if `err` is the refusal of the server's TLS certificate (unknown issuer,
+/// wrong name, expired…).
+fn certificate_refusal(err: &RedisError) -> Option<String> {
+    let refusal = |error: &(dyn std::error::Error + 'static)| match error.downcast_ref() {
+        Some(tls @ rustls::Error::InvalidCertificate(_)) => Some(tls.to_string()),
+        _ => None,
+    };
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(error) = source {
+        let inner = error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if let Some(found) = refusal(error).or_else(|| inner.and_then(refusal)) {
+            return Some(found);
+        }
+        source = error.source();
+    }
+    let text = err.to_string();
+    text.find("invalid peer certificate")
+        .map(|start| text[start..].to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -149,13 +304,17 @@ mod tests {
     fn cluster_urls_name_their_seed_nodes_and_shards() {
         assert_eq!(
             Target::parse("redis://h:1/0").unwrap(),
-            Target::Node("redis://h:1/0".into())
+            Target::Node {
+                url: "redis://h:1/0".into(),
+                tls: None
+            }
         );
         assert_eq!(
             Target::parse("redis-cluster://a:7000,b:7001").unwrap(),
             Target::Cluster {
                 nodes: vec!["redis://a:7000".into(), "redis://b:7001".into()],
                 shards: DEFAULT_CLUSTER_SHARDS,
+                tls: None,
             }
         );
         assert_eq!(
@@ -163,6 +322,7 @@ mod tests {
             Target::Cluster {
                 nodes: vec!["redis://u:p@w@a:7000".into()],
                 shards: 32,
+                tls: None,
             }
         );
         for bad in [
@@ -174,6 +334,62 @@ mod tests {
             "redis-cluster://a:1?db=2",
         ] {
             assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tls_urls_take_a_ca_file_and_never_turn_the_checks_off() {
+        let ca = Some(Tls {
+            ca_file: Some("/etc/ca.pem".into()),
+        });
+        assert_eq!(
+            Target::parse("rediss://:pw@h:6380/2").unwrap(),
+            Target::Node {
+                url: "rediss://:pw@h:6380/2".into(),
+                tls: Some(Tls::default())
+            }
+        );
+        assert_eq!(
+            Target::parse("rediss://h:6380/?protocol=resp3&sslrootcert=/etc/ca.pem").unwrap(),
+            Target::Node {
+                url: "rediss://h:6380/?protocol=resp3".into(),
+                tls: Some(Tls {
+                    ca_file: Some("/etc/ca.pem".into())
+                })
+            }
+        );
+        assert_eq!(
+            Target::parse("rediss://h:6380?sslrootcert=/etc/ca.pem").unwrap(),
+            Target::Node {
+                url: "rediss://h:6380".into(),
+                tls: Some(Tls {
+                    ca_file: Some("/etc/ca.pem".into())
+                })
+            }
+        );
+        assert_eq!(
+            Target::parse("rediss-cluster://u:p@a:7100,b:7101?sslrootcert=/etc/ca.pem&shards=4")
+                .unwrap(),
+            Target::Cluster {
+                nodes: vec!["rediss://u:p@a:7100".into(), "rediss://u:p@b:7101".into()],
+                shards: 4,
+                tls: ca,
+            }
+        );
+        for (bad, needle) in [
+            ("rediss://h:6380/#insecure", "always checked"),
+            ("rediss-cluster://a:7100#insecure", "always checked"),
+            ("redis://h:6379/?sslrootcert=/etc/ca.pem", "needs TLS"),
+            (
+                "redis-cluster://a:7000?sslrootcert=/etc/ca.pem",
+                "needs TLS",
+            ),
+            ("rediss://h:6380/?sslrootcert=", "file path"),
+            ("rediss-cluster://a:7100?cafile=x", "sslrootcert=FILE"),
+            ("rediss-cluster://", "rediss-cluster://HOST:PORT"),
+        ] {
+            let reason = Target::parse(bad).unwrap_err();
+            assert!(reason.contains(needle), "{bad}: {reason}");
         }
     }
 }

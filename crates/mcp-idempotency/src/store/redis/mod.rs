@@ -2,7 +2,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | `connect` | store URLs (one server or a cluster) and opening the connection |
+//! | `connect` | store URLs (one server or a cluster, plain or TLS) and opening the connection |
 //! | `keys` | the names of a store's keys, its shards and the encoding of record names |
 //! | `record` | a record as a hash, and decoding it |
 //! | `server` | the Lua scripts (the `.lua` files here), bounded exchanges, errors |
@@ -108,6 +108,20 @@ const LIST_BATCH: usize = 256;
 /// N` (with the defaults, 10 000 ≤ 100 000 / 8), or raise `max_records_total`. On one server
 /// (one shard) both quotas are exact.
 ///
+/// # TLS
+///
+/// `rediss://…` (one server) and `rediss-cluster://HOST:PORT[,HOST:PORT…]` (a cluster, every node
+/// over TLS) connect over TLS with rustls. The server's certificate is always verified, chain and
+/// host name (or IP address); there is no opt-out (the `redis` crate's `#insecure` is refused as
+/// a bad URL). It must chain to a system root or, with `?sslrootcert=FILE` (a PEM file of CA
+/// certificates, the name the PostgreSQL store uses), to one of that file's CAs, which then
+/// replace the system's roots. A file that cannot be read or holds no certificate is
+/// [`StoreError::InvalidUrl`]; a certificate that does not check out is
+/// [`StoreError::Unavailable`], saying the certificate was refused, with rustls' reason as its
+/// source. `sslrootcert` on a `redis://` URL is an invalid URL. The `redis` crate builds its TLS
+/// configuration with the process' default rustls crypto provider: opening a TLS store installs
+/// aws-lc-rs (the provider of the crate's other TLS clients) as that default, unless one is set.
+///
 /// # Durability and waiting for replicas
 ///
 /// A claim is as durable as the server's persistence (`appendonly yes` with `appendfsync everysec`
@@ -164,9 +178,11 @@ impl RedisStore {
     /// The key prefix (and hash tag) of [`RedisStore::open`].
     pub const DEFAULT_PREFIX: &'static str = "mcp-idem";
 
-    /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`), or to the
-    /// Redis Cluster at `redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT…][?shards=N]`,
-    /// with the default key prefix, [`RedisStore::DEFAULT_PREFIX`]. Either URL may add
+    /// Connects to the server at `url` (`redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]`, or over TLS
+    /// `rediss://…[?sslrootcert=FILE]`), or to the Redis Cluster at
+    /// `redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT…][?shards=N]` (over TLS
+    /// `rediss-cluster://…`, also taking `sslrootcert=FILE`), with the default key prefix,
+    /// [`RedisStore::DEFAULT_PREFIX`]. See "TLS" above. Either URL may add
     /// `replicas=N[&replica_timeout_ms=T]` to its query (see "Durability and waiting for
     /// replicas").
     ///
