@@ -5,13 +5,15 @@
 //!
 //! ```text
 //! cargo build --release -p mcp-idem
-//! cargo bench -p mcp-idem --bench http_throughput -- [--concurrency N] [--seconds S] [--rounds R] [--tool work_1ms|noop] [--stores memory,sqlite,redis,redis-cluster,postgresql]
+//! cargo bench -p mcp-idem --bench http_throughput -- [--concurrency N] [--seconds S] [--rounds R] [--tool work_1ms|noop] [--tenants N] [--stores memory,sqlite,redis,redis-cluster,postgresql]
 //! ```
 //!
 //! One `mcp-idem demo-server --http` (plain JSON answers) serves every configuration; each proxy is a
 //! process of its own in front of it. The load generator keeps `--concurrency` requests in flight on
 //! keep-alive connections, each a `tools/call` with a fresh `idempotencyKey` (so every call executes
-//! and is recorded; direct calls carry the key too, which the server ignores). Configurations run in
+//! and is recorded; direct calls carry the key too, which the server ignores), spread over
+//! `--tenants` tenants (64 by default) by an `x-tenant` header that the proxies scope records by
+//! (`--scope-by header:x-tenant`). Configurations run in
 //! `--rounds` rounds of `--seconds` each, in a different order every round, so machine noise hits them
 //! alike; the ratio of a proxy to direct is the median over rounds of (proxy rps / direct rps) of the
 //! same round. Redis, a Redis Cluster and PostgreSQL come from `REDIS_URL`, `REDIS_CLUSTER_URL` and
@@ -56,6 +58,12 @@ struct Options {
     seconds: f64,
     rounds: usize,
     tool: String,
+    /// Calls spread over this many tenants (`x-tenant`, the proxies' scope): one scope's records
+    /// share one shard of a Redis Cluster, so a single tenant would load one primary only.
+    tenants: u64,
+    /// `--threads` of every proxy (0: the proxy's default, one per core). 1 by default, as nginx
+    /// runs one worker here.
+    proxy_threads: u16,
     /// Lower-case store labels to measure (all when empty).
     stores: Vec<String>,
 }
@@ -66,6 +74,8 @@ fn parse_args() -> Result<Options, String> {
         seconds: 3.0,
         rounds: 5,
         tool: "work_1ms".into(),
+        tenants: 64,
+        proxy_threads: 1,
         stores: Vec::new(),
     };
     let mut args = std::env::args().skip(1);
@@ -88,6 +98,16 @@ fn parse_args() -> Result<Options, String> {
                     .map_err(|_| "--rounds needs a number")?
             }
             "--tool" => options.tool = value("--tool")?,
+            "--proxy-threads" => {
+                options.proxy_threads = value("--proxy-threads")?
+                    .parse()
+                    .map_err(|_| "--proxy-threads needs a number")?
+            }
+            "--tenants" => {
+                options.tenants = value("--tenants")?
+                    .parse()
+                    .map_err(|_| "--tenants needs a number")?
+            }
             "--stores" => {
                 options.stores = value("--stores")?
                     .split(',')
@@ -101,6 +121,7 @@ fn parse_args() -> Result<Options, String> {
     }
     options.concurrency = options.concurrency.max(1);
     options.rounds = options.rounds.max(1);
+    options.tenants = options.tenants.max(1);
     Ok(options)
 }
 
@@ -316,29 +337,31 @@ fn run() -> Result<(), String> {
     });
     let cluster_measured = stores.iter().any(|(label, ..)| label == "Redis Cluster");
     for (label, store, counter, server) in stores {
-        let (process, url) = spawn(
-            &bin,
-            &[
-                "proxy".into(),
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--upstream".into(),
-                upstream.clone(),
-                "--store".into(),
-                store,
-                "--namespace".into(),
-                namespace.clone(),
-                // Every call makes a record: lift the quotas, and keep the shared stores from
-                // holding the bench's records for long.
-                "--max-records-per-scope".into(),
-                "1000000000".into(),
-                "--max-records-total".into(),
-                "1000000000".into(),
-                "--retention".into(),
-                "10m".into(),
-            ],
-            "listening on ",
-        )?;
+        let mut args: Vec<String> = vec![
+            "proxy".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--upstream".into(),
+            upstream.clone(),
+            "--store".into(),
+            store,
+            "--namespace".into(),
+            namespace.clone(),
+            "--scope-by".into(),
+            "header:x-tenant".into(),
+            // Every call makes a record: lift the quotas, and keep the shared stores from
+            // holding the bench's records for long.
+            "--max-records-per-scope".into(),
+            "1000000000".into(),
+            "--max-records-total".into(),
+            "1000000000".into(),
+            "--retention".into(),
+            "10m".into(),
+        ];
+        if options.proxy_threads > 0 {
+            args.extend(["--threads".into(), options.proxy_threads.to_string()]);
+        }
+        let (process, url) = spawn(&bin, &args, "listening on ")?;
         let proxy = Processes::Pid(process.0.id());
         if label == "memory" {
             // The same proxy, calls without a key: what the interceptor costs when it only looks.
@@ -445,6 +468,7 @@ async fn load(
     let failed = Arc::new(std::sync::Mutex::new(None::<String>));
     let latencies = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
     let mut workers = Vec::new();
+    let tenants = options.tenants;
     for _ in 0..options.concurrency {
         let (client, url, tool) = (client.clone(), url.to_owned(), options.tool.clone());
         let (done, stop, failed) = (Arc::clone(&done), Arc::clone(&stop), Arc::clone(&failed));
@@ -452,7 +476,9 @@ async fn load(
         workers.push(tokio::spawn(async move {
             let mut mine = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let key = format!("r{round}-{}-{}", std::process::id(), NEXT_KEY.fetch_add(1, Ordering::Relaxed));
+                let n = NEXT_KEY.fetch_add(1, Ordering::Relaxed);
+                let key = format!("r{round}-{}-{n}", std::process::id());
+                let tenant = format!("t{}", n % tenants);
                 let mut message = json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":{
                     "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},
                     "name": tool, "arguments": {}}});
@@ -466,6 +492,7 @@ async fn load(
                     .header("mcp-protocol-version", "2026-07-28")
                     .header("mcp-method", "tools/call")
                     .header("mcp-name", &tool)
+                    .header("x-tenant", tenant)
                     .body(Full::new(Bytes::from(message.to_string())))
                     .expect("valid request");
                 let outcome = match client.request(request).await {

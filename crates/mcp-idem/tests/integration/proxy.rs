@@ -51,8 +51,8 @@ fn setup(store: Store, demo_args: &[&str], proxy_args: &[&str]) -> Setup {
     }
 }
 
-async fn keyed_charge_runs_once_then_replays_or_conflicts(store: Store) {
-    let s = setup(store, &[], &[]);
+async fn keyed_charge_runs_once_then_replays_or_conflicts(store: Store, proxy_args: &[&str]) {
+    let s = setup(store, &[], proxy_args);
 
     let first = s.raw.call(charge(1, 25, Some("order-1"))).await;
     assert_eq!(first.status, 200, "{}", first.body);
@@ -112,12 +112,19 @@ async fn keyed_charge_runs_once_then_replays_or_conflicts(store: Store) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_keyed_charge_runs_once_then_replays_or_conflicts() {
-    keyed_charge_runs_once_then_replays_or_conflicts(Store::Sqlite).await;
+    keyed_charge_runs_once_then_replays_or_conflicts(Store::Sqlite, &[]).await;
+}
+
+/// `--threads 1`: everything on one thread (SQLite's waits for its write lock go to the blocking
+/// pool), a running call and its duplicate served side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_thread_a_keyed_charge_runs_once_then_replays_or_conflicts() {
+    keyed_charge_runs_once_then_replays_or_conflicts(Store::Sqlite, &["--threads", "1"]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_keyed_charge_runs_once_then_replays_or_conflicts() {
-    keyed_charge_runs_once_then_replays_or_conflicts(Store::Memory).await;
+    keyed_charge_runs_once_then_replays_or_conflicts(Store::Memory, &[]).await;
 }
 
 async fn discovery_advertises_idempotency(demo_args: &[&str]) {

@@ -99,6 +99,12 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "MCP_IDEM_SHUTDOWN_GRACE", default_value = "8s", value_parser = humantime::parse_duration)]
     shutdown_grace: std::time::Duration,
 
+    /// Threads that serve requests [default: one per core]. `1` runs everything on one thread
+    /// (as an nginx worker does), which costs the least CPU per request: no thread hands work
+    /// to another.
+    #[arg(long, env = "MCP_IDEM_THREADS", value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
+
     #[command(flatten)]
     scope: ScopeArgs,
 
@@ -111,7 +117,16 @@ pub(crate) struct ProxyArgs {
 
 impl ProxyArgs {
     pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
+        let mut builder = match self.threads {
+            Some(1) => tokio::runtime::Builder::new_current_thread(),
+            Some(n) => {
+                let mut builder = tokio::runtime::Builder::new_multi_thread();
+                builder.worker_threads(usize::from(n));
+                builder
+            }
+            None => tokio::runtime::Builder::new_multi_thread(),
+        };
+        let runtime = builder
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
