@@ -243,7 +243,7 @@ async fn retry_completion(
     let key = &req.id.key;
     match settled {
         (Settled::Recorded, _) => {
-            tracing::info!(%key, attempts, "recorded the outcome of a call once the store answered again");
+            tracing::warn!(%key, attempts, "recorded the outcome of a call once the store answered again");
         }
         (Settled::TakenOver, _) => {
             tracing::warn!(%key, attempts, "gave up recording the outcome of a call: it was taken over");
