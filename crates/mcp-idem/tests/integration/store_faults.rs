@@ -23,6 +23,7 @@ use crate::http_support::{
     Proxy, Raw, SharedStore,
 };
 use crate::store_faults_support::{assert_unavailable, through_port, until_available, Forwarder};
+use crate::wrap_support::signal_pid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_fails_closed_and_the_proxy_recovers() {
@@ -173,6 +174,80 @@ async fn outage_during_a_call(after_crash: &str) {
         "{}",
         proxy.stderr()
     );
+    drop(forwarder);
+}
+
+/// SIGTERM while the proxy still sends again a completion the store failed: it waits for it
+/// within `--shutdown-grace`, the store comes back, the outcome is written, the proxy exits 0,
+/// and a new proxy replays the charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_waits_for_a_completion_the_store_failed() {
+    let Some(url) = SharedStore::Postgres.url() else {
+        return;
+    };
+    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
+    let forwarder = Forwarder::start(&target).await;
+    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let namespace = unique_namespace("store-faults-pg-stop");
+    let args = [
+        "--store",
+        &store,
+        "--namespace",
+        &namespace,
+        "--lease",
+        "10s",
+    ];
+    let mut first = Proxy::spawn_with_log(
+        &server.base_url(),
+        &[&args[..], &["--shutdown-grace", "8s"]].concat(),
+        "warn,mcp_idem::commands=info",
+    );
+    let raw = Raw::new(&first);
+    let call = {
+        let raw = raw.clone();
+        tokio::spawn(async move {
+            raw.call(slow_charge(1, 30, 1500, Some("stop-mid-call")))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    forwarder.cut();
+    let answer = call.await.unwrap();
+    let charge_id = answer
+        .charge_id()
+        .unwrap_or_else(|| panic!("the client gets the charge: {}", answer.body));
+    first
+        .logged("the outcome of a call is not recorded yet")
+        .await;
+    signal_pid(first.pid(), "TERM");
+    first
+        .logged("waiting for the outcomes the store has not taken yet")
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let forwarder = forwarder.resume().await;
+    assert_eq!(first.exited().await.code(), Some(0), "{}", first.stderr());
+    assert!(
+        first
+            .stderr()
+            .contains("recorded the outcome of a call once the store answered again"),
+        "{}",
+        first.stderr()
+    );
+
+    let second = Proxy::spawn(&server.base_url(), &args);
+    let replay = Raw::new(&second)
+        .call(slow_charge(2, 30, 1500, Some("stop-mid-call")))
+        .await;
+    assert_eq!(
+        replay.charge_id().as_deref(),
+        Some(charge_id.as_str()),
+        "{}",
+        replay.body
+    );
+    assert_eq!(ledger_lines(&ledger).len(), 1, "one execution");
     drop(forwarder);
 }
 
