@@ -38,6 +38,14 @@ pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between two release attempts while the store fails.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// The wait after `failures` store writes failed in a row (at least one): [`MIN_BACKOFF`],
+/// doubling at each failure, up to [`MAX_BACKOFF`]. Shared by the release queue and the retries of
+/// completions ([`crate::completion`]).
+pub(crate) fn backoff(failures: u32) -> Duration {
+    let shift = failures.saturating_sub(1).min(16);
+    MIN_BACKOFF.saturating_mul(1 << shift).min(MAX_BACKOFF)
+}
+
 /// One claim that may hold its record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Ambiguous {
@@ -190,9 +198,7 @@ impl AmbiguousClaims {
     /// A release failed at `now`: the store is still away; back off.
     pub(crate) fn on_release_failed(&mut self, now: Timestamp) {
         self.failures = self.failures.saturating_add(1);
-        let shift = self.failures.saturating_sub(1).min(16);
-        let wait = MIN_BACKOFF.saturating_mul(1 << shift).min(MAX_BACKOFF);
-        self.resume_at = now.saturating_add(wait);
+        self.resume_at = now.saturating_add(backoff(self.failures));
     }
 
     /// The store answered something else (a claim) at `now`: release at once.

@@ -6,11 +6,12 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::ambiguous::{AfterClaim, Ambiguous, AmbiguousClaims, Remembered, MAX_AMBIGUOUS_CLAIMS};
+use crate::completion::MAX_PENDING_COMPLETIONS;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::record::{FencingToken, Outcome, RecordId, Scope};
 use crate::rejection::RejectionKind;
 use crate::running_claim::RunningClaim;
-use crate::store::{ClaimOutcome, ClaimRequest, Fenced, Store, StoreError};
+use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, Store, StoreError};
 use crate::time::{Clock, SystemClock};
 
 /// Shortest sleep of the release task (a deadline already passed, or a clock that stands still).
@@ -37,6 +38,15 @@ const MIN_RELEASE_WAIT: Duration = Duration::from_millis(10);
 /// tokio runtime, which tries once the store answers any claim, and otherwise with a backoff from
 /// 100 ms to 5 s. A release that fails is remembered the same way. At most 1024 claims are
 /// remembered per deduplicator (clones share them); each one is logged.
+///
+/// # Lost completions
+///
+/// A [`RunningClaim`] whose completion fails with an error that may pass (the store went away
+/// while the call ran) sends it again in the background, fenced by its token, with the same
+/// backoff, while it keeps renewing the lease, until the store applies it, the record is taken
+/// over, or the retention window the outcome would have had ends. At most 1024 completions are
+/// retried at once per deduplicator ([`pending_completions`](Self::pending_completions));
+/// [`completions_settled`](Self::completions_settled) waits for them (graceful shutdown).
 ///
 /// ```
 /// # tokio_test_block_on(async {
@@ -76,6 +86,39 @@ pub struct Deduplicator {
     store_usable: Arc<AtomicBool>,
     /// Claims whose answer was lost, to be released.
     ambiguous: Arc<Pending>,
+    /// Completions being retried by their running claims.
+    completions: Arc<Completions>,
+}
+
+/// The completions being retried in the background (see "Lost completions").
+#[derive(Debug)]
+struct Completions {
+    /// How many; a slot is taken with [`Deduplicator::reserve_completion`].
+    pending: tokio::sync::watch::Sender<usize>,
+    /// Wakes the retries when the store answered something else.
+    wake: tokio::sync::Notify,
+}
+
+impl Default for Completions {
+    fn default() -> Self {
+        Self {
+            pending: tokio::sync::watch::channel(0).0,
+            wake: tokio::sync::Notify::new(),
+        }
+    }
+}
+
+/// One of the [`MAX_PENDING_COMPLETIONS`] slots of completions retried in the background, given
+/// back when dropped.
+#[derive(Debug)]
+pub(crate) struct CompletionSlot(Arc<Completions>);
+
+impl Drop for CompletionSlot {
+    fn drop(&mut self) {
+        self.0.pending.send_modify(|n| *n = n.saturating_sub(1));
+        #[cfg(feature = "metrics")]
+        crate::metrics::set_pending_completions(*self.0.pending.borrow());
+    }
 }
 
 /// The ambiguous claims and the task that releases them.
@@ -140,6 +183,7 @@ impl Deduplicator {
             clock: Arc::new(SystemClock),
             store_usable: Arc::new(AtomicBool::new(true)),
             ambiguous: Arc::default(),
+            completions: Arc::default(),
         }
     }
 
@@ -187,6 +231,43 @@ impl Deduplicator {
         self.ambiguous.lock().claims.len()
     }
 
+    /// How many completions that failed are being sent again in the background (see "Lost
+    /// completions").
+    pub fn pending_completions(&self) -> usize {
+        *self.completions.pending.borrow()
+    }
+
+    /// Waits until no completion is being sent again in the background: each one was recorded,
+    /// or given up (see "Lost completions"). Graceful shutdown waits for this, within its grace.
+    pub async fn completions_settled(&self) {
+        let mut pending = self.completions.pending.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = pending.wait_for(|n| *n == 0).await;
+    }
+
+    /// Takes a slot for a completion to be retried in the background; `None` if
+    /// [`MAX_PENDING_COMPLETIONS`] are retried already.
+    pub(crate) fn reserve_completion(&self) -> Option<CompletionSlot> {
+        let taken = self.completions.pending.send_if_modified(|n| {
+            let free = *n < MAX_PENDING_COMPLETIONS;
+            if free {
+                *n += 1;
+            }
+            free
+        });
+        #[cfg(feature = "metrics")]
+        if taken {
+            crate::metrics::set_pending_completions(self.pending_completions());
+        }
+        taken.then(|| CompletionSlot(Arc::clone(&self.completions)))
+    }
+
+    /// Waits until the store answered something else (a claim, a renewal, a completion) while
+    /// completions are retried.
+    pub(crate) async fn store_answered_again(&self) {
+        self.completions.wake.notified().await;
+    }
+
     /// Decides what to do with a call, claiming its key if it is to be executed.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
         let mut step = self
@@ -227,15 +308,23 @@ impl Deduplicator {
     /// someone else owns the record now; the outcome was not written.
     pub async fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Fenced, StoreError> {
         let req = self.engine.completion(claim, outcome, self.clock.now());
-        #[cfg(feature = "metrics")]
-        let kind = req.outcome.kind();
-        let fenced = self.store.complete(req).await?;
+        self.send_completion(&req).await
+    }
+
+    /// Sends a completion made by [`Engine::completion`] (again, if it failed: the store applies
+    /// a request sent twice once).
+    pub(crate) async fn send_completion(
+        &self,
+        req: &CompleteRequest,
+    ) -> Result<Fenced, StoreError> {
+        let fenced = self.store.complete(req.clone()).await?;
+        self.store_answered();
         #[cfg(feature = "metrics")]
         if fenced == Fenced::Applied {
-            crate::metrics::on_outcome_recorded(kind);
+            crate::metrics::on_outcome_recorded(req.outcome.kind());
         }
         if fenced == Fenced::NotOwner {
-            tracing::warn!(key = %claim.id().key, "outcome not recorded: the claim was taken over");
+            tracing::warn!(key = %req.id.key, "outcome not recorded: the claim was taken over");
         }
         Ok(fenced)
     }
@@ -249,6 +338,7 @@ impl Deduplicator {
             .store
             .renew(renewed.id(), renewed.owner(), lease_expires_at)
             .await?;
+        self.store_answered();
         if fenced == Fenced::Applied {
             *claim = renewed;
         }
@@ -359,8 +449,11 @@ impl Deduplicator {
         }
     }
 
-    /// The store answered: releases that were backing off are due at once.
+    /// The store answered: releases and completions that were backing off are due at once.
     fn store_answered(&self) {
+        if self.pending_completions() > 0 {
+            self.completions.wake.notify_waiters();
+        }
         if !self.ambiguous.any() {
             return;
         }

@@ -69,6 +69,7 @@ mod ambiguous;
 pub mod bridge;
 #[cfg(feature = "client")]
 pub mod client;
+mod completion;
 mod config;
 mod deduplicator;
 mod engine;

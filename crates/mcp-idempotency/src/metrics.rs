@@ -11,7 +11,9 @@
 //!   without code of its own.
 //! - [`set_record_counts`] publishes what [`Store::stats`] counted.
 //! - The deduplicator counts claims whose store answer was lost ([`AMBIGUOUS_CLAIMS_TOTAL`]) and
-//!   how they were dealt with ([`AMBIGUOUS_CLAIMS_RESOLVED_TOTAL`], [`AMBIGUOUS_CLAIMS_PENDING`]).
+//!   how they were dealt with ([`AMBIGUOUS_CLAIMS_RESOLVED_TOTAL`], [`AMBIGUOUS_CLAIMS_PENDING`]),
+//!   and completions that failed and are sent again ([`PENDING_COMPLETIONS`],
+//!   [`COMPLETION_RETRIES_TOTAL`], [`COMPLETIONS_LOST_TOTAL`]).
 //!
 //! The names below are stable. Counters end in `_total`, durations are in seconds.
 //!
@@ -76,6 +78,15 @@ pub const AMBIGUOUS_CLAIMS_TOTAL: &str = "mcp_idem_ambiguous_claims_total";
 pub const AMBIGUOUS_CLAIMS_RESOLVED_TOTAL: &str = "mcp_idem_ambiguous_claims_resolved_total";
 /// Ambiguous claims waiting to be released. Gauge.
 pub const AMBIGUOUS_CLAIMS_PENDING: &str = "mcp_idem_ambiguous_claims_pending";
+/// Completions that failed and are being sent again in the background. Gauge.
+pub const PENDING_COMPLETIONS: &str = "mcp_idem_pending_completions";
+/// Completions sent again in the background, by `result`: `recorded` (applied), `not_owner` (the
+/// record had been taken over), `error` (failed again). Counter.
+pub const COMPLETION_RETRIES_TOTAL: &str = "mcp_idem_completion_retries_total";
+/// Completions given up, their records left in progress until the lease runs out, by `why`:
+/// `error` (an error that will not pass), `full` (1024 were retried already), `deadline` (the
+/// retention window ended first). Counter.
+pub const COMPLETIONS_LOST_TOTAL: &str = "mcp_idem_completions_lost_total";
 
 /// The store operations [`MeteredStore`] measures, as their `operation` label.
 pub const STORE_OPERATIONS: [&str; 10] = [
@@ -102,6 +113,8 @@ const OUTCOME_KINDS: [OutcomeKind; 4] = [
 const STORE_ERROR_KINDS: [&str; 3] = ["unavailable", "backend", "corrupt"];
 const AMBIGUOUS_FATES: [&str; 2] = ["queued", "dropped"];
 const AMBIGUOUS_RESOLUTIONS: [&str; 3] = ["released", "absent", "expired"];
+const COMPLETION_RETRY_RESULTS: [&str; 3] = ["recorded", "not_owner", "error"];
+const COMPLETION_LOSSES: [&str; 3] = ["error", "full", "deadline"];
 
 /// Describes every metric to the installed recorder and creates each counter series at zero, so
 /// that a scrape shows them (and rates work) before the first event.
@@ -137,6 +150,18 @@ pub fn describe() {
         AMBIGUOUS_CLAIMS_PENDING,
         "Claims whose store answer was lost, waiting to be released"
     );
+    describe_gauge!(
+        PENDING_COMPLETIONS,
+        "Completions that failed, being sent again in the background"
+    );
+    describe_counter!(
+        COMPLETION_RETRIES_TOTAL,
+        "Completions sent again in the background, by result"
+    );
+    describe_counter!(
+        COMPLETIONS_LOST_TOTAL,
+        "Completions given up, their records left to their leases"
+    );
 
     counter!(EXECUTIONS_TOTAL).increment(0);
     for outcome in REPLAY_OUTCOMES {
@@ -166,6 +191,13 @@ pub fn describe() {
         counter!(AMBIGUOUS_CLAIMS_RESOLVED_TOTAL, "how" => how).increment(0);
     }
     gauge!(AMBIGUOUS_CLAIMS_PENDING).set(0.0);
+    for result in COMPLETION_RETRY_RESULTS {
+        counter!(COMPLETION_RETRIES_TOTAL, "result" => result).increment(0);
+    }
+    for why in COMPLETION_LOSSES {
+        counter!(COMPLETIONS_LOST_TOTAL, "why" => why).increment(0);
+    }
+    gauge!(PENDING_COMPLETIONS).set(0.0);
 }
 
 /// Publishes the counts of [`Store::stats`] as the [`RECORDS`] gauge.
@@ -213,6 +245,18 @@ pub(crate) fn on_ambiguous_resolved(how: &'static str, n: usize) {
 
 pub(crate) fn set_ambiguous_pending(n: usize) {
     gauge!(AMBIGUOUS_CLAIMS_PENDING).set(n as f64);
+}
+
+pub(crate) fn set_pending_completions(n: usize) {
+    gauge!(PENDING_COMPLETIONS).set(n as f64);
+}
+
+pub(crate) fn on_completion_retry(result: &'static str) {
+    counter!(COMPLETION_RETRIES_TOTAL, "result" => result).increment(1);
+}
+
+pub(crate) fn on_completion_lost(why: &'static str) {
+    counter!(COMPLETIONS_LOST_TOTAL, "why" => why).increment(1);
 }
 
 /// A [`Store`] that times every operation of the store it wraps and counts its failures.

@@ -4,7 +4,11 @@
 //! engine's schedule ([`Engine::renewal_due`](crate::Engine::renewal_due)) while the call runs,
 //! and ends in exactly one of three ways, each logged here:
 //!
-//! - [`finish`](RunningClaim::finish): the call answered; its outcome is recorded (fenced).
+//! - [`finish`](RunningClaim::finish): the call answered; its outcome is recorded (fenced). If
+//!   the store fails with an error that may pass, the handle goes on in the background: it sends
+//!   the same completion again with a backoff, and keeps renewing the lease meanwhile, so that
+//!   nobody takes the record over while its true outcome is still being written (see
+//!   `completion.rs`, and "Lost completions" on [`Deduplicator`]).
 //! - [`abandon`](RunningClaim::abandon): the call may have run but its answer is lost (the server
 //!   died, the stream broke off); recorded as [`Outcome::Unknown`].
 //! - [`release`](RunningClaim::release): the call certainly did not run (the server could not be
@@ -17,10 +21,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::deduplicator::Deduplicator;
+use crate::completion::{CompletionRetry, Next, Settled};
+use crate::deduplicator::{CompletionSlot, Deduplicator};
 use crate::engine::Claim;
 use crate::record::Outcome;
-use crate::store::{Fenced, StoreError};
+use crate::store::{CompleteRequest, Fenced, StoreError};
 
 /// Shortest wait between two renewals (a lease of a few milliseconds in tests).
 const MIN_RENEWAL_WAIT: Duration = Duration::from_millis(10);
@@ -65,15 +70,23 @@ impl RunningClaim {
     }
 
     /// Records the call's outcome. [`Fenced::NotOwner`]: the claim was taken over (its lease ran
-    /// out) and the outcome was not written. On an error the record stays in progress until its
-    /// lease runs out; both are logged.
+    /// out) and the outcome was not written; logged.
+    ///
+    /// An error is the first attempt's. If it may pass (the store could not be reached), the
+    /// completion is sent again in the background, with the lease kept alive, until the store
+    /// applies it, the record is taken over, or the retention window ends; retries of the call
+    /// meanwhile are answered `idempotency_key_in_progress`. Otherwise (or if 1024 completions
+    /// are retried already) the record stays in progress until its lease runs out, and that is
+    /// logged as an error.
     pub async fn finish(mut self, outcome: Outcome) -> Result<Fenced, StoreError> {
         self.end();
-        let result = self.dedup.complete(&self.claim, outcome).await;
+        let req = self
+            .dedup
+            .engine()
+            .completion(&self.claim, outcome, self.dedup.clock().now());
+        let result = self.dedup.send_completion(&req).await;
         if let Err(error) = &result {
-            // Once the lease runs out, retries are answered by the after-crash policy rather
-            // than with a wrong replay.
-            tracing::error!(key = %self.claim.id().key, %error, "cannot record the outcome of a call");
+            complete_later(self.dedup.clone(), self.claim.clone(), req, error);
         }
         result
     }
@@ -119,22 +132,145 @@ impl Drop for RunningClaim {
         tracing::warn!(key = %self.claim.id().key, reason, "a running claim was dropped");
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (dedup, claim) = (self.dedup.clone(), self.claim.clone());
+            let outcome = Outcome::Unknown {
+                reason: reason.into(),
+            };
+            let req = dedup
+                .engine()
+                .completion(&claim, outcome, dedup.clock().now());
             runtime.spawn(async move {
-                let outcome = Outcome::Unknown {
-                    reason: reason.into(),
-                };
-                if let Err(error) = dedup.complete(&claim, outcome).await {
-                    tracing::error!(key = %claim.id().key, %error, "cannot record the outcome of a call");
+                if let Err(error) = dedup.send_completion(&req).await {
+                    complete_later(dedup, claim, req, &error);
                 }
             });
         }
     }
 }
 
+/// After the first attempt of `req`, the completion of `claim`, failed with `error`: sends it
+/// again in the background if the error may pass and a slot is free; otherwise logs the loss.
+fn complete_later(dedup: Deduplicator, claim: Claim, req: CompleteRequest, error: &StoreError) {
+    let now = dedup.clock().now();
+    let retry = CompletionRetry::after_first_failure(error, req.expires_at, now);
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    let (why, detail) = match (retry, runtime) {
+        (Some(retry), Some(runtime)) => match dedup.reserve_completion() {
+            Some(slot) => {
+                tracing::warn!(
+                    key = %req.id.key, %error,
+                    "the outcome of a call is not recorded yet: sending it again until the store takes it"
+                );
+                runtime.spawn(retry_completion(dedup, claim, req, retry, slot));
+                return;
+            }
+            None => ("full", "too many completions are retried already"),
+        },
+        (Some(_), None) => ("error", "no runtime to retry on"),
+        (None, _) => ("error", "the error will not pass"),
+    };
+    lost(&req, why, &format!("{error} ({detail})"));
+}
+
+/// Logs and counts a completion given up: its record stays in progress until its lease runs out.
+fn lost(req: &CompleteRequest, why: &'static str, error: &str) {
+    // Once the lease runs out, retries are answered by the after-crash policy rather than with a
+    // wrong replay.
+    tracing::error!(key = %req.id.key, %error, "cannot record the outcome of a call");
+    #[cfg(feature = "metrics")]
+    crate::metrics::on_completion_lost(why);
+    #[cfg(not(feature = "metrics"))]
+    let _ = why;
+}
+
+/// Sends `req` again on `retry`'s schedule until it settles, then gives the slot back. Between
+/// attempts it renews `claim`'s lease when due (after a failed renewal, every sixth of the lease),
+/// so that the record is not taken over while the store takes renewals but not the completion.
+/// One task does both, one write at a time: a renewal never races the completion.
+async fn retry_completion(
+    dedup: Deduplicator,
+    mut claim: Claim,
+    req: CompleteRequest,
+    mut retry: CompletionRetry,
+    slot: CompletionSlot,
+) {
+    let renew_retry = renewal_retry_wait(&dedup);
+    let mut renew_at = dedup.engine().renewal_due(&claim);
+    let mut attempts = 1u32;
+    let settled = loop {
+        let now = dedup.clock().now();
+        let next = retry.due().min(renew_at);
+        let wait = next.saturating_since(now);
+        if !wait.is_zero() {
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = dedup.store_answered_again() => {
+                    retry.store_answered(dedup.clock().now());
+                    continue;
+                }
+            }
+        }
+        let now = dedup.clock().now();
+        if retry.due() <= now {
+            attempts += 1;
+            let answer = dedup.send_completion(&req).await;
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_completion_retry(match &answer {
+                Ok(Fenced::Applied) => "recorded",
+                Ok(Fenced::NotOwner) => "not_owner",
+                Err(_) => "error",
+            });
+            match retry.on_answer(&answer, dedup.clock().now()) {
+                Next::Settled(settled) => break (settled, answer.err()),
+                Next::RetryAt(_) => {
+                    if let Err(error) = &answer {
+                        tracing::debug!(key = %req.id.key, %error, attempts, "the outcome of a call is still not recorded");
+                    }
+                }
+            }
+        }
+        if renew_at <= dedup.clock().now() {
+            match dedup.renew(&mut claim).await {
+                Ok(Fenced::Applied) => {
+                    // The store is back: the completion is due at once.
+                    renew_at = dedup.engine().renewal_due(&claim);
+                    retry.store_answered(dedup.clock().now());
+                }
+                Ok(Fenced::NotOwner) => break (Settled::TakenOver, None),
+                Err(_) => renew_at = dedup.clock().now().saturating_add(renew_retry),
+            }
+        }
+    };
+    let key = &req.id.key;
+    match settled {
+        (Settled::Recorded, _) => {
+            tracing::warn!(%key, attempts, "recorded the outcome of a call once the store answered again");
+        }
+        (Settled::TakenOver, _) => {
+            tracing::warn!(%key, attempts, "gave up recording the outcome of a call: it was taken over");
+        }
+        (Settled::Failed, error) => lost(&req, "error", &error_text(error)),
+        (Settled::GaveUp, error) => lost(
+            &req,
+            "deadline",
+            &format!("{} (the retention window ended)", error_text(error)),
+        ),
+    }
+    drop(slot);
+}
+
+fn error_text(error: Option<StoreError>) -> String {
+    error.map(|e| e.to_string()).unwrap_or_default()
+}
+
+/// How long to wait after a renewal failed: a sixth of the lease, at least [`MIN_RENEWAL_WAIT`].
+fn renewal_retry_wait(dedup: &Deduplicator) -> Duration {
+    (dedup.engine().config().lease() / 6).max(MIN_RENEWAL_WAIT)
+}
+
 /// Renews the lease whenever the engine says it is due, until the task is aborted or the claim is
 /// lost to another owner.
 async fn renew_until_stopped(dedup: Deduplicator, mut claim: Claim) {
-    let retry = (dedup.engine().config().lease() / 6).max(MIN_RENEWAL_WAIT);
+    let retry = renewal_retry_wait(&dedup);
     loop {
         let due = dedup.engine().renewal_due(&claim);
         let wait = due

@@ -14,11 +14,12 @@
 //! - every call ended with a definitive answer; the only answers retried were
 //!   `idempotency_store_unavailable` (fail closed) and `idempotency_key_in_progress`, and the
 //!   store errors behind the refusals are all "store unavailable";
-//! - after the run, each call is sent once more: a charged call replays its charge id (calls
-//!   charged before the restart included). The one exception is a call whose completion met the
-//!   outage: the proxy logged "cannot record the outcome of a call", its record stayed in
-//!   progress, and once its lease ran out it is answered `idempotency_outcome_unknown`
-//!   (`--after-crash reject`) and never run again. Only such calls may be outcome unknown.
+//! - no call is answered `idempotency_outcome_unknown`, and no proxy gave up an outcome ("cannot
+//!   record the outcome of a call"): a call whose completion met the outage was answered its
+//!   charge, and its proxy sent the completion again, keeping the lease (10 s, longer than the
+//!   outage), until the server took it; callers got `idempotency_key_in_progress` meanwhile;
+//! - after the run, each call is sent once more: every charged call replays its charge id
+//!   (calls charged before the restart, and those whose completion met the outage, included).
 //!
 //! `CHAOS_CALLS` sets the number of logical calls (default 400), `PG_RESTARTS` the number of
 //! restarts (default 1), `CHAOS_SEED` the seed. Run with `--nocapture` for the report. What a
@@ -37,7 +38,9 @@ use rand::{Rng, SeedableRng};
 use crate::chaos_support::{classify, executions, size_and_seed, AnswerMeans, Outcome};
 use crate::common::ledger_lines;
 use crate::http_support::{ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw};
-use crate::pg_restart_support::{lost_completions, refusals, PrivatePostgres, Shutdown};
+use crate::pg_restart_support::{
+    lost_completions, refusals, retried_completions, PrivatePostgres, Shutdown,
+};
 
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 8;
@@ -46,8 +49,9 @@ const DEFAULT_CALLS: u64 = 400;
 const P_DUPLICATE: f64 = 0.25;
 /// A charge sleeps up to this long.
 const MAX_CHARGE_MS: u64 = 40;
-/// The proxies' lease: how long a record whose completion was lost stays in progress.
-const LEASE: &str = "3s";
+/// The proxies' lease: longer than an outage (a crash's recovery took up to 4.4 s here), so that
+/// a record whose completion is being sent again is never taken for a crashed call's.
+const LEASE: &str = "10s";
 /// A caller gives up after this long without a definitive answer.
 const SETTLE_WITHIN: Duration = Duration::from_secs(30);
 /// The pause before retrying a refused call.
@@ -231,12 +235,14 @@ async fn restart_mid_run(how: Shutdown) {
     assert_eq!(results.len() as u64, calls);
     let run_took = started.elapsed();
 
-    // What the proxies logged: the calls whose outcome could not be recorded.
+    // What the proxies logged: the calls whose first completion failed, sent again.
     let logs: String = proxies.iter().map(Proxy::stderr).collect();
-    let lost: Vec<u64> = lost_completions(&logs)
-        .iter()
-        .filter_map(|key| key.rsplit('-').next()?.parse().ok())
-        .collect();
+    let call_of = |keys: &BTreeSet<String>| -> Vec<u64> {
+        keys.iter()
+            .filter_map(|key| key.rsplit('-').next()?.parse().ok())
+            .collect()
+    };
+    let retried = call_of(&retried_completions(&logs).0);
 
     let executions = executions(&ledger, calls);
     let mut problems = Vec::new();
@@ -264,11 +270,11 @@ async fn restart_mid_run(how: Shutdown) {
         }
         let mut got: Option<String> = None;
         for caller in seen {
-            // A proxy answers after it tried to record the outcome: a completion lost before the
-            // first restart began would be a loss the outage does not explain.
-            if lost.contains(amount) && caller.answered_at < first_restart {
+            // A proxy answers after its first attempt to record the outcome: one that failed
+            // before the first restart began would be a failure the outage does not explain.
+            if retried.contains(amount) && caller.answered_at < first_restart {
                 problems.push(format!(
-                    "call {amount}: a completion lost before the restart"
+                    "call {amount}: a completion failed before the restart"
                 ));
             }
             callers += 1;
@@ -283,7 +289,6 @@ async fn restart_mid_run(how: Shutdown) {
                     }
                     got = Some(id.clone());
                 }
-                Outcome::Unknown if lost.contains(amount) => {}
                 other => problems.push(format!("call {amount} ended {other:?}")),
             }
         }
@@ -296,7 +301,7 @@ async fn restart_mid_run(how: Shutdown) {
     }
 
     // After the run: each call once more, at an instance of its own; the server has been up
-    // for a while. A charged call replays its charge (except a lost completion); nothing runs.
+    // for a while. Every charged call replays its charge; nothing runs.
     let mut replayed = 0u64;
     let mut replayed_from_before = 0u64;
     let mut unknown_after = 0u64;
@@ -312,10 +317,14 @@ async fn restart_mid_run(how: Shutdown) {
                     replayed_from_before += 1;
                 }
             }
-            (Outcome::Unknown, _) if lost.contains(amount) => unknown_after += 1,
-            (other, _) => problems.push(format!(
-                "call {amount} (answered {expected:?}) was answered {other:?} after the run"
-            )),
+            (other, _) => {
+                if matches!(other, Outcome::Unknown) {
+                    unknown_after += 1;
+                }
+                problems.push(format!(
+                    "call {amount} (answered {expected:?}) was answered {other:?} after the run"
+                ));
+            }
         }
     }
     let executions_after: usize = ledger_lines(&ledger).len();
@@ -327,6 +336,20 @@ async fn restart_mid_run(how: Shutdown) {
         ));
     }
 
+    // Read again after the replays, by which time every completion sent again has settled.
+    let logs: String = proxies.iter().map(Proxy::stderr).collect();
+    let recorded_late = call_of(&retried_completions(&logs).1);
+    let lost = call_of(&lost_completions(&logs));
+    if !lost.is_empty() {
+        problems.push(format!("outcomes given up: calls {lost:?}"));
+    }
+    for amount in &retried {
+        if !recorded_late.contains(amount) {
+            problems.push(format!(
+                "call {amount}: its completion was sent again, never logged as recorded"
+            ));
+        }
+    }
     let tally = tally.lock().unwrap();
     problems.extend(tally.unexpected.iter().cloned());
     problems.extend(replay_tally.lock().unwrap().unexpected.iter().cloned());
@@ -365,7 +388,8 @@ async fn restart_mid_run(how: Shutdown) {
          executions (ledger lines) {executed}, calls executed twice: {}\n  \
          retried answers: {} idempotency_store_unavailable, {} idempotency_key_in_progress\n  \
          restarts: {}\n  \
-         completions not recorded (logged): {} {lost:?}\n  \
+         completions that met the outage, sent again: {} {retried:?}, recorded late: {}, \
+         given up: {} {lost:?}\n  \
          after the run: {replayed} replayed their charge ({replayed_from_before} of the \
          {} charged before the (last) restart), {unknown_after} outcome unknown\n  \
          refusal reasons logged: {reasons:#?}",
@@ -373,6 +397,8 @@ async fn restart_mid_run(how: Shutdown) {
         tally.unavailable,
         tally.in_progress,
         outages.join("; "),
+        retried.len(),
+        recorded_late.len(),
         lost.len(),
         charged_before_restart.len(),
     );

@@ -6,12 +6,12 @@
 //! - The server restarts (`-m fast`, then `-m immediate`) 0.5 s into an 8 s call (lease 10 s) and
 //!   is back before it ends: the completion is written on a new connection, a retry at B replays the charge at
 //!   once, nothing is logged as lost.
-//! - The server crashes (`-m immediate`) 0.5 s into a 1.5 s call (lease 3 s) and is still down
-//!   when it ends: the
-//!   client gets the charge, A logs "cannot record the outcome of a call", and the record stays
-//!   in progress. Once the server is back, retries at A and B get `idempotency_key_in_progress`
-//!   until the lease runs out, then `idempotency_outcome_unknown` (`--after-crash reject`): the
-//!   call is not run again, and the loss is visible, not silent.
+//! - The server crashes (`-m immediate`) 0.5 s into a 1.5 s call (lease 10 s, longer than the
+//!   outage) and is still down when it ends: the client gets the charge, and A logs that the
+//!   outcome is not recorded yet. A keeps the record's lease and sends the completion again
+//!   until the server, back, takes it; retries at A and B get `idempotency_key_in_progress`
+//!   meanwhile, then replay the charge. With `--after-crash reexecute`, the policy under which a
+//!   lost completion would run the call a second time, the ledger still has one line.
 
 use std::time::{Duration, Instant};
 
@@ -27,8 +27,15 @@ const CHARGE_MS: u64 = 8000;
 /// When the server goes down, after the call started.
 const DOWN_AFTER: Duration = Duration::from_millis(500);
 
-/// Two proxies (A, B) on `store` in front of `server`, with a lease of `lease`.
-fn two_proxies(server: &HttpDemo, store: &str, lease: &str, test: &str) -> (Proxy, Proxy) {
+/// Two proxies (A, B) on `store` in front of `server`, with a lease of `lease` and
+/// `--after-crash after_crash`.
+fn two_proxies(
+    server: &HttpDemo,
+    store: &str,
+    lease: &str,
+    after_crash: &str,
+    test: &str,
+) -> (Proxy, Proxy) {
     let namespace = unique_namespace(test);
     let args = [
         "--store",
@@ -38,7 +45,7 @@ fn two_proxies(server: &HttpDemo, store: &str, lease: &str, test: &str) -> (Prox
         "--lease",
         lease,
         "--after-crash",
-        "reject",
+        after_crash,
     ];
     let mut proxies = Proxy::spawn_many(2, &server.base_url(), &args).into_iter();
     (proxies.next().unwrap(), proxies.next().unwrap())
@@ -52,7 +59,7 @@ async fn a_call_running_across_a_restart_records_its_outcome() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
-    let (a, b) = two_proxies(&server, &pg.url(), "10s", "pg-in-flight-restart");
+    let (a, b) = two_proxies(&server, &pg.url(), "10s", "reject", "pg-in-flight-restart");
     let (raw_a, raw_b) = (Raw::new(&a), Raw::new(&b));
 
     for (n, how) in [Shutdown::Fast, Shutdown::Immediate]
@@ -111,7 +118,7 @@ async fn a_call_running_across_a_restart_records_its_outcome() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_completion_that_meets_a_crashed_server_is_answered_outcome_unknown() {
+async fn a_completion_that_meets_a_crashed_server_is_recorded_once_it_is_back_and_never_rerun() {
     const SHORT_CHARGE_MS: u64 = 1500;
     let Some(pg) = PrivatePostgres::start() else {
         return;
@@ -119,7 +126,7 @@ async fn a_completion_that_meets_a_crashed_server_is_answered_outcome_unknown() 
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
-    let (a, b) = two_proxies(&server, &pg.url(), "3s", "pg-in-flight-crash");
+    let (a, b) = two_proxies(&server, &pg.url(), "10s", "reexecute", "pg-in-flight-crash");
     let (raw_a, raw_b) = (Raw::new(&a), Raw::new(&b));
     let key = "completion-meets-a-crash";
 
@@ -133,18 +140,17 @@ async fn a_completion_that_meets_a_crashed_server_is_answered_outcome_unknown() 
     });
     tokio::time::sleep(DOWN_AFTER).await;
     tokio::task::block_in_place(|| pg.stop(Shutdown::Immediate));
-    // The client still gets the charge; its outcome cannot be written.
+    // The client still gets the charge; its outcome cannot be written yet.
     let answer = call.await.expect("the call's task");
     let charge_id = answer
         .charge_id()
         .unwrap_or_else(|| panic!("{}", answer.body));
-    a.logged("cannot record the outcome of a call").await;
-    assert!(lost_completions(&a.stderr()).contains(key));
+    a.logged("the outcome of a call is not recorded yet").await;
     let took = tokio::task::block_in_place(|| pg.start_again());
     let back = Instant::now();
     eprintln!("the server was down for the call's end; its start (WAL replay) took {took:?}");
 
-    // Retries: refused or in progress while the lease runs, then outcome unknown, at A and B.
+    // Retries: refused or in progress until A has written the outcome, then the charge, at B and A.
     for (name, raw) in [("B", &raw_b), ("A", &raw_a)] {
         let retry = slow_charge(2, 20, SHORT_CHARGE_MS, Some(key));
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -157,16 +163,23 @@ async fn a_completion_that_meets_a_crashed_server_is_answered_outcome_unknown() 
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         assert_eq!(
-            settled.error_type().as_deref(),
-            Some("idempotency_outcome_unknown"),
+            settled.charge_id().as_deref(),
+            Some(charge_id.as_str()),
             "{name}: {}",
             settled.body
         );
         eprintln!(
-            "retry at {name}: outcome unknown {:?} after the server was back",
+            "retry at {name}: replayed the charge {:?} after the server was back",
             back.elapsed()
         );
     }
+    a.logged("recorded the outcome of a call once the store answered again")
+        .await;
+    assert!(
+        lost_completions(&a.stderr()).is_empty(),
+        "nothing given up:\n{}",
+        a.stderr()
+    );
     let lines = ledger_lines(&ledger);
     assert_eq!(lines.len(), 1, "run once, never again: {lines:?}");
     assert_eq!(lines[0]["chargeId"], charge_id.as_str());

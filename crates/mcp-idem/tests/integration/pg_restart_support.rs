@@ -124,18 +124,37 @@ impl Drop for PrivatePostgres {
     }
 }
 
-/// What the proxies logged when they could not record a call's outcome: the keys.
+/// What the proxies logged when they gave up recording a call's outcome: the keys.
 const LOST_COMPLETION: &str = "cannot record the outcome of a call";
+/// What the proxies logged when the first write of a call's outcome failed and they went on
+/// sending it in the background.
+const RETRIED_COMPLETION: &str = "the outcome of a call is not recorded yet";
+/// What the proxies logged when such an outcome was written after all.
+const RECORDED_LATE: &str = "recorded the outcome of a call once the store answered again";
 
-/// The keys whose outcome a proxy logged it could not record (`key=…` of those lines).
-pub(crate) fn lost_completions(logs: &str) -> BTreeSet<String> {
+/// The keys of the lines of `logs` that contain `text` (`key=…`).
+fn keys_logged(logs: &str, text: &str) -> BTreeSet<String> {
     logs.lines()
-        .filter(|line| line.contains(LOST_COMPLETION))
+        .filter(|line| line.contains(text))
         .filter_map(|line| {
             let (_, rest) = line.split_once(" key=")?;
             Some(rest.split_whitespace().next()?.to_owned())
         })
         .collect()
+}
+
+/// The keys whose first completion failed and was sent again, and those of them written after
+/// all.
+pub(crate) fn retried_completions(logs: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    (
+        keys_logged(logs, RETRIED_COMPLETION),
+        keys_logged(logs, RECORDED_LATE),
+    )
+}
+
+/// The keys whose outcome a proxy logged it could not record (`key=…` of those lines).
+pub(crate) fn lost_completions(logs: &str) -> BTreeSet<String> {
+    keys_logged(logs, LOST_COMPLETION)
 }
 
 /// The store errors the proxies gave as the reason for refusing a call (`error=…` of their

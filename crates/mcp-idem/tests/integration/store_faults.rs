@@ -4,7 +4,9 @@
 //!   listening and drops its live connections) keyed calls are answered
 //!   `idempotency_store_unavailable` and nothing runs; after recovery the same proxy process serves
 //!   the failed key exactly once, and a key completed before the outage still replays. An outage
-//!   that starts while a call runs leaves its record in progress, so a retry never runs it twice.
+//!   that starts while a call runs and ends after it answered: the proxy writes the outcome once
+//!   the store is back, so a retry replays it and never runs it twice (`--after-crash reject`
+//!   and `reexecute`).
 //!   The shared PostgreSQL server is never disturbed.
 //! * SQLite files that cannot be used: a path whose parent is a regular file, a directory, a file
 //!   that is not a database, a read-only file system and a full one (small tmpfs mounts, skipped
@@ -23,6 +25,7 @@ use crate::http_support::{
     Proxy, Raw, SharedStore,
 };
 use crate::store_faults_support::{assert_unavailable, through_port, until_available, Forwarder};
+use crate::wrap_support::signal_pid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_fails_closed_and_the_proxy_recovers() {
@@ -89,6 +92,20 @@ async fn postgres_outage_fails_closed_and_the_proxy_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_during_a_call_never_runs_it_twice() {
+    outage_during_a_call("reject").await;
+}
+
+/// With `--after-crash reexecute`, a retry that found the record's lease run out would run the
+/// call again: the completion, sent again with the lease kept, lands first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_during_a_call_with_reexecute_never_runs_it_twice() {
+    outage_during_a_call("reexecute").await;
+}
+
+/// The store goes away while a call runs and is back after it answered: the proxy sends the
+/// completion again until the store takes it (the lease, 4 s, outlasts the outage), so retries
+/// replay the charge and never run it again, whatever `--after-crash` says.
+async fn outage_during_a_call(after_crash: &str) {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
@@ -98,7 +115,7 @@ async fn postgres_outage_during_a_call_never_runs_it_twice() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
-    let namespace = unique_namespace("store-faults-pg-mid");
+    let namespace = unique_namespace(&format!("store-faults-pg-mid-{after_crash}"));
     let proxy = Proxy::spawn(
         &server.base_url(),
         &[
@@ -107,13 +124,15 @@ async fn postgres_outage_during_a_call_never_runs_it_twice() {
             "--namespace",
             &namespace,
             "--lease",
-            "2s",
+            "4s",
+            "--after-crash",
+            after_crash,
         ],
     );
     let raw = Raw::new(&proxy);
 
     // The charge is claimed, then the store goes away while it runs (1.5 s) and is still away
-    // when it completes: the outcome cannot be recorded.
+    // when it completes: the first write of its outcome fails.
     let call = {
         let raw = raw.clone();
         tokio::spawn(async move { raw.call(slow_charge(1, 10, 1500, Some("mid-call"))).await })
@@ -121,34 +140,116 @@ async fn postgres_outage_during_a_call_never_runs_it_twice() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     forwarder.cut();
     let answer = call.await.unwrap();
+    let charge_id = answer
+        .charge_id()
+        .unwrap_or_else(|| panic!("the client gets the charge: {}", answer.body));
     assert_eq!(ledger_lines(&ledger).len(), 1, "the charge ran once");
+    proxy
+        .logged("the outcome of a call is not recorded yet")
+        .await;
     let forwarder = forwarder.resume().await;
 
-    // Whatever the first answer was, retries of the key never run the charge again: the record
-    // stays in progress until its lease runs out, then the after-crash policy (reject) answers.
+    // Retries wait (in progress) until the outcome is written, then replay it.
+    let started = Instant::now();
     let retry = until_available(&raw, &slow_charge(2, 10, 1500, Some("mid-call"))).await;
     let settled = call_until_settled(&raw, &slow_charge(3, 10, 1500, Some("mid-call"))).await;
+    let replayed_in = started.elapsed();
     assert_eq!(ledger_lines(&ledger).len(), 1, "never twice");
-    let first = answer.charge_id().map_or_else(
-        || format!("{:?}", answer.error_type()),
-        |id| format!("charge {id}"),
-    );
     eprintln!(
-        "store_faults/postgres mid-call: first answer {first}; retry after recovery {:?}; \
-         settled {:?}",
+        "store_faults/postgres mid-call (--after-crash {after_crash}): retry after recovery \
+         {:?}; replayed {replayed_in:.2?} after the outage ended",
         retry.error_type().or(retry.charge_id()),
-        settled.error_type().or(settled.charge_id()),
     );
-    match settled.charge_id() {
-        // The outcome was recorded after all: the replay is the same charge.
-        Some(id) => assert_eq!(Some(id), answer.charge_id(), "{}", settled.body),
-        None => assert_eq!(
-            settled.error_type().as_deref(),
-            Some("idempotency_outcome_unknown"),
-            "{}",
-            settled.body
-        ),
-    }
+    assert_eq!(
+        settled.charge_id().as_deref(),
+        Some(charge_id.as_str()),
+        "{}",
+        settled.body
+    );
+    proxy
+        .logged("recorded the outcome of a call once the store answered again")
+        .await;
+    assert!(
+        !proxy
+            .stderr()
+            .contains("cannot record the outcome of a call"),
+        "{}",
+        proxy.stderr()
+    );
+    drop(forwarder);
+}
+
+/// SIGTERM while the proxy still sends again a completion the store failed: it waits for it
+/// within `--shutdown-grace`, the store comes back, the outcome is written, the proxy exits 0,
+/// and a new proxy replays the charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_waits_for_a_completion_the_store_failed() {
+    let Some(url) = SharedStore::Postgres.url() else {
+        return;
+    };
+    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
+    let forwarder = Forwarder::start(&target).await;
+    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let namespace = unique_namespace("store-faults-pg-stop");
+    let args = [
+        "--store",
+        &store,
+        "--namespace",
+        &namespace,
+        "--lease",
+        "10s",
+    ];
+    let mut first = Proxy::spawn_with_log(
+        &server.base_url(),
+        &[&args[..], &["--shutdown-grace", "8s"]].concat(),
+        "warn,mcp_idem::commands=info",
+    );
+    let raw = Raw::new(&first);
+    let call = {
+        let raw = raw.clone();
+        tokio::spawn(async move {
+            raw.call(slow_charge(1, 30, 1500, Some("stop-mid-call")))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    forwarder.cut();
+    let answer = call.await.unwrap();
+    let charge_id = answer
+        .charge_id()
+        .unwrap_or_else(|| panic!("the client gets the charge: {}", answer.body));
+    first
+        .logged("the outcome of a call is not recorded yet")
+        .await;
+    signal_pid(first.pid(), "TERM");
+    first
+        .logged("waiting for the outcomes the store has not taken yet")
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let forwarder = forwarder.resume().await;
+    assert_eq!(first.exited().await.code(), Some(0), "{}", first.stderr());
+    assert!(
+        first
+            .stderr()
+            .contains("recorded the outcome of a call once the store answered again"),
+        "{}",
+        first.stderr()
+    );
+
+    let second = Proxy::spawn(&server.base_url(), &args);
+    let replay = Raw::new(&second)
+        .call(slow_charge(2, 30, 1500, Some("stop-mid-call")))
+        .await;
+    assert_eq!(
+        replay.charge_id().as_deref(),
+        Some(charge_id.as_str()),
+        "{}",
+        replay.body
+    );
+    assert_eq!(ledger_lines(&ledger).len(), 1, "one execution");
     drop(forwarder);
 }
 

@@ -148,7 +148,7 @@ impl ProxyArgs {
         tracing::info!(%namespace, upstream = %upstream_url, "proxying");
 
         // Before the listener opens: from now on SIGTERM and SIGINT start the graceful stop.
-        let stop = super::stop_signal();
+        let (stop, stopped_at) = super::noting_when(super::stop_signal());
         let layer = IdempotencyLayer::new(dedup.clone())
             .namespace(namespace)
             .scope_by(scope_by)
@@ -181,8 +181,9 @@ impl ProxyArgs {
         };
         tokio::select! {
             () = conn::serve(listener, router, limits, stop, calls, self.shutdown_grace) => {}
-            never = purge_periodically(dedup) => match never {},
+            never = purge_periodically(dedup.clone()) => match never {},
         }
+        super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
         Ok(())
     }
 }

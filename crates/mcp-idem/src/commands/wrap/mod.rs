@@ -128,13 +128,13 @@ impl WrapArgs {
 
         // Before the server starts: from now on SIGTERM and SIGINT start the graceful stop instead
         // of killing `wrap` at once.
-        let stop = super::stop_signal();
+        let (stop, stopped_at) = super::noting_when(super::stop_signal());
         let (mut server, child_in, child_out) = server::spawn(&self.command)?;
         let (input_closed, closing) = tokio::sync::oneshot::channel();
         let child_in = server::ServerInput::new(child_in, input_closed);
 
         let purge = purge_periodically(dedup.clone());
-        let proxy = StdioProxy::new(dedup, scope)
+        let proxy = StdioProxy::new(dedup.clone(), scope)
             .interceptor_config(
                 InterceptorConfig::default()
                     .forward_key(self.forward_key)
@@ -153,6 +153,7 @@ impl WrapArgs {
             }
         };
         let (proxied, status) = tokio::join!(proxied, server.wait_or_stop(closing));
+        super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
         let exit = proxied.context("stdio proxy failed")?;
         if exit.calls_cut_off > 0 {
             tracing::warn!(

@@ -7,14 +7,15 @@ use super::*;
 // ---------------------------------------------------------------------------------------------
 // A store that fails on demand: the deduplicator must fail closed
 
-/// A memory store whose claims and take-overs can be made to fail.
+/// A memory store whose claims, completions and take-overs can be made to fail.
 #[derive(Debug, Default)]
-struct FlakyStore {
-    inner: MemoryStore,
-    fail_claim: AtomicBool,
+pub(super) struct FlakyStore {
+    pub(super) inner: MemoryStore,
+    pub(super) fail_claim: AtomicBool,
     fail_take_over: AtomicBool,
-    fail_renew: AtomicBool,
+    pub(super) fail_renew: AtomicBool,
     fail_release: AtomicBool,
+    pub(super) fail_complete: AtomicBool,
     /// The next claim is applied, and then its answer is lost.
     lose_claim_answer: AtomicBool,
 }
@@ -46,6 +47,9 @@ impl Store for FlakyStore {
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
+        if self.fail_complete.load(Ordering::SeqCst) {
+            return failure("complete");
+        }
         self.inner.complete(req)
     }
 

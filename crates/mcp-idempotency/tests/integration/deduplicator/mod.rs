@@ -141,6 +141,7 @@ macro_rules! on_every_store {
 
 mod failing_store;
 mod leases;
+mod lost_completions;
 mod outcomes;
 mod races;
 mod running_claim;

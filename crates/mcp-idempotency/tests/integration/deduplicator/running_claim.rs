@@ -6,7 +6,7 @@ use super::*;
 // ---------------------------------------------------------------------------------------------
 // The running-claim handle: one claim lifecycle for every transport
 
-async fn begin(d: &Deduplicator, key: &str) -> mcp_idempotency::RunningClaim {
+pub(super) async fn begin(d: &Deduplicator, key: &str) -> mcp_idempotency::RunningClaim {
     let key = json!(key);
     let call = ToolCall {
         tool_name: TOOL,
