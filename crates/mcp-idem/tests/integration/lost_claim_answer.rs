@@ -18,7 +18,7 @@ use crate::http_support::{
 };
 use crate::ops::{metrics_authority, sample, scrape};
 use crate::store_faults_support::{
-    assert_unavailable, through_port, until_available, Forwarder, ReplyEnd,
+    assert_unavailable, behind_forwarder, until_available, ReplyEnd,
 };
 
 /// The key whose claim's reply is lost (the forwarder recognises the claim by it).
@@ -59,9 +59,7 @@ async fn lost_claim_answer(store: SharedStore, retry_at: RetryAt) {
     let Some(url) = store.url() else {
         return;
     };
-    let (_, target) = through_port(&url, 0, store);
-    let forwarder = Forwarder::start(&target).await;
-    let (via_forwarder, _) = through_port(&url, forwarder.port, store);
+    let (forwarder, via_forwarder) = behind_forwarder(&url, store).await;
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);

@@ -24,7 +24,7 @@ use crate::http_support::{
     call_until_settled, charge, discover, ledger_in, slow_charge, unique_namespace, HttpDemo,
     Proxy, Raw, SharedStore,
 };
-use crate::store_faults_support::{assert_unavailable, through_port, until_available, Forwarder};
+use crate::store_faults_support::{assert_unavailable, behind_forwarder, until_available};
 use crate::wrap_support::signal_pid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,9 +32,7 @@ async fn postgres_outage_fails_closed_and_the_proxy_recovers() {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
-    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
-    let forwarder = Forwarder::start(&target).await;
-    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
+    let (forwarder, store) = behind_forwarder(&url, SharedStore::Postgres).await;
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
@@ -109,9 +107,7 @@ async fn outage_during_a_call(after_crash: &str) {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
-    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
-    let forwarder = Forwarder::start(&target).await;
-    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
+    let (forwarder, store) = behind_forwarder(&url, SharedStore::Postgres).await;
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);
@@ -187,9 +183,7 @@ async fn a_graceful_stop_waits_for_a_completion_the_store_failed() {
     let Some(url) = SharedStore::Postgres.url() else {
         return;
     };
-    let (_, target) = through_port(&url, 0, SharedStore::Postgres);
-    let forwarder = Forwarder::start(&target).await;
-    let (store, _) = through_port(&url, forwarder.port, SharedStore::Postgres);
+    let (forwarder, store) = behind_forwarder(&url, SharedStore::Postgres).await;
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
     let server = HttpDemo::spawn(&ledger, &[]);

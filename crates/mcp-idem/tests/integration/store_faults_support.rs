@@ -230,9 +230,18 @@ async fn forward(inbound: TcpStream, outbound: TcpStream, shared: &Shared) {
     }
 }
 
+/// A [`Forwarder`] in front of the server of `store` at `url`, and the store URL that reaches the
+/// server through it.
+pub(crate) async fn behind_forwarder(url: &str, store: SharedStore) -> (Forwarder, String) {
+    let (_, target) = through_port(url, 0, store);
+    let forwarder = Forwarder::start(&target).await;
+    let (via, _) = through_port(url, forwarder.port, store);
+    (forwarder, via)
+}
+
 /// `url` (`redis://…` or `postgres://…`) with its `HOST:PORT` replaced by `127.0.0.1:port`, and
 /// the original `HOST:PORT`. PostgreSQL URLs get `connect_timeout=2`.
-pub(crate) fn through_port(url: &str, port: u16, store: SharedStore) -> (String, String) {
+fn through_port(url: &str, port: u16, store: SharedStore) -> (String, String) {
     let (scheme, rest) = url.split_once("://").expect("a URL with a scheme");
     let end = rest.find(['/', '?']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
