@@ -172,7 +172,7 @@ async fn run(cluster: &mut OwnCluster, options: &str, calls: u64, seed: u64) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_killed_mid_run_duplicates_no_call_when_writes_wait_for_a_replica() {
-    let Some(mut cluster) = OwnCluster::start(BASE_PORT).await else {
+    let Some(mut cluster) = OwnCluster::start(BASE_PORT, Duration::from_secs(1)).await else {
         return;
     };
     let (calls, seed) = size_and_seed(150);

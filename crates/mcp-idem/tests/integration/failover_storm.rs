@@ -123,7 +123,12 @@ async fn storm(cluster: &OwnCluster, options: &str) {
     let (mut charge_ids, mut unknown) = (Vec::new(), 0);
     while let Some(joined) = callers.join_next().await {
         let (id, answer) = joined.expect("a caller panicked");
-        match answer.unwrap_or_else(|why| panic!("caller {id}: {why}")) {
+        match answer.unwrap_or_else(|why| {
+            panic!(
+                "caller {id}: {why}\nthe nodes on failures and failovers:\n{}",
+                cluster.failover_log()
+            )
+        }) {
             Ended::Charged(charge_id) => charge_ids.push(charge_id),
             Ended::Unknown => unknown += 1,
         }
@@ -145,7 +150,7 @@ async fn storm(cluster: &OwnCluster, options: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manual_failover_during_a_storm_of_duplicates_executes_once_either_way() {
-    let Some(cluster) = OwnCluster::start(BASE_PORT).await else {
+    let Some(cluster) = OwnCluster::start(BASE_PORT, Duration::from_secs(5)).await else {
         return;
     };
     storm(&cluster, "").await;

@@ -1,8 +1,9 @@
 //! A 6-node Redis Cluster (3 primaries, 3 replicas) of one test's own, for the failover tests that
 //! must kill or fail over nodes (never the shared cluster of `scripts/redis-cluster.sh`). Ports
 //! `base..base + 5` on 127.0.0.1 (and their bus ports, + 10000), no persistence, node directories
-//! in a temporary directory, `cluster-node-timeout` 1000 ms so that a dead primary's replica takes
-//! over within a few seconds. Every node is killed on drop.
+//! in a temporary directory, and the `cluster-node-timeout` each test chooses: short where a killed
+//! primary's replica must take over within seconds, longer where failovers are manual, so that
+//! nodes of a loaded machine that answer late are not taken for dead. Every node is killed on drop.
 //!
 //! Without `redis-server` and `redis-cli` the test fails when `CI=true`; otherwise it prints a note
 //! and ends without checking anything.
@@ -29,6 +30,7 @@ pub(crate) struct Node {
 
 pub(crate) struct OwnCluster {
     base: u16,
+    node_timeout: Duration,
     dir: tempfile::TempDir,
     nodes: HashMap<u16, Child>,
 }
@@ -38,8 +40,9 @@ fn in_ci() -> bool {
 }
 
 impl OwnCluster {
-    /// Starts the cluster on `base..base + 5` and waits until it is healthy.
-    pub(crate) async fn start(base: u16) -> Option<Self> {
+    /// Starts the cluster on `base..base + 5`, each node with `node_timeout` as its
+    /// `cluster-node-timeout`, and waits until it is healthy.
+    pub(crate) async fn start(base: u16, node_timeout: Duration) -> Option<Self> {
         let found = Command::new("redis-server")
             .arg("--version")
             .stdout(Stdio::null())
@@ -52,6 +55,7 @@ impl OwnCluster {
         }
         let mut cluster = Self {
             base,
+            node_timeout,
             dir: tempfile::tempdir().unwrap(),
             nodes: HashMap::new(),
         };
@@ -97,7 +101,10 @@ impl OwnCluster {
                 "--cluster-config-file",
                 "nodes.conf",
             ])
-            .args(["--cluster-node-timeout", "1000"])
+            .args([
+                "--cluster-node-timeout",
+                &self.node_timeout.as_millis().to_string(),
+            ])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(&dir)
@@ -110,6 +117,27 @@ impl OwnCluster {
     }
 
     /// The store URL of the cluster (its first three nodes as seeds).
+    /// The lines of the nodes' logs about failure detection and failovers, for a failing test's
+    /// message.
+    pub(crate) fn failover_log(&self) -> String {
+        let mut lines = Vec::new();
+        for port in self.ports() {
+            let log =
+                std::fs::read_to_string(self.dir.path().join(port.to_string()).join("redis.log"))
+                    .unwrap_or_default();
+            lines.extend(
+                log.lines()
+                    .filter(|line| {
+                        ["FAIL", "ailover", "as failing", "cluster state"]
+                            .iter()
+                            .any(|word| line.contains(word))
+                    })
+                    .map(|line| format!("{port}: {line}")),
+            );
+        }
+        lines.join("\n")
+    }
+
     pub(crate) fn url(&self) -> String {
         let seeds: Vec<String> = (self.base..self.base + 3)
             .map(|port| format!("127.0.0.1:{port}"))
