@@ -1,5 +1,7 @@
 //! Requests per second, latency and CPU per request of `tools/call` over Streamable HTTP: the demo
 //! server on its own, behind nginx (the plain reverse proxy a user without us would run), and
+//! behind a bare hyper proxy (the floor for any proxy built on hyper, streaming bodies or reading
+//! them whole: `support/hyper_proxy.rs`), and
 //! behind `mcp-idem proxy`: without a key (pass-through) and keyed on each store (memory, SQLite,
 //! Redis, PostgreSQL).
 //!
@@ -47,6 +49,8 @@ use support::{load_average, mcp_idem_bin, modified_ago, percentile_us, Progress}
 #[path = "support/cpu.rs"]
 mod cpu;
 use cpu::Processes;
+#[path = "support/hyper_proxy.rs"]
+mod hyper_proxy;
 #[path = "support/nginx.rs"]
 mod nginx;
 #[path = "support/stores.rs"]
@@ -200,6 +204,9 @@ impl Config {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = hyper_proxy::run_if_hyper_proxy() {
+        return code;
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -328,6 +335,28 @@ fn run() -> Result<(), String> {
             configs.push(config);
         }
         Err(err) => println!("note: {err}; the nginx row is skipped"),
+    }
+    // The floors for a proxy on hyper: forwarding bodies as they come, and read whole
+    // (support/hyper_proxy.rs).
+    let bench = std::env::current_exe().map_err(|e| format!("cannot find the bench: {e}"))?;
+    for (label, buffered) in [("bare hyper proxy", false), ("bare hyper, buffered", true)] {
+        let mut args = vec![hyper_proxy::HYPER_PROXY_ARG.to_owned(), upstream.clone()];
+        if buffered {
+            args.push(hyper_proxy::BUFFERED_ARG.into());
+        }
+        let (process, url) = spawn(&bench, &args, "hyper proxy listening on ")?;
+        let mut config = Config::new(
+            label,
+            format!("{url}/mcp"),
+            true,
+            [
+                Processes::Pid(process.0.id()),
+                upstream_cpu.clone(),
+                Processes::None,
+            ],
+        );
+        config._process = Some(process);
+        configs.push(config);
     }
     stores.retain(|(label, ..)| {
         options.stores.is_empty()

@@ -21,10 +21,16 @@
 //! - wrap memory / wrap sqlite, replay: through `mcp-idem wrap`, one key executed once, then repeated
 //!   (answered by the gateway from its store; checked first with `charge_payment`);
 //! - wrap memory, no key (pass-through): diagnostic, the gateway forwards the call untouched, so the
-//!   difference to direct is the extra process hop alone, and exec minus it is the store's share.
+//!   difference to direct is the extra process hop alone, and exec minus it is the store's share;
+//! - poll relay, no key: the floor for any stdio gateway, a minimal relay process (the bench binary
+//!   itself, `support/relay.rs`: one `poll(2)` loop copying bytes both ways) in front of the server.
+//!
+//! Each row also reports the CPU time per call of the process the client talks to: the server
+//! (direct), or the relay or the gateway (its server not counted), from `/proc/PID/task/*/schedstat`.
 //!
 //! Targets (reported, not enforced): wrap p50/p99 <= 1.05x direct for `work_1ms`, <= 2x for `noop`;
-//! replays faster than direct execution.
+//! replays faster than direct execution; the pass-through within 5 µs of the relay (p50); an
+//! executed call on SQLite at most 25 µs over the pass-through (p50).
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
@@ -35,10 +41,12 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::{json, Value};
 
 mod support;
-use support::{load_average, mcp_idem_bin, modified_ago, Progress};
+use support::{load_average, mcp_idem_bin, modified_ago, percentile_us, Progress};
 #[path = "support/latency.rs"]
 mod latency;
 use latency::stats;
+#[path = "support/relay.rs"]
+mod relay;
 
 const DEFAULT_CALLS: usize = 2000;
 const QUICK_CALLS: usize = 200;
@@ -69,16 +77,24 @@ struct Tool {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Transport {
     Direct,
+    /// The minimal relay process in front of the server (`support/relay.rs`).
+    Relay,
     WrapMemory,
     WrapSqlite,
 }
 
 impl Transport {
-    const ALL: [Transport; 3] = [Self::Direct, Self::WrapMemory, Self::WrapSqlite];
+    const ALL: [Transport; 4] = [
+        Self::Direct,
+        Self::Relay,
+        Self::WrapMemory,
+        Self::WrapSqlite,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Self::Direct => "direct",
+            Self::Relay => "poll relay",
             Self::WrapMemory => "wrap memory",
             Self::WrapSqlite => "wrap sqlite",
         }
@@ -87,9 +103,15 @@ impl Transport {
     fn slug(self) -> &'static str {
         match self {
             Self::Direct => "direct",
+            Self::Relay => "relay",
             Self::WrapMemory => "memory",
             Self::WrapSqlite => "sqlite",
         }
+    }
+
+    /// Whether a gateway is in front, so that the server offers SEP-3182.
+    fn idempotent(self) -> bool {
+        matches!(self, Self::WrapMemory | Self::WrapSqlite)
     }
 }
 
@@ -116,6 +138,9 @@ struct Config {
     mode: Mode,
     /// Nanoseconds per measured call.
     samples: Vec<u64>,
+    /// CPU nanoseconds the process the client talks to (the server directly, else the relay or
+    /// the gateway, without its server) spent on the measured calls.
+    cpu_ns: u64,
 }
 
 impl Config {
@@ -132,6 +157,9 @@ impl Config {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = relay::run_if_relay() {
+        return code;
+    }
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -163,7 +191,7 @@ fn run() -> Result<(), String> {
     for transport in Transport::ALL {
         let mut peer = Peer::spawn(&bin, transport, dir.path())?;
         peer.handshake()?;
-        if transport != Transport::Direct {
+        if transport.idempotent() {
             peer.check_replays(&nonce)?;
         }
         peers.push(peer);
@@ -176,6 +204,15 @@ fn run() -> Result<(), String> {
             transport: Transport::Direct,
             mode: Mode::Plain,
             samples: Vec::with_capacity(options.calls),
+            cpu_ns: 0,
+        });
+        // The floor for any stdio gateway: a process that only copies bytes.
+        configs.push(Config {
+            tool,
+            transport: Transport::Relay,
+            mode: Mode::Plain,
+            samples: Vec::with_capacity(options.calls),
+            cpu_ns: 0,
         });
         // Diagnostic: an unkeyed call through the gateway is forwarded untouched, so this row is
         // the cost of the extra process hop alone, without the store.
@@ -184,6 +221,7 @@ fn run() -> Result<(), String> {
             transport: Transport::WrapMemory,
             mode: Mode::Plain,
             samples: Vec::with_capacity(options.calls),
+            cpu_ns: 0,
         });
         for transport in [Transport::WrapMemory, Transport::WrapSqlite] {
             for mode in [Mode::Execute, Mode::Replay] {
@@ -192,6 +230,7 @@ fn run() -> Result<(), String> {
                     transport,
                     mode,
                     samples: Vec::with_capacity(options.calls),
+                    cpu_ns: 0,
                 });
             }
         }
@@ -222,6 +261,7 @@ fn run() -> Result<(), String> {
             let config = &mut configs[(round + offset) % count];
             progress.step(&format!("round {}", round + 1));
             let peer = peer_for(&mut peers, config.transport);
+            let cpu_before = cpu_ns(peer.child.id());
             for _ in 0..chunk {
                 let line = request_line(peer, config, &nonce, &mut key_counter);
                 let sample = peer.call(&line)?;
@@ -229,6 +269,7 @@ fn run() -> Result<(), String> {
                     .samples
                     .push(u64::try_from(sample.as_nanos()).unwrap_or(u64::MAX));
             }
+            config.cpu_ns += cpu_ns(peer.child.id()).saturating_sub(cpu_before);
         }
     }
     let elapsed = started.elapsed();
@@ -290,6 +331,13 @@ impl Peer {
         let mut command = Command::new(bin);
         let store = match transport {
             Transport::Direct => None,
+            Transport::Relay => {
+                let bench = std::env::current_exe()
+                    .map_err(|err| format!("cannot find the bench binary: {err}"))?;
+                command = Command::new(bench);
+                command.arg(relay::RELAY_ARG).arg(bin);
+                None
+            }
             Transport::WrapMemory => Some("memory".to_owned()),
             Transport::WrapSqlite => {
                 Some(format!("sqlite:{}", dir.join("bench.sqlite3").display()))
@@ -420,7 +468,7 @@ impl Peer {
             return Err(self.fail(&format!("initialize did not offer tools: {init}")));
         }
         let idempotent = tools.get("idempotency").is_some();
-        if idempotent != (self.transport != Transport::Direct) {
+        if idempotent != self.transport.idempotent() {
             return Err(self.fail(&format!(
                 "unexpected capabilities.tools.idempotency (present: {idempotent}): {init}"
             )));
@@ -577,6 +625,23 @@ fn verdict(ratio: f64, max: f64, strict: bool) -> &'static str {
     }
 }
 
+/// CPU time so far of process `pid`, all its threads, in nanoseconds (`/proc/PID/task/*/schedstat`,
+/// which counts nanoseconds where `/proc/PID/stat` counts 10 ms ticks); 0 where unreadable.
+fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(Result::ok)
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+fn cpu_us_per_call(config: &Config) -> f64 {
+    config.cpu_ns as f64 / 1000.0 / config.samples.len().max(1) as f64
+}
+
 fn print_table(configs: &mut [Config], elapsed: Duration) {
     println!(
         "  measured in {:.1}s; load average after: {}",
@@ -585,7 +650,7 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
     );
     println!();
     println!(
-        "{:<9} {:<36} {:>6} {:>9} {:>9} {:>9} {:>9}   {:<13} {:<13} target",
+        "{:<9} {:<36} {:>6} {:>9} {:>9} {:>9} {:>9} {:>7}   {:<13} {:<13} target",
         "tool",
         "configuration",
         "n",
@@ -593,6 +658,7 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
         "mean µs",
         "p50 µs",
         "p99 µs",
+        "cpu µs",
         "p50 ratio",
         "p99 ratio"
     );
@@ -602,14 +668,15 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
         for config in configs.iter_mut().filter(|c| c.tool.name == tool.name) {
             let s = stats(&mut config.samples);
             let mut row = format!(
-                "{:<9} {:<36} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                "{:<9} {:<36} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>7.1}",
                 tool.name,
                 config.label(),
                 config.samples.len(),
                 s.min,
                 s.mean,
                 s.p50,
-                s.p99
+                s.p99,
+                cpu_us_per_call(config)
             );
             match (config.mode, &direct) {
                 (Mode::Plain, None) if config.transport == Transport::Direct => {
@@ -654,6 +721,39 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
         "ratios: against the direct row of the same tool (exec and pass-through rows: \
          wrap/direct; replay rows: replay/direct execution)"
     );
+    println!("differences of p50 (samples are sorted by now):");
+    for tool in TOOLS {
+        let p50 = |transport: Transport, mode: Mode| {
+            configs
+                .iter()
+                .find(|c| c.tool.name == tool.name && c.transport == transport && c.mode == mode)
+                .map_or(f64::NAN, |c| percentile_us(&c.samples, 50.0))
+        };
+        let relay = p50(Transport::Relay, Mode::Plain);
+        let pass = p50(Transport::WrapMemory, Mode::Plain);
+        let sqlite = p50(Transport::WrapSqlite, Mode::Execute);
+        let cpu = |transport: Transport, mode: Mode| {
+            configs
+                .iter()
+                .find(|c| c.tool.name == tool.name && c.transport == transport && c.mode == mode)
+                .map_or(f64::NAN, cpu_us_per_call)
+        };
+        println!(
+            "  {:<15} CPU per call: wrap pass-through - poll relay = {:+.1} µs; wrap sqlite exec - wrap pass-through = {:+.1} µs",
+            tool.name,
+            cpu(Transport::WrapMemory, Mode::Plain) - cpu(Transport::Relay, Mode::Plain),
+            cpu(Transport::WrapSqlite, Mode::Execute) - cpu(Transport::WrapMemory, Mode::Plain),
+        );
+        for (label, extra, max) in [
+            ("wrap pass-through - poll relay", pass - relay, 5.0),
+            ("wrap sqlite exec - wrap pass-through", sqlite - pass, 25.0),
+        ] {
+            let label = format!("{label} = {extra:+.1} µs");
+            let v = verdict(extra, max, false);
+            println!("  {v}  {:<9} {label:<46} target <= {max} µs", tool.name);
+            summary.push((tool.name, label, format!("<= {max} µs"), v, "-   "));
+        }
+    }
     let misses = summary
         .iter()
         .filter(|(.., v50, v99)| *v50 == "MISS" || *v99 == "MISS")

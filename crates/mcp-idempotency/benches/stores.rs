@@ -5,7 +5,8 @@
 //! store behind `MeteredStore` with a Prometheus recorder installed. Criterion prints the throughput as elements
 //! (claim+complete pairs) per second. Each pair claims a fresh key, as every new call does, and the
 //! timing includes building the requests and the fencing token, but not key validation or
-//! fingerprinting, which happen before a store is asked.
+//! fingerprinting, which happen before a store is asked. `sqlite_floor_two_commits` is the floor
+//! under the SQLite row: two one-row commits (an insert, then an update) through rusqlite.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,6 +124,33 @@ fn stores(c: &mut Criterion) {
     group.sample_size(20);
     group.bench_function("sqlite", |b| {
         b.iter_custom(|iters| claim_complete(Arc::clone(&sqlite), iters))
+    });
+    // The floor under any SQLite store that records a claim before the call and its outcome
+    // before the answer: two write transactions of one small row each, on the same settings (WAL,
+    // synchronous=NORMAL), with SQLite's own checkpoints every 1000 pages.
+    let floor = rusqlite::Connection::open(dir.path().join("floor.sqlite3")).unwrap();
+    floor
+        .execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+             CREATE TABLE t (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID;",
+        )
+        .unwrap();
+    let mut next = 0u64;
+    group.bench_function("sqlite_floor_two_commits", |b| {
+        b.iter_custom(|iters| {
+            let start = Instant::now();
+            for _ in 0..iters {
+                next += 1;
+                let key = format!("key-{next}");
+                floor
+                    .execute("INSERT INTO t (k, v) VALUES (?1, 'claimed')", [&key])
+                    .unwrap();
+                floor
+                    .execute("UPDATE t SET v = ?2 WHERE k = ?1", [&key, OUTCOME])
+                    .unwrap();
+            }
+            start.elapsed()
+        })
     });
     #[cfg(feature = "redis")]
     {

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 
 use self::connection::{
-    enable_wal, run_blocking, run_without_waiting, spawn_checkpointer, sql_error, BUSY_TIMEOUT,
+    enable_wal, run_blocking, run_without_waiting, spawn_checkpointer, sql_error, wait_for_locks,
     WAL_SIZE_LIMIT_BYTES,
 };
 use self::quota::{adjust_counts, claim, purge};
@@ -79,7 +79,7 @@ impl SqliteStore {
             })?;
         }
         let mut conn = Connection::open(path).map_err(cannot_open)?;
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(cannot_open)?;
+        wait_for_locks(&conn).map_err(cannot_open)?;
         enable_wal(&conn).map_err(cannot_open)?;
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(cannot_open)?;
@@ -110,7 +110,8 @@ impl SqliteStore {
     /// taken without waiting, `op` runs right away on the calling thread: a write transaction costs
     /// tens of microseconds, less than handing it to another thread. Otherwise (another task of this
     /// process holds the connection, or another process holds the write lock) it runs on Tokio's
-    /// blocking pool, where waiting up to [`BUSY_TIMEOUT`] for the lock blocks no async task.
+    /// blocking pool, where waiting up to [`BUSY_TIMEOUT`](connection::BUSY_TIMEOUT) for the lock
+    /// blocks no async task.
     fn with_conn<T: Send + 'static>(
         &self,
         op: impl Fn(&mut Connection) -> Result<T, StoreError> + Send + 'static,
