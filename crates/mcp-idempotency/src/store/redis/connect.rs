@@ -8,6 +8,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::{Client, RedisError, TlsCertificates};
 
+use super::replicas::ReplicaAcks;
 use super::server::{Conn, OPERATION_TIMEOUT};
 use crate::store::StoreError;
 
@@ -46,24 +47,62 @@ pub(super) struct Tls {
     pub(super) ca_file: Option<PathBuf>,
 }
 
-/// The TLS settings of a URL: `Some` for a TLS scheme, with the CA file of its `sslrootcert`
-/// (taken out of `params`); an error for `sslrootcert` without TLS or for a fragment (`#insecure`
-/// would turn the checks off: not offered).
+/// The parameters of a store URL's query, taken apart once: each of ours is taken out by name
+/// ([`Query::take`]), and what is left goes to the `redis` crate (one server) or is refused (a
+/// cluster).
+struct Query<'a> {
+    /// `(name, the whole parameter)`, in the URL's order.
+    params: Vec<(&'a str, &'a str)>,
+}
+
+impl<'a> Query<'a> {
+    fn parse(query: Option<&'a str>) -> Self {
+        let params = query
+            .into_iter()
+            .flat_map(|query| query.split('&'))
+            .filter(|param| !param.is_empty())
+            .map(|param| (param.split_once('=').map_or(param, |(name, _)| name), param))
+            .collect();
+        Self { params }
+    }
+
+    /// Takes the parameter `name` out: its value (empty when it has no `=`), or an error when it
+    /// is given twice.
+    fn take(&mut self, name: &str) -> Result<Option<&'a str>, String> {
+        let mut found = None;
+        let mut error = None;
+        self.params.retain(|&(param_name, param)| {
+            if param_name != name {
+                return true;
+            }
+            if found.is_some() {
+                error = Some(format!("{name} is given twice"));
+            }
+            found = Some(param.split_once('=').map_or("", |(_, value)| value));
+            false
+        });
+        match error {
+            Some(error) => Err(error),
+            None => Ok(found),
+        }
+    }
+
+    /// The parameters not taken, as they were written.
+    fn rest(&self) -> impl Iterator<Item = &'a str> + '_ {
+        self.params.iter().map(|&(_, param)| param)
+    }
+}
+
+/// The TLS settings of a URL: `Some` for a TLS scheme, with the CA file `ca` of its
+/// `sslrootcert`; an error for `sslrootcert` without TLS or for a fragment (`#insecure` would turn
+/// the checks off: not offered).
 fn tls_settings(
     tls_scheme: bool,
-    params: &mut Vec<&str>,
+    ca: Option<&str>,
     fragment: Option<&str>,
 ) -> Result<Option<Tls>, String> {
-    let mut ca_file = None;
-    params.retain(|param| match param.split_once('=') {
-        Some((CA_PARAM, value)) => {
-            ca_file = Some(PathBuf::from(value));
-            false
-        }
-        _ => true,
-    });
     if !tls_scheme {
-        if ca_file.is_some() {
+        if ca.is_some() {
             return Err(format!(
                 "{CA_PARAM}= needs TLS: use rediss:// or rediss-cluster://"
             ));
@@ -76,46 +115,68 @@ fn tls_settings(
              (give its CA with {CA_PARAM}=FILE)"
         ));
     }
-    if ca_file
-        .as_deref()
-        .is_some_and(|path| path.as_os_str().is_empty())
-    {
+    if ca.is_some_and(str::is_empty) {
         return Err(format!("{CA_PARAM}= needs a file path"));
     }
-    Ok(Some(Tls { ca_file }))
+    Ok(Some(Tls {
+        ca_file: ca.map(PathBuf::from),
+    }))
 }
 
-impl Target {
-    /// Parses `url`; the error is the reason, for [`StoreError::InvalidUrl`].
+/// A store URL taken apart: what to connect to, and whether writes wait for replicas.
+#[derive(Debug)]
+pub(super) struct RedisUrl {
+    pub(super) target: Target,
+    pub(super) replicas: Option<ReplicaAcks>,
+}
+
+impl RedisUrl {
+    /// Parses `url`, its query once; the error is the reason, for [`StoreError::InvalidUrl`].
     pub(super) fn parse(url: &str) -> Result<Self, String> {
         let (without_fragment, fragment) = match url.split_once('#') {
             Some((before, fragment)) => (before, Some(fragment)),
             None => (url, None),
         };
-        let (rest, node_scheme) =
-            if let Some(rest) = without_fragment.strip_prefix("redis-cluster://") {
-                (rest, "redis")
-            } else if let Some(rest) = without_fragment.strip_prefix("rediss-cluster://") {
-                (rest, "rediss")
+        let (base, query) = match without_fragment.split_once('?') {
+            Some((base, query)) => (base, Some(query)),
+            None => (without_fragment, None),
+        };
+        let mut query = Query::parse(query);
+        let replicas =
+            ReplicaAcks::from_params(query.take("replicas")?, query.take("replica_timeout_ms")?)?;
+        let ca = query.take(CA_PARAM)?;
+        let target = Target::parse(base, query, ca, fragment)?;
+        Ok(Self { target, replicas })
+    }
+}
+
+impl Target {
+    /// The target of a URL whose query is `query` (our parameters but `shards` already taken out)
+    /// and `base` what comes before it.
+    fn parse(
+        base: &str,
+        mut query: Query<'_>,
+        ca: Option<&str>,
+        fragment: Option<&str>,
+    ) -> Result<Self, String> {
+        let (rest, node_scheme) = if let Some(rest) = base.strip_prefix("redis-cluster://") {
+            (rest, "redis")
+        } else if let Some(rest) = base.strip_prefix("rediss-cluster://") {
+            (rest, "rediss")
+        } else {
+            let tls = tls_settings(base.starts_with("rediss://"), ca, fragment)?;
+            let params: Vec<&str> = query.rest().collect();
+            let mut url = if params.is_empty() {
+                base.to_owned()
             } else {
-                let tls_scheme = url.starts_with("rediss://");
-                let (base, query) = match without_fragment.split_once('?') {
-                    Some((base, query)) => (base, Some(query)),
-                    None => (without_fragment, None),
-                };
-                let mut params: Vec<&str> = query.map_or_else(Vec::new, |q| q.split('&').collect());
-                let tls = tls_settings(tls_scheme, &mut params, fragment)?;
-                let mut url = match (query, params.is_empty()) {
-                    (Some(_), false) => format!("{base}?{}", params.join("&")),
-                    _ => base.to_owned(),
-                };
-                if let (None, Some(fragment)) = (&tls, fragment) {
-                    url = format!("{url}#{fragment}");
-                }
-                return Ok(Self::Node { url, tls });
+                format!("{base}?{}", params.join("&"))
             };
-        let (base, query) = rest.split_once('?').unwrap_or((rest, ""));
-        let base = base.strip_suffix('/').unwrap_or(base);
+            if let (None, Some(fragment)) = (&tls, fragment) {
+                url = format!("{url}#{fragment}");
+            }
+            return Ok(Self::Node { url, tls });
+        };
+        let base = rest.strip_suffix('/').unwrap_or(rest);
         let (userinfo, hosts) = match base.rsplit_once('@') {
             Some((userinfo, hosts)) => (Some(userinfo), hosts),
             None => (None, base),
@@ -138,36 +199,30 @@ impl Target {
                 None => format!("{node_scheme}://{host}"),
             });
         }
-        let mut params: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
-        let tls = tls_settings(node_scheme == "rediss", &mut params, fragment)?;
+        let tls = tls_settings(node_scheme == "rediss", ca, fragment)?;
         if fragment.is_some() {
             return Err("a cluster URL takes no #fragment".into());
         }
-        let mut shards = DEFAULT_CLUSTER_SHARDS;
-        for param in params {
-            match param.split_once('=') {
-                Some(("shards", value)) => {
-                    shards = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=super::keys::Keys::MAX_SHARDS).contains(n))
-                        .ok_or_else(|| {
-                            format!(
-                                "shards={value}: expected a number from 1 to {}",
-                                super::keys::Keys::MAX_SHARDS
-                            )
-                        })?;
-                }
-                _ => {
-                    let name = param.split_once('=').map_or(param, |(name, _)| name);
-                    let expected = if tls.is_some() {
-                        format!("shards=N or {CA_PARAM}=FILE")
-                    } else {
-                        "shards=N".to_owned()
-                    };
-                    return Err(format!("unknown parameter {name:?} (expected {expected})"));
-                }
-            }
+        let shards = match query.take("shards")? {
+            None => DEFAULT_CLUSTER_SHARDS,
+            Some(value) => value
+                .parse()
+                .ok()
+                .filter(|n| (1..=super::keys::Keys::MAX_SHARDS).contains(n))
+                .ok_or_else(|| {
+                    format!(
+                        "shards={value}: expected a number from 1 to {}",
+                        super::keys::Keys::MAX_SHARDS
+                    )
+                })?,
+        };
+        if let Some(&(name, _)) = query.params.first() {
+            let expected = if tls.is_some() {
+                format!("shards=N or {CA_PARAM}=FILE")
+            } else {
+                "shards=N".to_owned()
+            };
+            return Err(format!("unknown parameter {name:?} (expected {expected})"));
         }
         Ok(Self::Cluster { nodes, shards, tls })
     }
@@ -303,14 +358,16 @@ mod tests {
     #[test]
     fn cluster_urls_name_their_seed_nodes_and_shards() {
         assert_eq!(
-            Target::parse("redis://h:1/0").unwrap(),
+            RedisUrl::parse("redis://h:1/0").unwrap().target,
             Target::Node {
                 url: "redis://h:1/0".into(),
                 tls: None
             }
         );
         assert_eq!(
-            Target::parse("redis-cluster://a:7000,b:7001").unwrap(),
+            RedisUrl::parse("redis-cluster://a:7000,b:7001")
+                .unwrap()
+                .target,
             Target::Cluster {
                 nodes: vec!["redis://a:7000".into(), "redis://b:7001".into()],
                 shards: DEFAULT_CLUSTER_SHARDS,
@@ -318,7 +375,9 @@ mod tests {
             }
         );
         assert_eq!(
-            Target::parse("redis-cluster://u:p@w@a:7000/?shards=32").unwrap(),
+            RedisUrl::parse("redis-cluster://u:p@w@a:7000/?shards=32")
+                .unwrap()
+                .target,
             Target::Cluster {
                 nodes: vec!["redis://u:p@w@a:7000".into()],
                 shards: 32,
@@ -333,7 +392,7 @@ mod tests {
             "redis-cluster://a:1?shards=x",
             "redis-cluster://a:1?db=2",
         ] {
-            assert!(Target::parse(bad).is_err(), "{bad}");
+            assert!(RedisUrl::parse(bad).is_err(), "{bad}");
         }
     }
 
@@ -343,14 +402,16 @@ mod tests {
             ca_file: Some("/etc/ca.pem".into()),
         });
         assert_eq!(
-            Target::parse("rediss://:pw@h:6380/2").unwrap(),
+            RedisUrl::parse("rediss://:pw@h:6380/2").unwrap().target,
             Target::Node {
                 url: "rediss://:pw@h:6380/2".into(),
                 tls: Some(Tls::default())
             }
         );
         assert_eq!(
-            Target::parse("rediss://h:6380/?protocol=resp3&sslrootcert=/etc/ca.pem").unwrap(),
+            RedisUrl::parse("rediss://h:6380/?protocol=resp3&sslrootcert=/etc/ca.pem")
+                .unwrap()
+                .target,
             Target::Node {
                 url: "rediss://h:6380/?protocol=resp3".into(),
                 tls: Some(Tls {
@@ -359,7 +420,9 @@ mod tests {
             }
         );
         assert_eq!(
-            Target::parse("rediss://h:6380?sslrootcert=/etc/ca.pem").unwrap(),
+            RedisUrl::parse("rediss://h:6380?sslrootcert=/etc/ca.pem")
+                .unwrap()
+                .target,
             Target::Node {
                 url: "rediss://h:6380".into(),
                 tls: Some(Tls {
@@ -368,8 +431,9 @@ mod tests {
             }
         );
         assert_eq!(
-            Target::parse("rediss-cluster://u:p@a:7100,b:7101?sslrootcert=/etc/ca.pem&shards=4")
-                .unwrap(),
+            RedisUrl::parse("rediss-cluster://u:p@a:7100,b:7101?sslrootcert=/etc/ca.pem&shards=4")
+                .unwrap()
+                .target,
             Target::Cluster {
                 nodes: vec!["rediss://u:p@a:7100".into(), "rediss://u:p@b:7101".into()],
                 shards: 4,
@@ -388,7 +452,7 @@ mod tests {
             ("rediss-cluster://a:7100?cafile=x", "sslrootcert=FILE"),
             ("rediss-cluster://", "rediss-cluster://HOST:PORT"),
         ] {
-            let reason = Target::parse(bad).unwrap_err();
+            let reason = RedisUrl::parse(bad).unwrap_err();
             assert!(reason.contains(needle), "{bad}: {reason}");
         }
     }

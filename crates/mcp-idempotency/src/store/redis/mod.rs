@@ -16,7 +16,7 @@ mod server;
 
 use std::fmt;
 
-use self::connect::Target;
+use self::connect::RedisUrl;
 use self::keys::{member_id, wanted_part, Keys, Shard};
 use self::record::{decode, FIELDS};
 use self::replicas::ReplicaAcks;
@@ -208,8 +208,7 @@ impl RedisStore {
                  characters"
             )));
         }
-        let (url, replicas) = ReplicaAcks::split(url).map_err(&invalid)?;
-        let target = Target::parse(&url).map_err(invalid)?;
+        let RedisUrl { target, replicas } = RedisUrl::parse(url).map_err(invalid)?;
         let conn = target.connect(&shown).await?;
         let store = Self {
             conn,

@@ -38,30 +38,13 @@ impl fmt::Debug for ReplicaAcks {
 }
 
 impl ReplicaAcks {
-    /// Takes `replicas` and `replica_timeout_ms` out of `url`'s query: the URL without them (its
-    /// other parameters kept, in order), and the option if `replicas` was given. The error is the
-    /// reason, for [`StoreError::InvalidUrl`](crate::store::StoreError::InvalidUrl).
-    pub(super) fn split(url: &str) -> Result<(String, Option<Self>), String> {
-        let Some((base, query)) = url.split_once('?') else {
-            return Ok((url.to_owned(), None));
-        };
-        let (mut replicas, mut timeout_ms) = (None, None);
-        let mut kept = Vec::new();
-        for param in query.split('&') {
-            let (name, value) = param.split_once('=').unwrap_or((param, ""));
-            let slot = match name {
-                "replicas" => &mut replicas,
-                "replica_timeout_ms" => &mut timeout_ms,
-                _ => {
-                    kept.push(param);
-                    continue;
-                }
-            };
-            if slot.is_some() {
-                return Err(format!("{name} is given twice"));
-            }
-            *slot = Some(value);
-        }
+    /// The option of a URL whose `replicas` and `replica_timeout_ms` parameters have these values
+    /// (`None`: not given); `None` when `replicas` is not given. The error is the reason, for
+    /// [`StoreError::InvalidUrl`](crate::store::StoreError::InvalidUrl).
+    pub(super) fn from_params(
+        replicas: Option<&str>,
+        timeout_ms: Option<&str>,
+    ) -> Result<Option<Self>, String> {
         let replicas = replicas
             .map(|value| {
                 value
@@ -90,29 +73,22 @@ impl ReplicaAcks {
                     })
             })
             .transpose()?;
-        let acks = match (replicas, timeout_ms) {
-            (None, None) => None,
+        match (replicas, timeout_ms) {
+            (None, None) => Ok(None),
             (None, Some(_)) => {
-                return Err(
-                    "replica_timeout_ms needs replicas=N (how many replicas to wait for)".into(),
-                )
+                Err("replica_timeout_ms needs replicas=N (how many replicas to wait for)".into())
             }
-            (Some(replicas), timeout_ms) => Some(Self {
+            (Some(replicas), timeout_ms) => Ok(Some(Self {
                 replicas,
                 timeout_ms: timeout_ms.unwrap_or(DEFAULT_REPLICA_TIMEOUT_MS),
-            }),
-        };
-        let url = if kept.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        };
-        Ok((url, acks))
+            })),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::connect::{RedisUrl, Target};
     use super::*;
 
     fn acks(replicas: u32, timeout_ms: u64) -> Option<ReplicaAcks> {
@@ -141,18 +117,20 @@ mod tests {
                 "redis://h:1?protocol=resp3",
                 acks(2, 250),
             ),
-            (
-                "redis-cluster://a:1,b:2?replica_timeout_ms=4000&shards=4&replicas=1",
-                "redis-cluster://a:1,b:2?shards=4",
-                acks(1, 4000),
-            ),
         ] {
-            assert_eq!(
-                ReplicaAcks::split(url).unwrap(),
-                (rest.to_owned(), option),
-                "{url}"
+            let parsed = RedisUrl::parse(url).unwrap();
+            assert_eq!(parsed.replicas, option, "{url}");
+            assert!(
+                matches!(&parsed.target, Target::Node { url, .. } if url == rest),
+                "{url}: {:?}",
+                parsed.target
             );
         }
+        let cluster =
+            RedisUrl::parse("redis-cluster://a:1,b:2?replica_timeout_ms=4000&shards=4&replicas=1")
+                .unwrap();
+        assert_eq!(cluster.replicas, acks(1, 4000));
+        assert_eq!(cluster.target.shards(), 4);
     }
 
     #[test]
@@ -164,6 +142,7 @@ mod tests {
             ),
             ("redis://h?replicas=17", "replicas=17: expected a number"),
             ("redis://h?replicas=", "replicas=: expected a number"),
+            ("redis://h?replicas", "replicas=: expected a number"),
             ("redis://h?replicas=x", "replicas=x: expected a number"),
             (
                 "redis://h?replicas=1&replica_timeout_ms=0",
@@ -178,8 +157,16 @@ mod tests {
                 "replica_timeout_ms needs replicas=N",
             ),
             ("redis://h?replicas=1&replicas=2", "replicas is given twice"),
+            (
+                "rediss://h?sslrootcert=a.pem&sslrootcert=b.pem",
+                "sslrootcert is given twice",
+            ),
+            (
+                "redis-cluster://a:1?shards=2&shards=3",
+                "shards is given twice",
+            ),
         ] {
-            let err = ReplicaAcks::split(url).unwrap_err();
+            let err = RedisUrl::parse(url).unwrap_err();
             assert!(err.contains(reason), "{url}: {err}");
         }
     }
