@@ -10,7 +10,8 @@
 # a 6-field hash and sets its expiry (the least a recording round trip does); the store's own claim
 # script (common.lua + claim.lua) on a fresh key each time. An executed call makes two round trips
 # (the claim before the call, the outcome before the answer), so its floor is twice the third row.
-# Keys go under mcp-idem-call-cost: and are deleted at the end.
+# Keys go under mcp-idem-call-cost: and are deleted at the end. Needs redis-cli and redis-benchmark
+# (Debian: redis-tools) and bc.
 set -euo pipefail
 URL=${1:-${REDIS_URL:-redis://127.0.0.1:6379}}
 HOSTPORT=${URL#redis://}

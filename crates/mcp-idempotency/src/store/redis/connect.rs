@@ -27,7 +27,7 @@ pub(super) const DEFAULT_CLUSTER_SHARDS: u16 = 8;
 const CA_PARAM: &str = "sslrootcert";
 
 /// What a store URL names.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Target {
     /// One server, at a URL the `redis` crate understands (without our parameters).
     Node { url: String, tls: Option<Tls> },
@@ -42,7 +42,7 @@ pub(super) enum Target {
 
 /// How a TLS URL checks the server: its certificate and host name always; against the CAs of
 /// `ca_file` only when given, else against the system's roots.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct Tls {
     pub(super) ca_file: Option<PathBuf>,
 }

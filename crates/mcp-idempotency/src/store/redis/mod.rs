@@ -3,24 +3,28 @@
 //! | module | holds |
 //! | --- | --- |
 //! | `connect` | store URLs (one server or a cluster, plain or TLS) and opening the connection |
+//! | `healing` | replacing a cluster connection that keeps failing |
 //! | `keys` | the names of a store's keys, its shards and the encoding of record names |
 //! | `record` | a record as a hash, and decoding it |
 //! | `server` | the Lua scripts (the `.lua` files here), bounded exchanges, errors |
 //! | this file | [`RedisStore`] and its [`Store`] operations |
 
 mod connect;
+mod healing;
 mod keys;
 mod record;
 mod replicas;
 mod server;
 
 use std::fmt;
+use std::sync::Arc;
 
 use self::connect::RedisUrl;
+use self::healing::SharedConn;
 use self::keys::{member_id, wanted_part, Keys, Shard};
 use self::record::{decode, FIELDS};
 use self::replicas::ReplicaAcks;
-use self::server::{Conn, SCRIPTS};
+use self::server::SCRIPTS;
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
     Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
@@ -156,7 +160,7 @@ const LIST_BATCH: usize = 256;
 /// persisted it.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: Conn,
+    conn: Arc<SharedConn>,
     keys: Keys,
     /// The URL without its password, for error messages.
     url: String,
@@ -210,16 +214,17 @@ impl RedisStore {
         }
         let RedisUrl { target, replicas } = RedisUrl::parse(url).map_err(invalid)?;
         let conn = target.connect(&shown).await?;
+        let shards = target.shards();
         let store = Self {
-            conn,
-            keys: Keys::new(prefix, target.shards()),
+            conn: SharedConn::new(conn, target, &shown),
+            keys: Keys::new(prefix, shards),
             url: shown,
             replicas,
         };
         // PING proves the server answers (and accepted our credentials); loading the scripts now
         // makes a server without scripting a startup error rather than a failure of every call.
         // On a cluster both go to every node (PING to every primary).
-        let mut conn = store.conn.clone();
+        let mut conn = store.conn.get();
         let pong: String = store
             .bounded("startup", redis::cmd("PING").query_async(&mut conn))
             .await?;
@@ -241,7 +246,7 @@ impl RedisStore {
 
     /// The record for `id`, expired or not.
     async fn read(&self, id: &RecordId) -> Result<Option<Record>, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let mut hmget = redis::cmd("HMGET");
         hmget
             .arg(self.keys.shard_of(&id.scope).record(&Keys::member(id)))
@@ -479,7 +484,7 @@ impl Store for RedisStore {
                     .arg(&shard.all)
                     .arg("-inf")
                     .arg(now.as_millis());
-                let mut conn = self.conn.clone();
+                let mut conn = self.conn.get();
                 let (live, in_progress, expired): (u64, u64, u64) =
                     self.bounded("stats", counts.query_async(&mut conn)).await?;
                 stats.in_progress += in_progress;

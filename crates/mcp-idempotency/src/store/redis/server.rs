@@ -118,7 +118,14 @@ impl RedisStore {
         operation: &'static str,
         exchange: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(OPERATION_TIMEOUT, exchange).await {
+        let answer = tokio::time::timeout(OPERATION_TIMEOUT, exchange).await;
+        let failed = match &answer {
+            Ok(Ok(_)) => false,
+            Ok(Err(err)) => is_unavailable(err),
+            Err(_) => true,
+        };
+        self.conn.note(failed);
+        match answer {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(self.error(operation, err)),
             Err(elapsed) => Err(StoreError::unavailable(
@@ -137,7 +144,7 @@ impl RedisStore {
         operation: &'static str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         self.bounded(operation, invocation.invoke_async(&mut conn))
             .await
     }
@@ -167,7 +174,7 @@ impl RedisStore {
             .cmd("WAIT")
             .arg(acks.replicas)
             .arg(acks.timeout_ms);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn.get();
         let exchange = async {
             match pipe.query_async::<(T, u32)>(&mut conn).await {
                 // As `invoke_async` does for one script: load it (on every node of a cluster) and
