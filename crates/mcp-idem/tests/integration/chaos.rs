@@ -36,7 +36,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::chaos_support::{
-    classify, executions, size_and_seed, verify, AfterCrash, AnswerMeans, CallResult, Outcome,
+    classify, executions, size_and_seed, unix_ms, verify, AfterCrash, AnswerMeans, CallResult,
+    Outcome,
 };
 use crate::common::TIMEOUT;
 use crate::http_support::{
@@ -350,12 +351,27 @@ pub(crate) async fn logical_call(
 ) -> CallResult {
     let mut attempts = 0;
     let mut last = String::from("no attempt");
+    let mut history = Vec::new();
     while attempts < MAX_ATTEMPTS {
         attempts += 1;
-        let raw = &raws[rng.gen_range(0..raws.len())];
+        let proxy = rng.gen_range(0..raws.len());
+        let raw = &raws[proxy];
         let message = charge(u64::from(attempts), amount, Some(key));
         let mut pause = Duration::from_millis(50);
-        match attempt(raw, amount, &message).await {
+        let answer = attempt(raw, amount, &message).await;
+        history.push(format!(
+            "{} proxy {proxy}: {}",
+            unix_ms(),
+            answer.as_ref().map_or_else(
+                || "no answer".to_owned(),
+                |a| format!(
+                    "HTTP {} {}",
+                    a.status,
+                    a.body.chars().take(200).collect::<String>()
+                )
+            )
+        ));
+        match answer {
             None => last = "no answer".into(),
             Some(answer) if answer.status != http::StatusCode::OK => {
                 last = format!("HTTP {}: {}", answer.status, answer.body);
@@ -372,6 +388,7 @@ pub(crate) async fn logical_call(
                             amount,
                             outcome,
                             attempts,
+                            history,
                         }
                     }
                     AnswerMeans::Retry { pause: wait, why } => {
@@ -389,6 +406,7 @@ pub(crate) async fn logical_call(
         amount,
         outcome: Outcome::GaveUp(last),
         attempts,
+        history,
     }
 }
 

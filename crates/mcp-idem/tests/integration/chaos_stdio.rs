@@ -111,6 +111,17 @@ enum Got {
     Broken,
 }
 
+impl Got {
+    /// For a call's history: the answer cut short, or what happened instead.
+    fn summary(&self) -> String {
+        match self {
+            Self::Answer(answer) => answer.to_string().chars().take(200).collect(),
+            Self::Timeout => "no answer in time".into(),
+            Self::Broken => "the wrap is gone".into(),
+        }
+    }
+}
+
 /// The pids of `pid`'s children.
 fn children_of(pid: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -256,13 +267,22 @@ impl Run {
         let arguments = json!({"amount": amount, "currency": "EUR", "delay_ms": delay_ms});
         let mut attempts = 0;
         let mut last = String::from("no attempt");
+        let mut history = Vec::new();
         while attempts < MAX_ATTEMPTS {
             attempts += 1;
             let current = link.get_or_insert_with(|| self.start(index));
             *next_id += 1;
             let message = charge(*next_id, arguments.clone(), key);
             let mut pause = Duration::from_millis(20);
-            match self.attempt(index, current, *next_id, amount, &message) {
+            let got = self.attempt(index, current, *next_id, amount, &message);
+            history.push(format!(
+                "{} wrap {index} generation {} id {}: {}",
+                unix_ms(),
+                current.generation,
+                *next_id,
+                got.summary()
+            ));
+            match got {
                 Got::Broken => {
                     self.counts.broken.fetch_add(1, Ordering::Relaxed);
                     self.broken(index, current);
@@ -274,6 +294,9 @@ impl Run {
                     last = "timeout".into();
                 }
                 Got::Answer(_) if rng.gen_bool(P_DROP) => {
+                    if let Some(entry) = history.last_mut() {
+                        entry.push_str(" (dropped by the client)");
+                    }
                     self.counts.dropped.fetch_add(1, Ordering::Relaxed);
                     last = "dropped".into();
                     pause = Duration::ZERO;
@@ -284,6 +307,7 @@ impl Run {
                             amount,
                             outcome,
                             attempts,
+                            history,
                         }
                     }
                     AnswerMeans::Retry { pause: wait, why } => {
@@ -300,6 +324,7 @@ impl Run {
             amount,
             outcome: Outcome::GaveUp(last),
             attempts,
+            history,
         }
     }
 

@@ -110,6 +110,9 @@ pub(crate) struct CallResult {
     pub(crate) amount: u64,
     pub(crate) outcome: Outcome,
     pub(crate) attempts: u32,
+    /// One line per attempt (when it ended, where it went, what came back), printed when the
+    /// verdict finds the call executed too often.
+    pub(crate) history: Vec<String>,
 }
 
 /// One execution: a ledger line.
@@ -202,13 +205,18 @@ pub(crate) fn verify(
                 AfterCrash::Reexecute => kills,
             };
             if lines.len() as u64 - 1 > allowed {
+                let runs: Vec<String> = lines
+                    .iter()
+                    .map(|e| format!("{} by pid {} at {}", e.charge_id, e.pid, e.unix_ms))
+                    .collect();
                 verdict.problems.push(format!(
                     "call {} executed {} times (in flight at {kills} kills of its owner, \
-                     --after-crash {}): {ids:?} ({:?})",
+                     --after-crash {}): {ids:?} ({:?})\n  executions: {runs:?}\n  attempts:\n    {}",
                     result.amount,
                     lines.len(),
                     after_crash.arg(),
-                    result.outcome
+                    result.outcome,
+                    result.history.join("\n    ")
                 ));
             }
         }
