@@ -723,21 +723,18 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
     );
     println!("differences of p50 (samples are sorted by now):");
     for tool in TOOLS {
-        let p50 = |transport: Transport, mode: Mode| {
+        let row = |transport: Transport, mode: Mode| {
             configs
                 .iter()
                 .find(|c| c.tool.name == tool.name && c.transport == transport && c.mode == mode)
-                .map_or(f64::NAN, |c| percentile_us(&c.samples, 50.0))
         };
+        let p50 = |transport, mode| {
+            row(transport, mode).map_or(f64::NAN, |c| percentile_us(&c.samples, 50.0))
+        };
+        let cpu = |transport, mode| row(transport, mode).map_or(f64::NAN, cpu_us_per_call);
         let relay = p50(Transport::Relay, Mode::Plain);
         let pass = p50(Transport::WrapMemory, Mode::Plain);
         let sqlite = p50(Transport::WrapSqlite, Mode::Execute);
-        let cpu = |transport: Transport, mode: Mode| {
-            configs
-                .iter()
-                .find(|c| c.tool.name == tool.name && c.transport == transport && c.mode == mode)
-                .map_or(f64::NAN, cpu_us_per_call)
-        };
         println!(
             "  {:<15} CPU per call: wrap pass-through - poll relay = {:+.1} µs; wrap sqlite exec - wrap pass-through = {:+.1} µs",
             tool.name,
