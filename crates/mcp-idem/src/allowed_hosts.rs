@@ -74,13 +74,17 @@ impl AllowedHosts {
         let Some(names) = &self.names else {
             return Ok(());
         };
-        let allowed = |host: &str| names.iter().any(|name| *name == normalize(host));
+        // `names` are normalized: compare without allocating, as this runs on every request.
+        let allowed = |authority: &str| {
+            let host = host_of(authority);
+            names.iter().any(|name| name.eq_ignore_ascii_case(host))
+        };
         let host = headers
             .get(HOST)
             .ok_or(HostRefusal::MissingHost)?
             .to_str()
             .map_err(|_| HostRefusal::Host("(not text)".into()))?;
-        if !allowed(strip_port(host)) {
+        if !allowed(host) {
             return Err(HostRefusal::Host(host.to_owned()));
         }
         if let Some(origin) = headers.get(ORIGIN) {
@@ -89,7 +93,7 @@ impl AllowedHosts {
                 .map_err(|_| HostRefusal::Origin("(not text)".into()))?;
             let origin_host = text
                 .split_once("://")
-                .map(|(_, rest)| strip_port(rest.split('/').next().unwrap_or(rest)));
+                .map(|(_, rest)| rest.split('/').next().unwrap_or(rest));
             if !origin_host.is_some_and(allowed) {
                 return Err(HostRefusal::Origin(text.to_owned()));
             }
@@ -154,10 +158,13 @@ fn strip_port(authority: &str) -> &str {
         .map_or(authority, |(host, _port)| host)
 }
 
+/// The host of an authority, without its port and a trailing dot, case kept.
+fn host_of(authority: &str) -> &str {
+    strip_port(authority.trim()).trim_end_matches('.')
+}
+
 fn normalize(host: &str) -> String {
-    strip_port(host.trim())
-        .trim_end_matches('.')
-        .to_ascii_lowercase()
+    host_of(host).to_ascii_lowercase()
 }
 
 #[cfg(test)]

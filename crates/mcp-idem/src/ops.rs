@@ -97,12 +97,17 @@ impl OpsArgs {
     }
 }
 
+/// The path of the liveness probe.
+pub(crate) const HEALTHZ: &str = "/healthz";
+/// The path of the readiness probe.
+pub(crate) const READYZ: &str = "/readyz";
+
 /// `GET /healthz` (200 while the process runs) and `GET /readyz` (200 when `store` answers a
 /// read within [`READY_TIMEOUT`], else 503).
 pub(crate) fn health_routes<S: Clone + Send + Sync + 'static>(store: Arc<dyn Store>) -> Router<S> {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+        .route(HEALTHZ, get(|| async { "ok\n" }))
+        .route(READYZ, get(readyz))
         .with_state(store)
 }
 

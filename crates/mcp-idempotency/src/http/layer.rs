@@ -1,7 +1,7 @@
 //! The tower [`Layer`] and [`Service`] that put SEP-3182 in front of a Streamable HTTP MCP server.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
@@ -218,15 +218,22 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let (mut parts, body) = request.into_parts();
-    let read = Limited::new(body, shared.max_body_bytes).collect();
-    let Ok(read) = tokio::time::timeout(shared.body_timeout, read).await else {
-        return Ok(plain_error(
-            StatusCode::REQUEST_TIMEOUT,
-            &format!(
-                "the request body did not arrive within {} ms",
-                shared.body_timeout.as_millis()
-            ),
-        ));
+    let mut read = pin!(Limited::new(body, shared.max_body_bytes).collect());
+    // A small body usually came with the head: only one still arriving needs a timer.
+    let read = match poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await {
+        Poll::Ready(read) => read,
+        Poll::Pending => match tokio::time::timeout(shared.body_timeout, read).await {
+            Ok(read) => read,
+            Err(_) => {
+                return Ok(plain_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &format!(
+                        "the request body did not arrive within {} ms",
+                        shared.body_timeout.as_millis()
+                    ),
+                ))
+            }
+        },
     };
     let bytes = match read {
         Ok(collected) => collected.to_bytes(),

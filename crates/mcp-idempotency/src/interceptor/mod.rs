@@ -301,13 +301,12 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         envelope: &RawObject<'_>,
         id: RequestId,
     ) -> ClientAction<C> {
-        let Some(params) = envelope
+        let keyed = envelope
             .get("params")
+            .filter(|_| may_name_key(message))
             .and_then(|p| RawObject::parse(p.get()))
-        else {
-            return ClientAction::Forward;
-        };
-        let Some(raw_key) = params.get("idempotencyKey") else {
+            .and_then(|params| Some((params.get("idempotencyKey")?, params)));
+        let Some((raw_key, params)) = keyed else {
             #[cfg(feature = "metrics")]
             crate::metrics::on_decision(&crate::Decision::<C>::Bypass(crate::BypassReason::NoKey));
             return ClientAction::Forward;
@@ -539,6 +538,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     pub fn set_store_usable(&mut self, usable: bool) {
         self.store_unusable = !usable;
     }
+}
+
+/// Whether `text` may hold a member named `idempotencyKey`: it holds the name, or a `\u` escape
+/// (the only other way to spell its letters). `false` means certainly not, without parsing: most
+/// calls carry no key.
+fn may_name_key(text: &str) -> bool {
+    text.contains("idempotencyKey") || text.contains("\\u")
 }
 
 /// Whether the message's `params` is an object with an `idempotencyKey` member.

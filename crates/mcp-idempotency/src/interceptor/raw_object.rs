@@ -4,17 +4,22 @@
 //! text: re-encoding through `serde_json::Value` would change how numbers are spelled and lose
 //! precision beyond `f64`.
 
+use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserializer, MapAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// The members of a JSON object, in order, with their values as raw JSON text.
 #[derive(Debug, Default)]
 pub(crate) struct RawObject<'a> {
-    members: Vec<(String, &'a RawValue)>,
+    members: Vec<(Name<'a>, &'a RawValue)>,
 }
+
+/// A member's name: borrowed from the text when it was written without escapes (most are, and
+/// then reading an object allocates nothing per member), decoded otherwise.
+type Name<'a> = Cow<'a, str>;
 
 impl<'a> RawObject<'a> {
     /// Parses `text` as an object; `None` if it is not one.
@@ -83,9 +88,42 @@ fn push_member(out: &mut String, name: &str, raw: &str) {
     if out.len() > 1 {
         out.push(',');
     }
-    out.push_str(&serde_json::Value::from(name).to_string());
+    if name.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(&serde_json::Value::from(name).to_string());
+    } else {
+        out.push('"');
+        out.push_str(name);
+        out.push('"');
+    }
     out.push(':');
     out.push_str(raw);
+}
+
+/// Reads a member name, borrowing it from the text when it has no escapes.
+struct NameSeed;
+
+impl<'de> DeserializeSeed<'de> for NameSeed {
+    type Value = Name<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Name<'de>, D::Error> {
+        deserializer.deserialize_str(NameSeed)
+    }
+}
+
+impl<'de> Visitor<'de> for NameSeed {
+    type Value = Name<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_borrowed_str<E>(self, name: &'de str) -> Result<Name<'de>, E> {
+        Ok(Cow::Borrowed(name))
+    }
+
+    fn visit_str<E>(self, name: &str) -> Result<Name<'de>, E> {
+        Ok(Cow::Owned(name.to_owned()))
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
@@ -101,8 +139,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
 
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
                 let mut members = Vec::with_capacity(map.size_hint().unwrap_or(4));
-                while let Some((name, value)) = map.next_entry::<String, &'de RawValue>()? {
-                    members.push((name, value));
+                while let Some(name) = map.next_key_seed(NameSeed)? {
+                    members.push((name, map.next_value::<&'de RawValue>()?));
                 }
                 Ok(RawObject { members })
             }
@@ -144,7 +182,15 @@ mod tests {
 
     #[test]
     fn escapes_member_names() {
-        let object = RawObject::parse(r#"{"a\"b":1}"#).unwrap();
-        assert_eq!(object.to_json(), r#"{"a\"b":1}"#);
+        let object = RawObject::parse(r#"{"a\"b":1,"\u0063":2,"\n":3}"#).unwrap();
+        assert_eq!(object.get("c").unwrap().get(), "2");
+        assert_eq!(object.to_json(), r#"{"a\"b":1,"c":2,"\n":3}"#);
+    }
+
+    #[test]
+    fn names_without_escapes_are_borrowed() {
+        let object = RawObject::parse(r#"{"plain":1,"\u00e9":2}"#).unwrap();
+        assert!(matches!(object.members[0].0, Cow::Borrowed("plain")));
+        assert!(matches!(&object.members[1].0, Cow::Owned(name) if name == "é"));
     }
 }

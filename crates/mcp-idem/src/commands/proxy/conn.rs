@@ -43,7 +43,7 @@ pub(crate) struct Limits {
 /// Serves `router` on `listener` until `stop` completes, then drains: see the module docs.
 pub(crate) async fn serve(
     listener: TcpListener,
-    router: axum::Router,
+    router: super::Routes,
     limits: Limits,
     stop: impl Future<Output = ()>,
     calls: Shutdown,
@@ -81,7 +81,7 @@ pub(crate) async fn serve(
 /// connection to close once it has answered its request.
 async fn accept(
     listener: TcpListener,
-    router: axum::Router,
+    router: super::Routes,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
     requests: &Requests,
@@ -179,7 +179,7 @@ impl Drop for OpenRequest {
 
 async fn serve_connection(
     stream: TcpStream,
-    router: axum::Router,
+    router: super::Routes,
     limits: Limits,
     mut stopped: watch::Receiver<()>,
     requests: Requests,
@@ -384,7 +384,7 @@ impl AsyncWrite for Watched {
 /// The service, noting when a request starts and when its response has been sent (or dropped).
 #[derive(Clone)]
 struct Tracked {
-    inner: axum::Router,
+    inner: super::Routes,
     activity: Arc<Activity>,
     requests: Requests,
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use mcp_idempotency::http::IdempotencyLayer;
+use hyper::body::Incoming;
+use mcp_idempotency::http::{IdempotencyLayer, IdempotencyService};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
 use mcp_idempotency::Deduplicator;
 use std::future::Future;
@@ -164,8 +165,10 @@ impl ProxyArgs {
         } else {
             AllowedHosts::new(self.listen, &self.allowed_hosts)
         };
-        let service = GuardHosts::new(AnswerErrors(layer.layer(upstream)), hosts);
-        let router = ops::health_routes(Arc::clone(dedup.store())).fallback_service(service);
+        let routes = Routes {
+            health: ops::health_routes(Arc::clone(dedup.store())),
+            proxy: GuardHosts::new(AnswerErrors(layer.layer(upstream)), hosts),
+        };
 
         let listener = tokio::net::TcpListener::bind(self.listen)
             .await
@@ -180,11 +183,46 @@ impl ProxyArgs {
             idle_timeout: self.idle_timeout,
         };
         tokio::select! {
-            () = conn::serve(listener, router, limits, stop, calls, self.shutdown_grace) => {}
+            () = conn::serve(listener, routes, limits, stop, calls, self.shutdown_grace) => {}
             never = purge_periodically(dedup.clone()) => match never {},
         }
         super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
         Ok(())
+    }
+}
+
+/// The proxy's two services: `/healthz` and `/readyz` ([`ops::health_routes`]), and the proxy for
+/// every other path. Told apart by a string comparison: a router would match each request's path
+/// against a tree and store the match in its extensions, for two fixed paths.
+#[derive(Clone)]
+pub(crate) struct Routes {
+    health: axum::Router,
+    proxy: GuardHosts<AnswerErrors<IdempotencyService<Upstream>>>,
+}
+
+impl Routes {
+    fn is_health(path: &str) -> bool {
+        matches!(path, ops::HEALTHZ | ops::READYZ)
+    }
+}
+
+impl Service<Request<Incoming>> for Routes {
+    type Response = Response<axum::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The health router is always ready.
+        Service::<Request<Incoming>>::poll_ready(&mut self.proxy, cx)
+    }
+
+    fn call(&mut self, request: Request<Incoming>) -> Self::Future {
+        if Self::is_health(request.uri().path()) {
+            let call = self.health.call(request);
+            return Box::pin(call);
+        }
+        let call = self.proxy.call(request);
+        Box::pin(async move { Ok(call.await?.map(axum::body::Body::new)) })
     }
 }
 

@@ -70,14 +70,20 @@ impl Keys {
 
     /// `NS:PRINCIPAL:KEY`, each part encoded: how the indexes name a record.
     pub(super) fn member(id: &RecordId) -> String {
-        let mut member = Self::scope_part(&id.scope);
+        let mut member = Self::scope_part_with_room(&id.scope, id.key.as_str().len() + 1);
         member.push(':');
         encode_into(&mut member, id.key.as_str());
         member
     }
 
     fn scope_part(scope: &Scope) -> String {
-        let mut part = String::new();
+        Self::scope_part_with_room(scope, 0)
+    }
+
+    /// [`Self::scope_part`] in a string with room for `more` bytes after it.
+    fn scope_part_with_room(scope: &Scope, more: usize) -> String {
+        let mut part =
+            String::with_capacity(scope.namespace().len() + scope.principal().len() + 1 + more);
         encode_into(&mut part, scope.namespace());
         part.push(':');
         encode_into(&mut part, scope.principal());
@@ -154,17 +160,29 @@ fn crc16(data: &[u8]) -> u16 {
 /// Appends `part` percent-encoded: `%`, `:`, braces, spaces and control characters become `%XX`
 /// (per UTF-8 byte), everything else is kept. The encoding is injective and never contains `:`.
 fn encode_into(out: &mut String, part: &str) {
+    // Most parts (names, UUID keys) are printable ASCII without those four: copied whole.
+    if part
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !matches!(b, b'%' | b':' | b'{' | b'}'))
+    {
+        out.push_str(part);
+        return;
+    }
     for ch in part.chars() {
         if matches!(ch, '%' | ':' | '{' | '}') || ch.is_whitespace() || ch.is_control() {
             let mut buf = [0; 4];
             for byte in ch.encode_utf8(&mut buf).bytes() {
-                out.push_str(&format!("%{byte:02X}"));
+                out.push('%');
+                out.push(char::from(HEX[usize::from(byte >> 4)]));
+                out.push(char::from(HEX[usize::from(byte & 0xF)]));
             }
         } else {
             out.push(ch);
         }
     }
 }
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 /// Reverses [`encode_into`]; `None` if `part` is not something it wrote.
 fn decode_part(part: &str) -> Option<String> {
@@ -299,6 +317,28 @@ mod tests {
             assert_eq!(shard.record(&member).matches('{').count(), 1);
         }
         assert_eq!(used.len(), 8, "200 scopes use every shard");
+    }
+
+    #[test]
+    fn encoding_escapes_exactly_the_separators_spaces_and_controls() {
+        for (part, encoded) in [
+            ("order-42_x.Y~", "order-42_x.Y~"),
+            (
+                "550e8400-e29b-41d4-a716-446655440000",
+                "550e8400-e29b-41d4-a716-446655440000",
+            ),
+            ("a b", "a%20b"),
+            ("%:{}", "%25%3A%7B%7D"),
+            ("\t\n\u{7f}", "%09%0A%7F"),
+            ("café ключ 🔑", "café%20ключ%20🔑"),
+            ("\u{a0}\u{2028}", "%C2%A0%E2%80%A8"),
+            ("", ""),
+        ] {
+            let mut out = String::new();
+            encode_into(&mut out, part);
+            assert_eq!(out, encoded, "{part:?}");
+            assert_eq!(decode_part(&out).as_deref(), Some(part));
+        }
     }
 
     #[test]

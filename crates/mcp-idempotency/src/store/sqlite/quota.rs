@@ -2,7 +2,7 @@
 //! checks the scope's and the store's counts, and inserts the record and counts it, or refuses
 //! (after purging expired records once).
 
-use rusqlite::{params, Connection, OptionalExtension, Transaction};
+use rusqlite::{params, Connection, OptionalExtension};
 
 use super::connection::sql_error;
 use super::{immediate, read_record};
@@ -56,14 +56,11 @@ pub(super) fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOu
         ])
     })
     .map_err(sql_error)?;
-    tx.commit().map_err(sql_error)?;
+    tx.commit()?;
     Ok(ClaimOutcome::Claimed)
 }
 
-fn over_quota(
-    tx: &Transaction<'_>,
-    req: &ClaimRequest,
-) -> Result<Option<QuotaExceeded>, StoreError> {
+fn over_quota(tx: &Connection, req: &ClaimRequest) -> Result<Option<QuotaExceeded>, StoreError> {
     let total: i64 = tx
         .prepare_cached("SELECT records FROM idem_totals WHERE id = 1")
         .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
@@ -93,18 +90,14 @@ fn over_quota(
     Ok(None)
 }
 
-fn has_expired(tx: &Transaction<'_>, now: Timestamp) -> Result<bool, StoreError> {
+fn has_expired(tx: &Connection, now: Timestamp) -> Result<bool, StoreError> {
     tx.prepare_cached("SELECT EXISTS (SELECT 1 FROM idem_records WHERE expires_at <= ?1)")
         .and_then(|mut stmt| stmt.query_row([sql_time(now)], |row| row.get(0)))
         .map_err(sql_error)
 }
 
 /// Adds `delta` to the scope's and the store's record counts.
-pub(super) fn adjust_counts(
-    tx: &Transaction<'_>,
-    scope: &Scope,
-    delta: i64,
-) -> Result<(), StoreError> {
+pub(super) fn adjust_counts(tx: &Connection, scope: &Scope, delta: i64) -> Result<(), StoreError> {
     tx.prepare_cached(
         "INSERT INTO idem_scope_counts (namespace, principal, records) VALUES (?1, ?2, ?3) \
          ON CONFLICT (namespace, principal) DO UPDATE SET records = records + excluded.records",
@@ -119,7 +112,7 @@ pub(super) fn adjust_counts(
 }
 
 /// Deletes every record whose retention ended by `now`, uncounting them; returns how many.
-pub(super) fn purge(tx: &Transaction<'_>, now: Timestamp) -> Result<u64, StoreError> {
+pub(super) fn purge(tx: &Connection, now: Timestamp) -> Result<u64, StoreError> {
     let now = sql_time(now);
     let expired_per_scope: Vec<(String, String, i64)> = tx
         .prepare_cached(

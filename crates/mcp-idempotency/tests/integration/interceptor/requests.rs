@@ -25,6 +25,20 @@ fn keyed_call_is_decided_with_its_exact_facts() {
 }
 
 #[test]
+fn a_key_named_with_escapes_is_found() {
+    // The interceptor skips reading `params` when the text cannot name the key; `\u` escapes can.
+    let mut h = Harness::new();
+    let call = h.keyed(
+        r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","idempotency\u004bey":"k"}}"#,
+    );
+    assert_eq!(call.tool_call().idempotency_key, Some(&json!("k")));
+    let call = h.keyed(
+        r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"t","\u0069\u0064empotencyKey":"k2"}}"#,
+    );
+    assert_eq!(call.tool_call().idempotency_key, Some(&json!("k2")));
+}
+
+#[test]
 fn absent_arguments_are_none() {
     let mut h = Harness::new();
     let call = h.keyed(
