@@ -29,6 +29,7 @@ mod batch;
 pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -119,6 +120,9 @@ impl RequestId {
 pub struct KeyedCall {
     id: RequestId,
     message: String,
+    /// Where `params` is in `message`, when the envelope names it once: the rewrite for the
+    /// server then puts the new `params` in its place without reading the envelope again.
+    params_at: Option<Range<usize>>,
     tool_name: String,
     arguments: Option<String>,
     key: Value,
@@ -335,6 +339,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             }
         };
         ClientAction::Decide(KeyedCall {
+            params_at: envelope
+                .only("params")
+                .and_then(|raw| span_of(message, raw.get())),
             message: message.to_owned(),
             tool_name,
             arguments: params.get("arguments").map(|raw| raw.get().to_owned()),
@@ -378,7 +385,8 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     pub fn on_decision(&mut self, call: KeyedCall, decision: Decision<C>) -> Decided {
         match decision {
             Decision::Execute(claim) => {
-                let key = claim.as_ref().id().key.as_str().to_owned();
+                let request =
+                    self.rewrite_for_server(&call, Some(claim.as_ref().id().key.as_str()));
                 self.in_flight.insert(
                     call.id,
                     InFlight {
@@ -386,10 +394,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                         cancelled: false,
                     },
                 );
-                Decided::Forward(self.rewrite_for_server(&call.message, Some(&key)))
+                Decided::Forward(request)
             }
             Decision::Bypass(BypassReason::MrtrContinuation | BypassReason::NoKey) => {
-                Decided::Forward(self.rewrite_for_server(&call.message, None))
+                Decided::Forward(self.rewrite_for_server(&call, None))
             }
             Decision::Replay(replay) => Decided::Respond(replay.to_response_raw(call.id.as_json())),
             Decision::Reject(rejection) => {
@@ -400,17 +408,17 @@ impl<C: AsRef<Claim>> Interceptor<C> {
 
     /// The request for the server: without `idempotencyKey` unless configured, and with the key in
     /// `_meta` when the call was claimed.
-    fn rewrite_for_server(&self, message: &str, claimed_key: Option<&str>) -> String {
+    fn rewrite_for_server(&self, call: &KeyedCall, claimed_key: Option<&str>) -> String {
+        let message = &call.message;
         if self.config.forward_key && claimed_key.is_none() {
-            return message.to_owned();
+            return message.clone();
         }
-        let rewritten = (|| {
-            let envelope = RawObject::parse(message)?;
-            let mut params = RawObject::parse(envelope.get("params")?.get())?;
+        let rewrite_params = |params: &str| {
+            let mut params = RawObject::parse(params)?;
             if !self.config.forward_key {
                 params.remove("idempotencyKey");
             }
-            let params = match claimed_key {
+            Some(match claimed_key {
                 Some(key) => {
                     let meta = params
                         .get("_meta")
@@ -420,10 +428,20 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                     params.to_string_with("_meta", &meta)
                 }
                 None => params.to_json(),
-            };
-            Some(envelope.to_string_with("params", &params))
-        })();
-        rewritten.unwrap_or_else(|| message.to_owned())
+            })
+        };
+        let rewritten = match &call.params_at {
+            Some(at) => message
+                .get(at.clone())
+                .and_then(rewrite_params)
+                .map(|params| [&message[..at.start], params.as_str(), &message[at.end..]].concat()),
+            // `params` named twice (or not found): every one goes, the rewritten one is written.
+            None => RawObject::parse(message).and_then(|envelope| {
+                let params = rewrite_params(envelope.get("params")?.get())?;
+                Some(envelope.to_string_with("params", &params))
+            }),
+        };
+        rewritten.unwrap_or_else(|| message.clone())
     }
 
     /// Classifies a message from the server.
@@ -545,6 +563,16 @@ impl<C: AsRef<Claim>> Interceptor<C> {
 /// calls carry no key.
 fn may_name_key(text: &str) -> bool {
     text.contains("idempotencyKey") || text.contains("\\u")
+}
+
+/// Where `part` (a slice of `text`, as the values of a [`RawObject`] read from it are) is in
+/// `text`; `None` if it is not a slice of it.
+fn span_of(text: &str, part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let at = start..start.checked_add(part.len())?;
+    text.get(at.clone())
+        .filter(|found| found.as_ptr() == part.as_ptr())
+        .map(|_| at)
 }
 
 /// Whether the message's `params` is an object with an `idempotencyKey` member.

@@ -37,6 +37,15 @@ impl<'a> RawObject<'a> {
             .map(|(_, value)| *value)
     }
 
+    /// The value of the member called `name` when exactly one is.
+    pub(crate) fn only(&self, name: &str) -> Option<&'a RawValue> {
+        let mut named = self.members.iter().filter(|(member, _)| member == name);
+        match (named.next(), named.next()) {
+            (Some((_, value)), None) => Some(*value),
+            _ => None,
+        }
+    }
+
     /// The value of `name` as a string, if it is one.
     pub(crate) fn get_str(&self, name: &str) -> Option<String> {
         self.get(name)

@@ -178,6 +178,40 @@ fn executed_call_reaches_the_server_without_its_key_and_with_it_in_meta() {
 }
 
 #[test]
+fn a_call_naming_params_twice_reaches_the_server_with_the_params_it_was_decided_on() {
+    // serde_json, and the interceptor, take the last `params`; some servers take the first. The
+    // request forwarded names it once, the one the call was decided on.
+    let mut h = Harness::new();
+    let line = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"other"},"params":{"name":"charge","arguments":{"amount":1},"idempotencyKey":"twice"}}"#;
+    let (claim, request) = h.execute(line);
+    assert_eq!(claim.id().key.as_str(), "twice");
+    assert_eq!(request.matches(r#""params""#).count(), 1, "{request}");
+    assert_eq!(
+        parse(&request)["params"],
+        json!({"name": "charge", "arguments": {"amount": 1}, "_meta": {META_KEY: "twice"}})
+    );
+}
+
+#[test]
+fn an_executed_call_keeps_the_envelopes_text_around_its_params() {
+    let mut h = Harness::new();
+    let line = r#"{ "jsonrpc" : "2.0", "params" : {"name":"charge","idempotencyKey":"k"} , "id": 1, "method": "tools/call", "x": 1.50 }"#;
+    let (_, request) = h.execute(line);
+    assert!(
+        request.starts_with(r#"{ "jsonrpc" : "2.0", "params" : {"#),
+        "{request}"
+    );
+    assert!(
+        request.ends_with(r#"} , "id": 1, "method": "tools/call", "x": 1.50 }"#),
+        "{request}"
+    );
+    assert_eq!(
+        parse(&request)["params"],
+        json!({"name": "charge", "_meta": {META_KEY: "k"}})
+    );
+}
+
+#[test]
 fn executed_call_without_meta_gets_one() {
     let mut h = Harness::new();
     let (_, request) = h.execute(&call_line("1", "plain"));
