@@ -14,6 +14,7 @@
 # `mcp-idem proxy --threads 1` without a key, and keyed on the memory and SQLite stores, and on
 # Redis at REDIS_URL (default redis://127.0.0.1:6379) when it answers.
 # Counted: the proxy's user-space instructions only (the kernel's socket work is not in them).
+# Not for `wrap`: it starts its server through /proc/self/exe, which under valgrind is valgrind.
 # Needs valgrind (Debian package `valgrind`) and python3. Set MCP_IDEM_BIN to measure another build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
