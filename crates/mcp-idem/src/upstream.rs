@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -37,6 +38,9 @@ pub(crate) struct UpstreamUrl {
     authority: Authority,
     /// The endpoint's path as given, or `None` for a URL without a path (or with `/` alone).
     endpoint: Option<String>,
+    /// Where a request for `/mcp` without a query goes (most requests), built once: the
+    /// endpoint's URL, or `/mcp` on the origin for a URL without a path.
+    endpoint_uri: Option<Uri>,
 }
 
 impl UpstreamUrl {
@@ -60,16 +64,27 @@ impl UpstreamUrl {
             anyhow::bail!("invalid upstream URL {url:?}: a query string is not supported");
         }
         let endpoint = Some(uri.path()).filter(|path| !path.is_empty() && *path != "/");
+        let endpoint_uri = Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(endpoint.unwrap_or(PROXY_ENDPOINT))
+            .build()
+            .ok();
         Ok(Self {
             scheme,
             authority,
             endpoint: endpoint.map(str::to_owned),
+            endpoint_uri,
         })
     }
 
     /// The upstream URL for a request to the proxy for `path_and_query`.
     fn target(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
         let path = path_and_query.map_or("/", PathAndQuery::path);
+        let query = path_and_query.and_then(PathAndQuery::query);
+        if let (PROXY_ENDPOINT, None, Some(uri)) = (path, query, &self.endpoint_uri) {
+            return Ok(uri.clone());
+        }
         let target = match (&self.endpoint, path_and_query.and_then(PathAndQuery::query)) {
             (Some(endpoint), query) if path == PROXY_ENDPOINT => match query {
                 Some(query) => format!("{endpoint}?{query}"),
@@ -114,7 +129,9 @@ pub(crate) struct Unreachable {
 #[derive(Clone, Debug)]
 pub(crate) struct Upstream {
     client: HttpsClient,
-    url: UpstreamUrl,
+    url: Arc<UpstreamUrl>,
+    /// The `Host` every forwarded request carries: the upstream's authority.
+    host: Option<HeaderValue>,
 }
 
 impl Upstream {
@@ -122,7 +139,8 @@ impl Upstream {
     pub(crate) fn new(url: UpstreamUrl, ca_file: Option<&Path>) -> Result<Self, TlsSetupError> {
         Ok(Self {
             client: https_client(ca_file)?,
-            url,
+            host: HeaderValue::from_str(url.authority.as_str()).ok(),
+            url: Arc::new(url),
         })
     }
 }
@@ -169,7 +187,8 @@ impl tower::Service<Request<Full<Bytes>>> for Upstream {
 
     fn call(&mut self, request: Request<Full<Bytes>>) -> Self::Future {
         let client = self.client.clone();
-        let url = self.url.clone();
+        let url = Arc::clone(&self.url);
+        let host = self.host.clone();
         Box::pin(async move {
             let (mut parts, body) = request.into_parts();
             parts.uri = match url.target(parts.uri.path_and_query()) {
@@ -181,7 +200,7 @@ impl tower::Service<Request<Full<Bytes>>> for Upstream {
                 }
             };
             strip_hop_by_hop(&mut parts.headers);
-            if let Ok(host) = HeaderValue::from_str(url.authority.as_str()) {
+            if let Some(host) = host {
                 parts.headers.insert(HOST, host);
             }
             match client.request(Request::from_parts(parts, body)).await {
