@@ -85,7 +85,7 @@ impl UpstreamUrl {
         if let (PROXY_ENDPOINT, None, Some(uri)) = (path, query, &self.endpoint_uri) {
             return Ok(uri.clone());
         }
-        let target = match (&self.endpoint, path_and_query.and_then(PathAndQuery::query)) {
+        let target = match (&self.endpoint, query) {
             (Some(endpoint), query) if path == PROXY_ENDPOINT => match query {
                 Some(query) => format!("{endpoint}?{query}"),
                 None => endpoint.clone(),
@@ -269,6 +269,7 @@ mod tests {
     #[test]
     fn a_url_without_a_path_sends_every_path_as_it_is() {
         for up in ["http://127.0.0.1:8000", "http://127.0.0.1:8000/"] {
+            assert_eq!(target(up, "/mcp"), "http://127.0.0.1:8000/mcp");
             assert_eq!(target(up, "/mcp?x=1"), "http://127.0.0.1:8000/mcp?x=1");
             assert_eq!(
                 target(up, "/.well-known/x"),
