@@ -142,17 +142,17 @@ const STATEMENT_CACHE: usize = 64;
 /// back when dropped uncommitted (an error, a panic). Its three statements are prepared once per
 /// connection: rusqlite's own `Transaction` parses `BEGIN` and `COMMIT` anew on every use, which
 /// was a quarter of the instructions of a claim and its completion.
-struct Immediate<'c> {
+pub(super) struct Immediate<'c> {
     conn: &'c Connection,
 }
 
 impl<'c> Immediate<'c> {
-    fn begin(conn: &'c mut Connection) -> Result<Self, StoreError> {
+    pub(super) fn begin(conn: &'c mut Connection) -> Result<Self, StoreError> {
         run_cached(conn, "BEGIN IMMEDIATE")?;
         Ok(Self { conn })
     }
 
-    fn commit(self) -> Result<(), StoreError> {
+    pub(super) fn commit(self) -> Result<(), StoreError> {
         // A failed COMMIT may leave the transaction open: the drop then rolls it back.
         run_cached(self.conn, "COMMIT")
     }
@@ -181,11 +181,6 @@ fn run_cached(conn: &Connection, sql: &str) -> Result<(), StoreError> {
         .and_then(|mut stmt| stmt.execute([]))
         .map(drop)
         .map_err(sql_error)
-}
-
-/// A transaction that takes SQLite's write lock when it begins.
-fn immediate(conn: &mut Connection) -> Result<Immediate<'_>, StoreError> {
-    Immediate::begin(conn)
 }
 
 /// The record `id`, expired or not.
@@ -325,7 +320,7 @@ impl Store for SqliteStore {
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
         let id = id.clone();
         self.with_conn(move |conn| {
-            let tx = immediate(conn)?;
+            let tx = Immediate::begin(conn)?;
             let fenced = fenced_write(
                 &tx,
                 "DELETE FROM idem_records \
@@ -354,7 +349,7 @@ impl Store for SqliteStore {
 
     fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
         self.with_conn(move |conn| {
-            let tx = immediate(conn)?;
+            let tx = Immediate::begin(conn)?;
             let purged = purge(&tx, now)?;
             tx.commit()?;
             Ok(purged)
@@ -395,7 +390,7 @@ impl Store for SqliteStore {
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
         let id = id.clone();
         self.with_conn(move |conn| {
-            let tx = immediate(conn)?;
+            let tx = Immediate::begin(conn)?;
             let deleted = tx
                 .prepare_cached(
                     "DELETE FROM idem_records WHERE namespace = ?1 AND principal = ?2 AND key = ?3",

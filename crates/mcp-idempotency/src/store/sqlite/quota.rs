@@ -5,7 +5,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::connection::sql_error;
-use super::{immediate, read_record};
+use super::{read_record, Immediate};
 use crate::record::Scope;
 use crate::store::sql_row::{sql_time, ClaimColumns};
 use crate::store::{ClaimOutcome, ClaimRequest, QuotaExceeded, StoreError};
@@ -18,7 +18,7 @@ pub(super) fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOu
     if let Some(record) = read_record(conn, &req.id)?.filter(|r| !r.is_expired(req.now)) {
         return Ok(ClaimOutcome::found(req, record));
     }
-    let tx = immediate(conn)?;
+    let tx = Immediate::begin(conn)?;
     let scope = &req.id.scope;
     let existing = read_record(&tx, &req.id)?;
     if let Some(record) = existing.as_ref().filter(|r| !r.is_expired(req.now)) {
