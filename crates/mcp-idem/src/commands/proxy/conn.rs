@@ -281,11 +281,34 @@ impl Phase {
     }
 }
 
+/// What a connection's watchdog does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Watch {
+    /// The deadline has passed: close the connection, for this reason.
+    Close(&'static str),
+    /// Look again at this instant.
+    LookAt(Instant),
+}
+
+impl Phase {
+    /// What the watchdog does when it looks at `now`. It is not told of changes of phase: it looks
+    /// again at the deadline, or sooner, within the shortest timeout. No change can bring a
+    /// deadline nearer than that (the head's time and the idle time both count from when the
+    /// change happens), so every deadline is kept to the instant, and a request costs no timer.
+    fn watch(self, now: Instant, limits: &Limits) -> Watch {
+        let next_look = now + limits.header_timeout.min(limits.idle_timeout);
+        match self.deadline(limits) {
+            Some((at, reason)) if at <= now => Watch::Close(reason),
+            Some((at, _)) => Watch::LookAt(at.min(next_look)),
+            None => Watch::LookAt(next_look),
+        }
+    }
+}
+
 /// A connection's [`Phase`], shared by its socket, its service and its watchdog.
 #[derive(Debug)]
 struct Activity {
     phase: Mutex<Phase>,
-    changed: Notify,
 }
 
 impl Activity {
@@ -296,34 +319,25 @@ impl Activity {
                 kept_alive: false,
                 head_from: None,
             }),
-            changed: Notify::new(),
         }
     }
 
     fn update(&self, change: impl FnOnce(&mut Phase)) {
-        let mut phase = self.phase.lock().unwrap_or_else(PoisonError::into_inner);
-        let before = *phase;
-        change(&mut phase);
-        if *phase != before {
-            self.changed.notify_one();
-        }
+        change(&mut self.phase.lock().unwrap_or_else(PoisonError::into_inner));
     }
 
     /// Completes when the connection's deadline passes; returns why.
     async fn expired(&self, limits: Limits) -> &'static str {
+        let mut sleep = pin!(tokio::time::sleep(Duration::ZERO));
         loop {
-            let changed = self.changed.notified();
-            let deadline = self
-                .phase
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .deadline(&limits);
-            match deadline {
-                None => changed.await,
-                Some((at, reason)) => tokio::select! {
-                    () = changed => {}
-                    () = tokio::time::sleep_until(at) => return reason,
-                },
+            let now = Instant::now();
+            let phase = *self.phase.lock().unwrap_or_else(PoisonError::into_inner);
+            match phase.watch(now, &limits) {
+                Watch::Close(reason) => return reason,
+                Watch::LookAt(at) => {
+                    sleep.as_mut().reset(at);
+                    sleep.as_mut().await;
+                }
             }
         }
     }
@@ -494,6 +508,70 @@ mod tests {
         assert_eq!(
             phase.deadline(&LIMITS).unwrap().0,
             t2 + LIMITS.header_timeout
+        );
+    }
+
+    #[test]
+    fn the_watchdog_looks_again_before_a_change_can_bring_a_deadline_nearer() {
+        let t0 = Instant::now();
+        let look = t0 + Duration::from_secs(30);
+        // A new connection: the watchdog looks at its head's deadline, and closes it then.
+        let new = Activity::new(t0).phase.into_inner().unwrap();
+        assert_eq!(
+            new.watch(t0, &LIMITS),
+            Watch::LookAt(t0 + LIMITS.header_timeout)
+        );
+        assert_eq!(
+            new.watch(t0 + LIMITS.header_timeout, &LIMITS),
+            Watch::Close("no request head in time")
+        );
+
+        // Idle on a kept-alive connection: the idle deadline is far, but a request's first byte
+        // may come at once, and its head is due `header_timeout` later: the watchdog looks then.
+        let idle = Phase::Waiting {
+            since: t0,
+            kept_alive: true,
+            head_from: None,
+        };
+        let Watch::LookAt(next) = idle.watch(look, &LIMITS) else {
+            panic!("an idle connection closed early");
+        };
+        assert_eq!(next, look + LIMITS.header_timeout);
+        let mut head = idle;
+        head.on_bytes_read(look);
+        assert_eq!(head.deadline(&LIMITS).map(|(at, _)| at), Some(next));
+        assert_eq!(
+            head.watch(next, &LIMITS),
+            Watch::Close("request head too slow")
+        );
+        // Nothing came: it looks again, and closes at the idle deadline to the instant.
+        let idle_end = t0 + LIMITS.idle_timeout;
+        assert_eq!(
+            idle.watch(idle_end - Duration::from_secs(1), &LIMITS),
+            Watch::LookAt(idle_end)
+        );
+        assert_eq!(idle.watch(idle_end, &LIMITS), Watch::Close("idle"));
+
+        // Answering: no deadline, but the answer may end at once and the idle time start: with
+        // an idle timeout shorter than the head's, the watchdog looks within that.
+        let busy = Phase::Busy(1);
+        assert_eq!(
+            busy.watch(look, &LIMITS),
+            Watch::LookAt(look + LIMITS.header_timeout)
+        );
+        let short_idle = Limits {
+            idle_timeout: Duration::from_secs(1),
+            ..LIMITS
+        };
+        let mut done = busy;
+        done.on_response_done(look);
+        assert_eq!(
+            busy.watch(look, &short_idle),
+            Watch::LookAt(look + Duration::from_secs(1))
+        );
+        assert_eq!(
+            done.watch(look + Duration::from_secs(1), &short_idle),
+            Watch::Close("idle")
         );
     }
 }
