@@ -414,6 +414,54 @@ async fn wait_until_up(url: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_works_after_the_server_lost_its_scripts() {
+    // A private server: `SCRIPT FLUSH` on the shared one would touch every other check's scripts.
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let Some(_server) = PrivateServer::start(port) else {
+        return;
+    };
+    wait_until_up(&url).await;
+    let store = RedisStore::open_with_prefix(&url, &random_prefix())
+        .await
+        .expect("open");
+    let mut conn = redis::Client::open(url.as_str())
+        .expect("url parses")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection");
+    // As after a restart: every script's EVALSHA answers NOSCRIPT until it is loaded again.
+    let flush = || redis::cmd("SCRIPT").arg("FLUSH").to_owned();
+    let run = record_id("noscript", "p", "k");
+    let _: () = flush().query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    let claim = claim_req(&run, T0);
+    assert_eq!(store.claim(&claim).await.unwrap(), ClaimOutcome::Claimed);
+    let _: () = flush().query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    let done = CompleteRequest {
+        id: run.clone(),
+        owner: claim.owner,
+        outcome: Outcome::Success("\"done\"".into()),
+        completed_at: T0,
+        expires_at: later(T0, 60),
+    };
+    assert_eq!(store.complete(done).await.unwrap(), Fenced::Applied);
+    let _: () = flush().query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    let listed = store.list(&Default::default(), T0, 10).await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].state,
+        RecordState::Completed {
+            outcome: Outcome::Success("\"done\"".into()),
+            completed_at: T0
+        }
+    );
+    let _: () = flush().query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    assert_eq!(store.purge_expired(later(T0, 61)).await.unwrap(), 1);
+    let _: () = flush().query_async(&mut conn).await.expect("SCRIPT FLUSH");
+    assert!(!store.delete(&run).await.unwrap(), "purged already");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_unavailable_and_the_store_recovers() {
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");

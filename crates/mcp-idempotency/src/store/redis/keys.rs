@@ -59,13 +59,32 @@ impl Keys {
 
     /// The shard holding `scope`'s records.
     pub(super) fn shard_of(&self, scope: &Scope) -> &Shard {
-        let count = self.shards.len();
-        let index = if count == 1 {
-            0
-        } else {
-            usize::from(crc16(Self::scope_part(scope).as_bytes())) % count
-        };
-        &self.shards[index]
+        if self.shards.len() == 1 {
+            return &self.shards[0];
+        }
+        self.shard_of_part(&Self::scope_part(scope))
+    }
+
+    /// The shard holding the records of the scope whose encoded name is `scope_part`.
+    fn shard_of_part(&self, scope_part: &str) -> &Shard {
+        &self.shards[usize::from(crc16(scope_part.as_bytes())) % self.shards.len()]
+    }
+
+    /// The names of the keys an operation on `id`'s record touches, from one encoding of its
+    /// scope.
+    pub(super) fn of_record(&self, id: &RecordId) -> RecordKeys<'_> {
+        let key = id.key.as_str();
+        let mut member = Self::scope_part_with_room(&id.scope, key.len() + 1);
+        let shard = self.shard_of_part(&member);
+        let scope = shard.key("s:", &member);
+        member.push(':');
+        encode_into(&mut member, key);
+        RecordKeys {
+            shard,
+            record: shard.record(&member),
+            scope,
+            member,
+        }
     }
 
     /// `NS:PRINCIPAL:KEY`, each part encoded: how the indexes name a record.
@@ -104,13 +123,35 @@ impl Shard {
 
     /// The key of the hash holding the record `member` names (a record of this shard).
     pub(super) fn record(&self, member: &str) -> String {
-        format!("{}r:{member}", self.tag)
+        self.key("r:", member)
     }
 
     /// The key of `scope`'s index (a scope of this shard).
     pub(super) fn scope(&self, scope: &Scope) -> String {
-        format!("{}s:{}", self.tag, Keys::scope_part(scope))
+        self.key("s:", &Keys::scope_part(scope))
     }
+
+    /// `{TAG}:KINDNAME`.
+    fn key(&self, kind: &str, name: &str) -> String {
+        let mut key = String::with_capacity(self.tag.len() + kind.len() + name.len());
+        key.push_str(&self.tag);
+        key.push_str(kind);
+        key.push_str(name);
+        key
+    }
+}
+
+/// The keys of one record's operation: see [`Keys::of_record`].
+#[derive(Debug)]
+pub(super) struct RecordKeys<'k> {
+    /// The shard of the record.
+    pub(super) shard: &'k Shard,
+    /// The hash holding the record.
+    pub(super) record: String,
+    /// The index of the record's scope.
+    pub(super) scope: String,
+    /// The record's name in the indexes ([`Keys::member`]).
+    pub(super) member: String,
 }
 
 /// The tag of shard `j` of `count`: `PREFIX:j.c` for the first `c` whose slot is in the `j`-th of
@@ -160,26 +201,25 @@ fn crc16(data: &[u8]) -> u16 {
 /// Appends `part` percent-encoded: `%`, `:`, braces, spaces and control characters become `%XX`
 /// (per UTF-8 byte), everything else is kept. The encoding is injective and never contains `:`.
 fn encode_into(out: &mut String, part: &str) {
-    // Most parts (names, UUID keys) are printable ASCII without those four: copied whole.
-    if part
-        .bytes()
-        .all(|b| b.is_ascii_graphic() && !matches!(b, b'%' | b':' | b'{' | b'}'))
-    {
-        out.push_str(part);
-        return;
-    }
-    for ch in part.chars() {
-        if matches!(ch, '%' | ':' | '{' | '}') || ch.is_whitespace() || ch.is_control() {
-            let mut buf = [0; 4];
-            for byte in ch.encode_utf8(&mut buf).bytes() {
-                out.push('%');
-                out.push(char::from(HEX[usize::from(byte >> 4)]));
-                out.push(char::from(HEX[usize::from(byte & 0xF)]));
-            }
-        } else {
-            out.push(ch);
+    let mut rest = part;
+    // Most parts (names, UUID keys) have nothing to escape; the others a few characters (the
+    // `:` and `/` of a URL): the runs between them are copied whole.
+    while let Some((at, ch)) = rest.char_indices().find(|&(_, ch)| needs_escape(ch)) {
+        out.push_str(&rest[..at]);
+        let mut buf = [0; 4];
+        for byte in ch.encode_utf8(&mut buf).bytes() {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(byte >> 4)]));
+            out.push(char::from(HEX[usize::from(byte & 0xF)]));
         }
+        rest = &rest[at + ch.len_utf8()..];
     }
+    out.push_str(rest);
+}
+
+/// Whether [`encode_into`] writes `ch` as `%XX`.
+fn needs_escape(ch: char) -> bool {
+    matches!(ch, '%' | ':' | '{' | '}') || ch.is_whitespace() || ch.is_control()
 }
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
@@ -317,6 +357,21 @@ mod tests {
             assert_eq!(shard.record(&member).matches('{').count(), 1);
         }
         assert_eq!(used.len(), 8, "200 scopes use every shard");
+    }
+
+    #[test]
+    fn a_records_keys_are_named_from_one_encoding_of_its_scope_as_one_at_a_time() {
+        for keys in [Keys::new("p", 1), Keys::new("p", 8)] {
+            for n in 0..50 {
+                let id = id(&format!("http://h:{n}/mcp"), "p{x} y", &format!("k:{n}"));
+                let of = keys.of_record(&id);
+                let shard = keys.shard_of(&id.scope);
+                assert_eq!(of.shard.tag, shard.tag);
+                assert_eq!(of.member, Keys::member(&id));
+                assert_eq!(of.record, shard.record(&of.member));
+                assert_eq!(of.scope, shard.scope(&id.scope));
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use self::healing::SharedConn;
 use self::keys::{member_id, wanted_part, Keys, Shard};
 use self::record::{decode, FIELDS};
 use self::replicas::ReplicaAcks;
-use self::server::SCRIPTS;
+use self::server::{ScriptCall, SCRIPTS};
 use super::{
     ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, QuotaExceeded, StateFilter,
     Store, StoreError, StoreFuture, StoreStats, TakeOverRequest,
@@ -291,10 +291,8 @@ impl RedisStore {
         let mut records = Vec::new();
         let mut offset = 0;
         while records.len() < limit {
-            let mut invocation = SCRIPTS.list.prepare_invoke();
-            invocation
-                .key(&index)
-                .arg(&shard.tag)
+            let mut call = ScriptCall::new(&SCRIPTS.list, &[&index]);
+            call.arg(&shard.tag)
                 .arg(&highest)
                 .arg(&lowest)
                 .arg(offset)
@@ -305,7 +303,7 @@ impl RedisStore {
                 .arg(state)
                 .arg(bound(filter.created_at_or_before))
                 .arg(bound(filter.created_after));
-            let reply: Vec<Option<Vec<u8>>> = self.invoke("list", &invocation).await?;
+            let reply: Vec<Option<Vec<u8>>> = self.invoke("list", &call).await?;
             let mut reply = reply.into_iter();
             let scanned: usize = reply
                 .next()
@@ -338,10 +336,8 @@ impl RedisStore {
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
-            let shard = self.keys.shard_of(&req.id.scope);
-            let mut invocation = self.on_record(&SCRIPTS.claim, &req.id);
-            invocation
-                .arg(req.now.as_millis())
+            let (mut call, shard) = self.on_record(&SCRIPTS.claim, &req.id);
+            call.arg(req.now.as_millis())
                 .arg(&req.fingerprint.as_bytes()[..])
                 .arg(&*req.tool_name)
                 .arg(req.owner.as_u64())
@@ -351,8 +347,7 @@ impl Store for RedisStore {
                 .arg(self.total_share(req.limits.max_records_total))
                 .arg(&shard.tag)
                 .arg(PURGE_BATCH);
-            let reply: Vec<Option<Vec<u8>>> =
-                self.invoke_write("claim", shard, &invocation).await?;
+            let reply: Vec<Option<Vec<u8>>> = self.invoke_write("claim", shard, &call).await?;
             let mut reply = reply.into_iter();
             let status = reply.next().flatten();
             match status.as_deref() {
@@ -381,27 +376,25 @@ impl Store for RedisStore {
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         Box::pin(async move {
-            let mut invocation = self.on_record(&SCRIPTS.complete, &req.id);
-            invocation
-                .arg(req.owner.as_u64())
+            let (mut call, shard) = self.on_record(&SCRIPTS.complete, &req.id);
+            call.arg(req.owner.as_u64())
                 .arg(req.outcome.kind().as_str())
                 .arg(req.outcome.body().as_ref())
                 .arg(req.completed_at.as_millis())
                 .arg(req.expires_at.as_millis());
-            self.fenced("complete", &req.id, &invocation).await
+            self.fenced("complete", shard, &call).await
         })
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let mut invocation = self.on_record(&SCRIPTS.take_over, &req.id);
-            invocation
-                .arg(req.previous_owner.as_u64())
+            let (mut call, shard) = self.on_record(&SCRIPTS.take_over, &req.id);
+            call.arg(req.previous_owner.as_u64())
                 .arg(req.new_owner.as_u64())
                 .arg(req.now.as_millis())
                 .arg(req.lease_expires_at.as_millis())
                 .arg(req.expires_at.as_millis());
-            self.fenced("take-over", &req.id, &invocation).await
+            self.fenced("take-over", shard, &call).await
         })
     }
 
@@ -412,19 +405,17 @@ impl Store for RedisStore {
         lease_expires_at: Timestamp,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let mut invocation = self.on_record(&SCRIPTS.renew, id);
-            invocation
-                .arg(owner.as_u64())
-                .arg(lease_expires_at.as_millis());
-            self.fenced("renew", id, &invocation).await
+            let (mut call, shard) = self.on_record(&SCRIPTS.renew, id);
+            call.arg(owner.as_u64()).arg(lease_expires_at.as_millis());
+            self.fenced("renew", shard, &call).await
         })
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let mut invocation = self.on_record(&SCRIPTS.release, id);
-            invocation.arg(owner.as_u64());
-            self.fenced("release", id, &invocation).await
+            let (mut call, shard) = self.on_record(&SCRIPTS.release, id);
+            call.arg(owner.as_u64());
+            self.fenced("release", shard, &call).await
         })
     }
 
@@ -442,14 +433,9 @@ impl Store for RedisStore {
             let mut purged = 0;
             for shard in self.keys.shards() {
                 loop {
-                    let mut invocation = SCRIPTS.purge.prepare_invoke();
-                    invocation
-                        .key(&shard.all)
-                        .key(&shard.running)
-                        .arg(&shard.tag)
-                        .arg(now.as_millis())
-                        .arg(PURGE_BATCH);
-                    let batch: u64 = self.invoke("purge", &invocation).await?;
+                    let mut call = ScriptCall::new(&SCRIPTS.purge, &[&shard.all, &shard.running]);
+                    call.arg(&shard.tag).arg(now.as_millis()).arg(PURGE_BATCH);
+                    let batch: u64 = self.invoke("purge", &call).await?;
                     purged += batch;
                     if batch < PURGE_BATCH {
                         break;
@@ -539,8 +525,8 @@ impl Store for RedisStore {
 
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let invocation = self.on_record(&SCRIPTS.delete, id);
-            let deleted: i64 = self.invoke("delete", &invocation).await?;
+            let (call, _) = self.on_record(&SCRIPTS.delete, id);
+            let deleted: i64 = self.invoke("delete", &call).await?;
             Ok(deleted == 1)
         })
     }

@@ -19,10 +19,10 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult, Script,
-    ScriptInvocation, ServerErrorKind, Value,
+    ServerErrorKind, ToRedisArgs, Value,
 };
 
-use super::keys::{Keys, Shard};
+use super::keys::Shard;
 use super::replicas::MARKER_TTL;
 use super::RedisStore;
 use crate::record::RecordId;
@@ -73,6 +73,28 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     list: Script::new(LIST),
     delete: Script::new(DELETE),
 });
+
+/// One run of a script: `EVALSHA` with the script's keys and arguments, written straight into
+/// the command (a `redis::ScriptInvocation` holds each argument apart, then copies it in).
+pub(super) struct ScriptCall {
+    script: &'static Script,
+    cmd: Cmd,
+}
+
+impl ScriptCall {
+    /// A run of `script` on `keys`; arguments follow with [`ScriptCall::arg`].
+    pub(super) fn new(script: &'static Script, keys: &[&str]) -> Self {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+        Self { script, cmd }
+    }
+
+    /// Appends an argument (`ARGV[n]` of the script).
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+}
 
 /// The connection of a store: to one server, or to a Redis Cluster.
 #[derive(Clone)]
@@ -138,18 +160,27 @@ impl RedisStore {
         }
     }
 
-    /// Runs one script invocation, through [`RedisStore::bounded`].
+    /// Runs one script, through [`RedisStore::bounded`]; on `NOSCRIPT` (a restarted node, a
+    /// promoted replica) loads it (on every node of a cluster) and runs it again.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         operation: &'static str,
-        invocation: &ScriptInvocation<'_>,
+        call: &ScriptCall,
     ) -> Result<T, StoreError> {
         let mut conn = self.conn.get();
-        self.bounded(operation, invocation.invoke_async(&mut conn))
-            .await
+        let exchange = async {
+            match call.cmd.query_async(&mut conn).await {
+                Err(err) if is_no_script(&err) => {
+                    call.script.load_async(&mut conn).await?;
+                    call.cmd.query_async(&mut conn).await
+                }
+                answer => answer,
+            }
+        };
+        self.bounded(operation, exchange).await
     }
 
-    /// Runs the write script `invocation` on a record of `shard`, through [`RedisStore::invoke`];
+    /// Runs the write script `call` on a record of `shard`, through [`RedisStore::invoke`];
     /// with the replica option (`replicas=N`), in one pipeline with the shard's marker write and
     /// `WAIT`, failing with [`StoreError::Unavailable`] (which [may have
     /// applied](StoreError::may_have_applied)) unless `N` replicas acknowledged in time, whatever
@@ -158,13 +189,13 @@ impl RedisStore {
         &self,
         operation: &'static str,
         shard: &Shard,
-        invocation: &ScriptInvocation<'_>,
+        call: &ScriptCall,
     ) -> Result<T, StoreError> {
         let Some(acks) = self.replicas else {
-            return self.invoke(operation, invocation).await;
+            return self.invoke(operation, call).await;
         };
         let mut pipe = redis::pipe();
-        pipe.invoke_script(invocation)
+        pipe.add_command(call.cmd.clone())
             .cmd("SET")
             .arg(&shard.ack)
             .arg(1)
@@ -177,10 +208,10 @@ impl RedisStore {
         let mut conn = self.conn.get();
         let exchange = async {
             match pipe.query_async::<(T, u32)>(&mut conn).await {
-                // As `invoke_async` does for one script: load it (on every node of a cluster) and
-                // send the pipeline again.
-                Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    invocation.load_async(&mut conn).await?;
+                // As `invoke` does for one script: load it (on every node of a cluster) and send
+                // the pipeline again.
+                Err(err) if is_no_script(&err) => {
+                    call.script.load_async(&mut conn).await?;
                     pipe.query_async(&mut conn).await
                 }
                 answer => answer,
@@ -217,36 +248,42 @@ impl RedisStore {
         }
     }
 
-    /// A script invocation on the four keys of `id`'s record (all in the record's shard), with the
-    /// record's member first.
-    pub(super) fn on_record<'s>(&self, script: &'s Script, id: &RecordId) -> ScriptInvocation<'s> {
-        let member = Keys::member(id);
-        let shard: &Shard = self.keys.shard_of(&id.scope);
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .key(shard.record(&member))
-            .key(shard.scope(&id.scope))
-            .key(&shard.all)
-            .key(&shard.running)
-            .arg(member);
-        invocation
+    /// A run of `script` on the four keys of `id`'s record (all in the record's shard), with the
+    /// record's member first; and that shard.
+    pub(super) fn on_record(&self, script: &'static Script, id: &RecordId) -> (ScriptCall, &Shard) {
+        let keys = self.keys.of_record(id);
+        let mut call = ScriptCall::new(
+            script,
+            &[
+                &keys.record,
+                &keys.scope,
+                &keys.shard.all,
+                &keys.shard.running,
+            ],
+        );
+        call.arg(&keys.member);
+        (call, keys.shard)
     }
 
-    /// Runs a fenced write script on `id`'s record, which answers 1 when it wrote.
+    /// Runs a fenced write script on a record of `shard`, which answers 1 when it wrote.
     pub(super) async fn fenced(
         &self,
         operation: &'static str,
-        id: &RecordId,
-        invocation: &ScriptInvocation<'_>,
+        shard: &Shard,
+        call: &ScriptCall,
     ) -> Result<Fenced, StoreError> {
-        let shard = self.keys.shard_of(&id.scope);
-        let applied: i64 = self.invoke_write(operation, shard, invocation).await?;
+        let applied: i64 = self.invoke_write(operation, shard, call).await?;
         Ok(if applied == 1 {
             Fenced::Applied
         } else {
             Fenced::NotOwner
         })
     }
+}
+
+/// Whether the server did not have the script (`NOSCRIPT`).
+fn is_no_script(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
 }
 
 /// Whether `err` means the server could not be reached or cannot serve right now.
