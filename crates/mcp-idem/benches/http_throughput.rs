@@ -129,11 +129,25 @@ fn parse_args() -> Result<Options, String> {
     Ok(options)
 }
 
-/// A child process killed on drop.
+/// A child process stopped on drop: `SIGTERM` first, so that nginx's master stops its worker
+/// (`SIGKILL` would leave the worker running, holding its port), then `SIGKILL` after 2 s.
 struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.0.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.0.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
