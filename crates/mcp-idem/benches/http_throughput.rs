@@ -196,6 +196,8 @@ struct Config {
     round_trips: Vec<f64>,
     /// CPU microseconds per call of each of `cpu`, one entry per round.
     cpu_us: [Vec<f64>; 3],
+    /// The part of the proxy's CPU spent in the kernel, microseconds per call, one entry per round.
+    proxy_kernel_us: Vec<f64>,
     /// Latency of every measured call, in nanoseconds.
     latencies: Vec<u64>,
 }
@@ -212,6 +214,7 @@ impl Config {
             rps: Vec::new(),
             round_trips: Vec::new(),
             cpu_us: Default::default(),
+            proxy_kernel_us: Vec::new(),
             latencies: Vec::new(),
         }
     }
@@ -462,9 +465,13 @@ fn run() -> Result<(), String> {
                 round,
             ))?;
             let cpu_after = config.cpu.clone().map(|p| p.cpu_seconds());
+            let per_call = |seconds: f64| seconds * 1e6 / calls.max(1) as f64;
             for (i, (b, a)) in cpu_before.iter().zip(&cpu_after).enumerate() {
                 if let (Some(b), Some(a)) = (b, a) {
-                    config.cpu_us[i].push((a - b) * 1e6 / calls.max(1) as f64);
+                    config.cpu_us[i].push(per_call(a.total() - b.total()));
+                    if i == 0 {
+                        config.proxy_kernel_us.push(per_call(a.system - b.system));
+                    }
                 }
             }
             config.latencies.extend(latencies);
@@ -598,7 +605,7 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
         .map(|c| c.rps.clone());
     println!();
     println!(
-        "{:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9}",
+        "{:<20} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9}",
         "configuration",
         "rps",
         "p50 ms",
@@ -606,6 +613,7 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
         "/direct",
         "/nginx",
         "proxy us",
+        "kernel us",
         "server us",
         "store us",
         "store ops"
@@ -637,7 +645,7 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
             format!("{:.2}", median(&config.round_trips))
         };
         println!(
-            "{:<20} {:>8.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>10} {:>10} {:>9}",
+            "{:<20} {:>8.0} {:>8.2} {:>8.2} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>9}",
             config.label,
             median(&config.rps),
             p50_ms,
@@ -645,12 +653,13 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
             to_direct,
             to_nginx,
             us(&config.cpu_us[0]),
+            us(&config.proxy_kernel_us),
             us(&config.cpu_us[1]),
             us(&config.cpu_us[2]),
             trips
         );
     }
     println!("\nrps: median over rounds; /direct, /nginx: median over rounds of rps / that row's rps in the same round");
-    println!("proxy us, server us, store us: CPU microseconds per completed call (median over rounds) of the proxy (nginx: master + worker), the upstream demo server, and redis-server or PostgreSQL (postmaster and all its children)");
+    println!("proxy us, server us, store us: CPU microseconds per completed call (median over rounds) of the proxy (nginx: master + worker), the upstream demo server, and redis-server or PostgreSQL (postmaster and all its children); kernel us: the part of the proxy's spent in the kernel");
     println!("took {:.0}s", elapsed.as_secs_f64());
 }

@@ -1,5 +1,6 @@
-//! CPU time of processes, read from `/proc` (Linux): user + system time of a process and all its
-//! threads, in seconds, so a bench can report CPU per request of each process involved.
+//! CPU time of processes, read from `/proc` (Linux): user and system time of a process and all its
+//! threads, in seconds, so a bench can report CPU per request of each process involved, and how
+//! much of it the kernel spent.
 
 use std::path::Path;
 use std::process::Command;
@@ -20,7 +21,7 @@ pub(crate) enum Processes {
 
 impl Processes {
     /// CPU seconds used so far (`None` when nothing is measured or `/proc` can't be read).
-    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+    pub(crate) fn cpu_seconds(&self) -> Option<Cpu> {
         let pids = match self {
             Self::None => return None,
             Self::Pid(pid) => vec![*pid],
@@ -31,18 +32,37 @@ impl Processes {
             }
             Self::Pids(pids) => pids.clone(),
         };
-        let ticks: u64 = pids
+        let (user, system) = pids
             .iter()
             .filter_map(|&pid| stat(pid))
-            .map(|s| s.ticks)
-            .sum();
-        Some(ticks as f64 / clock_ticks_per_second())
+            .fold((0, 0), |(user, system), s| {
+                (user + s.user, system + s.system)
+            });
+        let tick = 1.0 / clock_ticks_per_second();
+        Some(Cpu {
+            user: user as f64 * tick,
+            system: system as f64 * tick,
+        })
+    }
+}
+
+/// CPU seconds, in user space and in the kernel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cpu {
+    pub(crate) user: f64,
+    pub(crate) system: f64,
+}
+
+impl Cpu {
+    pub(crate) fn total(self) -> f64 {
+        self.user + self.system
     }
 }
 
 struct Stat {
     parent: u32,
-    ticks: u64,
+    user: u64,
+    system: u64,
 }
 
 /// `/proc/PID/stat`: the parent's pid and utime + stime (fields 4, 14 and 15; the name in field 2
@@ -52,11 +72,10 @@ fn stat(pid: u32) -> Option<Stat> {
     let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
     // fields[0] is field 3 (state).
     let parent = fields.get(1)?.parse().ok()?;
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
     Some(Stat {
         parent,
-        ticks: utime + stime,
+        user: fields.get(11)?.parse().ok()?,
+        system: fields.get(12)?.parse().ok()?,
     })
 }
 
