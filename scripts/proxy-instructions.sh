@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
 # Instructions per call of each HTTP proxy, counted by valgrind's callgrind: the same figure on
 # every run of the same build, whatever else the machine is doing (unlike CPU time on a shared
-# 2-core machine), so a change of a few hundred instructions per call shows.
+# 2-core machine), so a change of a few hundred instructions per call shows. With --syscalls,
+# the system calls per call instead, counted by strace (the kernel's side of the same calls).
 #
 #   cargo build --release -p mcp-idem --bins --bench http_throughput
-#   scripts/proxy-instructions.sh [CALLS]        # default 2000 calls per configuration
+#   scripts/proxy-instructions.sh [--syscalls] [CALLS]   # default 2000 calls per configuration
 #
-# One `mcp-idem demo-server --http` is the upstream. Each proxy runs under callgrind with
-# instrumentation off; 300 calls warm it up, then CALLS sequential `tools/call`s of the `noop` tool
-# on one keep-alive connection are counted (`callgrind_control -i on/off`). Keyed rows carry a
-# fresh `idempotencyKey` per call, so every call executes and is recorded. The rows: the bare hyper
-# proxy of the http_throughput bench (streaming, and reading each body whole: the floors), then
-# `mcp-idem proxy --threads 1` without a key, and keyed on the memory and SQLite stores, and on
-# Redis at REDIS_URL (default redis://127.0.0.1:6379) when it answers.
-# Counted: the proxy's user-space instructions only (the kernel's socket work is not in them).
-# Not for `wrap`: it starts its server through /proc/self/exe, which under valgrind is valgrind.
-# Needs valgrind (Debian package `valgrind`) and python3. Set MCP_IDEM_BIN to measure another build.
+# One `mcp-idem demo-server --http` is the upstream. 300 calls warm each proxy up, then CALLS
+# sequential `tools/call`s of the `noop` tool on one keep-alive connection are counted: under
+# callgrind with instrumentation off until then (`callgrind_control -i on/off`), or with
+# `strace -c -f` attached for them. Keyed rows carry a fresh `idempotencyKey` per call, so every
+# call executes and is recorded. The rows: nginx (Debian package nginx-light, configured as the
+# http_throughput bench's, `support/nginx.rs`, but with `master_process off`: its one worker's
+# event loop in one process; left out when nginx is not installed), the bare hyper proxy of the
+# bench (streaming, and reading each body whole: the floors), then `mcp-idem proxy --threads 1`
+# without a key, and keyed on the memory and SQLite stores, and on Redis at REDIS_URL (default
+# redis://127.0.0.1:6379) when it answers.
+# Instructions: the proxy's user-space instructions only (the kernel's socket work is not in
+# them). Not for `wrap`: it starts its server through /proc/self/exe, which under valgrind is
+# valgrind. Needs valgrind (Debian package `valgrind`), strace for --syscalls, and python3. Set
+# MCP_IDEM_BIN to measure another build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+mode=instructions
+if [ "${1:-}" = --syscalls ]; then
+    mode=syscalls
+    shift
+fi
 calls=${1:-2000}
 bin=${MCP_IDEM_BIN:-target/release/mcp-idem}
 bench=$(ls -t target/release/deps/http_throughput-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
-for tool in valgrind callgrind_control python3; do
+tools=(valgrind callgrind_control python3)
+[ $mode = instructions ] || tools=(strace python3)
+for tool in "${tools[@]}"; do
     command -v $tool >/dev/null || { echo "proxy-instructions: $tool is missing" >&2; exit 1; }
 done
 [ -x "$bin" ] || { echo "proxy-instructions: no $bin (cargo build --release -p mcp-idem --bins)" >&2; exit 1; }
@@ -71,43 +83,123 @@ MCP_IDEM_LOG=error "$bin" demo-server --http 127.0.0.1:0 --ledger "$work/ledger.
 pids+=($!)
 upstream=http://127.0.0.1:$(port_of "$work/server.log")
 
+# Waits until something listens on 127.0.0.1:$1.
+wait_for_port() {
+    for _ in $(seq 1 300); do
+        python3 -c "import socket, sys; socket.create_connection(('127.0.0.1', int(sys.argv[1])), 1)" "$1" \
+            2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "proxy-instructions: nothing listens on port $1" >&2
+    return 1
+}
+
 floor=""
-measure() { # label keyed command...
-    local label=$1 keyed=$2; shift 2
-    local out=$work/$label.callgrind
-    MCP_IDEM_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
-        "$@" 2>"$work/$label.log" &
+# Starts the command, warms it up, counts CALLS calls, and prints its row. $port: the port to
+# call, or empty to read it from what the command prints.
+measure() { # label keyed port command...
+    local label=$1 keyed=$2 port=$3; shift 3
+    local out=$work/$label.out
+    if [ $mode = instructions ]; then
+        MCP_IDEM_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \
+            "$@" 2>"$work/$label.log" &
+    else
+        MCP_IDEM_LOG=error "$@" 2>"$work/$label.log" &
+    fi
     local pid=$!
     pids+=($pid)
-    local port
-    port=$(port_of "$work/$label.log")
+    if [ -n "$port" ]; then wait_for_port "$port"; else port=$(port_of "$work/$label.log"); fi
     python3 "$work/load.py" "$port" 300 "$keyed"
-    callgrind_control -i on "$pid" >/dev/null
-    python3 "$work/load.py" "$port" "$calls" "$keyed"
-    callgrind_control -i off "$pid" >/dev/null
-    callgrind_control -d "$pid" >/dev/null
+    if [ $mode = instructions ]; then
+        callgrind_control -i on "$pid" >/dev/null
+        python3 "$work/load.py" "$port" "$calls" "$keyed"
+        callgrind_control -i off "$pid" >/dev/null
+        callgrind_control -d "$pid" >/dev/null
+    else
+        strace -c -f -p "$pid" -o "$out" 2>/dev/null &
+        local tracer=$!
+        sleep 1 # strace attaches to every thread before the calls start
+        python3 "$work/load.py" "$port" "$calls" "$keyed"
+        kill -INT "$tracer"
+        wait "$tracer" 2>/dev/null || true
+    fi
     kill "$pid"
     wait "$pid" 2>/dev/null || true
-    local total
-    total=$(awk '/^totals:/ {print $2}' "$out.1")
-    local per_call=$((total / calls))
-    [ -n "$floor" ] || floor=$per_call
-    printf '| %s | %s | %s |\n' "$label" "$per_call" \
-        "$(awk -v a="$per_call" -v b="$floor" 'BEGIN {printf "%.2f", a / b}')"
+    if [ $mode = instructions ]; then
+        local total
+        total=$(awk '/^totals:/ {print $2}' "$out.1")
+        local per_call=$((total / calls))
+        [ -n "$floor" ] || floor=$per_call
+        printf '| %s | %s | %s |\n' "$label" "$per_call" \
+            "$(awk -v a="$per_call" -v b="$floor" 'BEGIN {printf "%.2f", a / b}')"
+    else
+        # strace's summary: "% time, seconds, usecs/call, calls, [errors,] syscall"; the name is
+        # the last field, the count the fourth. Calls made by idle threads on their own clock
+        # (SQLite's checkpointer's sleeps) are counted too, and show as such.
+        awk -v label="$label" -v calls="$calls" '
+            $1 ~ /^[0-9.]+$/ && NF >= 5 && $NF != "total" {
+                per = $4 / calls; all += per
+                if (per >= 0.01) parts = parts sprintf("%s%s %.2f", parts == "" ? "" : ", ", $NF, per)
+            }
+            END { printf "| %s | %.2f | %s |\n", label, all, parts }' "$out"
+    fi
 }
 
 proxy=(proxy --listen 127.0.0.1:0 --upstream "$upstream" --threads 1 --scope-by header:x-tenant
     --max-records-per-scope 1000000000 --max-records-total 1000000000)
-echo "| configuration | instructions per call | / bare hyper, buffered |"
-echo "| --- | --- | --- |"
-measure "bare hyper, buffered" 1 "$bench" --as-hyper-proxy "$upstream" buffered
-measure "bare hyper proxy" 1 "$bench" --as-hyper-proxy "$upstream"
-measure "proxy, no key" 0 "$bin" "${proxy[@]}" --store memory
-measure "proxy, memory" 1 "$bin" "${proxy[@]}" --store memory
-measure "proxy, SQLite" 1 "$bin" "${proxy[@]}" --store "sqlite:$work/idem.sqlite3"
+if [ $mode = instructions ]; then
+    echo "| configuration | instructions per call | / nginx |"
+    echo "| --- | --- | --- |"
+else
+    echo "| configuration | system calls per call | of which, per call |"
+    echo "| --- | --- | --- |"
+fi
+nginx=$(command -v nginx || ls /usr/sbin/nginx 2>/dev/null || true)
+if [ -n "$nginx" ]; then
+    nginx_port=$(python3 -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+    mkdir -p "$work/nginx"
+    cat >"$work/nginx/nginx.conf" <<EOF
+daemon off;
+master_process off;
+worker_processes 1;
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log error;
+events { worker_connections 1024; }
+http {
+    access_log off;
+    client_body_temp_path $work/nginx/body;
+    proxy_temp_path $work/nginx/proxy;
+    fastcgi_temp_path $work/nginx/fastcgi;
+    uwsgi_temp_path $work/nginx/uwsgi;
+    scgi_temp_path $work/nginx/scgi;
+    upstream mcp {
+        server ${upstream#http://};
+        keepalive 32;
+    }
+    server {
+        listen 127.0.0.1:$nginx_port;
+        location / {
+            proxy_pass http://mcp;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host \$host;
+            proxy_buffering off;
+        }
+    }
+}
+EOF
+    measure "nginx" 1 "$nginx_port" "$nginx" -e stderr -p "$work/nginx" -c "$work/nginx/nginx.conf"
+else
+    echo "(nginx is not installed: its row is left out, and the ratios are to the next row)"
+fi
+measure "bare hyper, buffered" 1 "" "$bench" --as-hyper-proxy "$upstream" buffered
+measure "bare hyper proxy" 1 "" "$bench" --as-hyper-proxy "$upstream"
+measure "proxy, no key" 0 "" "$bin" "${proxy[@]}" --store memory
+measure "proxy, memory" 1 "" "$bin" "${proxy[@]}" --store memory
+measure "proxy, SQLite" 1 "" "$bin" "${proxy[@]}" --store "sqlite:$work/idem.sqlite3"
 redis_url=${REDIS_URL:-redis://127.0.0.1:6379}
 if [ "$(redis-cli -u "$redis_url" ping 2>/dev/null)" = PONG ]; then
-    measure "proxy, Redis" 1 "$bin" "${proxy[@]}" --store "$redis_url" \
+    measure "proxy, Redis" 1 "" "$bin" "${proxy[@]}" --store "$redis_url" \
         --namespace "proxy-instructions-$$" --retention 10m
 else
     echo "(no Redis answered at $redis_url: its row is left out)"
