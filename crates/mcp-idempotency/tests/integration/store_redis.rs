@@ -362,7 +362,9 @@ impl PrivateServer {
             Ok(child) => Some(Self { child }),
             Err(err) if in_ci() => panic!("CI=true but redis-server cannot be started: {err}"),
             Err(err) => {
-                eprintln!("NOTE: skipping the outage check: cannot start redis-server: {err}");
+                eprintln!(
+                    "NOTE: skipping a check on a private redis-server: cannot start it: {err}"
+                );
                 None
             }
         }
@@ -413,18 +415,43 @@ async fn wait_until_up(url: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_operation_works_after_the_server_lost_its_scripts() {
-    // A private server: `SCRIPT FLUSH` on the shared one would touch every other check's scripts.
+/// A `redis-server` of the check's own on a free port, and a store on it.
+struct Private {
+    server: PrivateServer,
+    store: RedisStore,
+    port: u16,
+    url: String,
+}
+
+/// Starts a [`Private`] server, or `None` (with a note) when redis-server cannot start outside CI.
+async fn private_store() -> Option<Private> {
     let port = free_port();
     let url = format!("redis://127.0.0.1:{port}");
-    let Some(_server) = PrivateServer::start(port) else {
-        return;
-    };
+    let server = PrivateServer::start(port)?;
     wait_until_up(&url).await;
     let store = RedisStore::open_with_prefix(&url, &random_prefix())
         .await
         .expect("open");
+    Some(Private {
+        server,
+        store,
+        port,
+        url,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_works_after_the_server_lost_its_scripts() {
+    // A private server: `SCRIPT FLUSH` on the shared one would touch every other check's scripts.
+    let Some(Private {
+        server: _running,
+        store,
+        url,
+        ..
+    }) = private_store().await
+    else {
+        return;
+    };
     let mut conn = redis::Client::open(url.as_str())
         .expect("url parses")
         .get_multiplexed_async_connection()
@@ -463,15 +490,15 @@ async fn every_operation_works_after_the_server_lost_its_scripts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_is_unavailable_and_the_store_recovers() {
-    let port = free_port();
-    let url = format!("redis://127.0.0.1:{port}");
-    let Some(server) = PrivateServer::start(port) else {
+    let Some(Private {
+        server,
+        store,
+        port,
+        url,
+    }) = private_store().await
+    else {
         return;
     };
-    wait_until_up(&url).await;
-    let store = RedisStore::open_with_prefix(&url, &random_prefix())
-        .await
-        .expect("open");
     let scope = "outage";
     let first = claim_req(&record_id(scope, "p", "before"), T0);
     assert_eq!(store.claim(&first).await.unwrap(), ClaimOutcome::Claimed);
@@ -532,15 +559,9 @@ async fn an_outage_is_unavailable_and_the_store_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_that_stops_answering_is_unavailable_not_a_hang() {
-    let port = free_port();
-    let url = format!("redis://127.0.0.1:{port}");
-    let Some(server) = PrivateServer::start(port) else {
+    let Some(Private { server, store, .. }) = private_store().await else {
         return;
     };
-    wait_until_up(&url).await;
-    let store = RedisStore::open_with_prefix(&url, &random_prefix())
-        .await
-        .expect("open");
     let signal = |name: &str| {
         let status = Command::new("kill")
             .args([name, &server.child.id().to_string()])
