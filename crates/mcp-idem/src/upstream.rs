@@ -158,6 +158,12 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 ];
 
 fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    // Most messages carry none: one pass over the names they have costs less than a lookup of
+    // each hop-by-hop name.
+    let hop_by_hop = |name: &HeaderName| name == CONNECTION || HOP_BY_HOP.contains(name);
+    if !headers.keys().any(hop_by_hop) {
+        return;
+    }
     if headers.contains_key(CONNECTION) {
         let listed: Vec<HeaderName> = headers
             .get_all(CONNECTION)
@@ -313,5 +319,24 @@ mod tests {
         strip_hop_by_hop(&mut headers);
         assert_eq!(headers.len(), 1);
         assert!(headers.contains_key("mcp-method"));
+    }
+
+    #[test]
+    fn each_hop_by_hop_header_alone_is_removed_and_others_are_kept() {
+        for name in HOP_BY_HOP.iter().chain([&CONNECTION]) {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(name.clone(), HeaderValue::from_static("1"));
+            headers.insert("mcp-method", HeaderValue::from_static("tools/call"));
+            strip_hop_by_hop(&mut headers);
+            assert!(!headers.contains_key(name), "{name}");
+            assert!(headers.contains_key("mcp-method"), "{name}");
+        }
+        let mut headers = http::HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("x-tenant", HeaderValue::from_static("a"));
+        headers.append("x-tenant", HeaderValue::from_static("b"));
+        let before = headers.clone();
+        strip_hop_by_hop(&mut headers);
+        assert_eq!(headers, before);
     }
 }
