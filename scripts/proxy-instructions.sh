@@ -6,9 +6,11 @@
 #
 #   cargo build --release -p mcp-idem --bins --bench http_throughput
 #   scripts/proxy-instructions.sh [--syscalls] [CALLS]   # default 2000 calls per configuration
+#   IN_FLIGHT=16 scripts/proxy-instructions.sh ...        # CALLS over 16 connections at once
 #
 # One `mcp-idem demo-server --http` is the upstream. 300 calls warm each proxy up, then CALLS
-# sequential `tools/call`s of the `noop` tool on one keep-alive connection are counted: under
+# sequential `tools/call`s of the `noop` tool on one keep-alive connection (IN_FLIGHT, default 1,
+# connections at once) are counted: under
 # callgrind with instrumentation off until then (`callgrind_control -i on/off`), or with
 # `strace -c -f` attached for them. Keyed rows carry a fresh `idempotencyKey` per call, so every
 # call executes and is recorded. The rows: nginx (Debian package nginx-light, configured as the
@@ -30,6 +32,7 @@ if [ "${1:-}" = --syscalls ]; then
     shift
 fi
 calls=${1:-2000}
+in_flight=${IN_FLIGHT:-1}
 bin=${MCP_IDEM_BIN:-target/release/mcp-idem}
 bench=$(ls -t target/release/deps/http_throughput-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
 tools=(valgrind callgrind_control python3)
@@ -49,21 +52,31 @@ cleanup() {
 trap cleanup EXIT
 
 cat >"$work/load.py" <<'EOF'
-import http.client, json, sys, uuid
-port, calls, keyed = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-connection = http.client.HTTPConnection("127.0.0.1", port)
+import http.client, json, sys, threading, uuid
+port, calls, keyed, in_flight = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 headers = {"content-type": "application/json", "accept": "application/json, text/event-stream",
            "mcp-protocol-version": "2025-06-18"}
-for i in range(calls):
-    params = {"name": "noop", "arguments": {"n": i}}
-    if keyed:
-        params["idempotencyKey"] = str(uuid.uuid4())
-    body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params})
-    connection.request("POST", "/mcp", body, dict(headers, **{"x-tenant": "t%d" % (i % 64)}))
-    response = connection.getresponse()
-    answer = response.read()
-    if response.status != 200 or b'"result"' not in answer:
-        sys.exit("call %d: %d %r" % (i, response.status, answer[:200]))
+failed = []
+def run(first):
+    connection = http.client.HTTPConnection("127.0.0.1", port)
+    for i in range(first, calls, in_flight):
+        params = {"name": "noop", "arguments": {"n": i}}
+        if keyed:
+            params["idempotencyKey"] = str(uuid.uuid4())
+        body = json.dumps({"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": params})
+        connection.request("POST", "/mcp", body, dict(headers, **{"x-tenant": "t%d" % (i % 64)}))
+        response = connection.getresponse()
+        answer = response.read()
+        if response.status != 200 or b'"result"' not in answer:
+            failed.append("call %d: %d %r" % (i, response.status, answer[:200]))
+            return
+threads = [threading.Thread(target=run, args=(first,)) for first in range(in_flight)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+if failed:
+    sys.exit(failed[0])
 EOF
 
 # Prints the port a process announced with "listening on http://127.0.0.1:PORT" in file $1.
@@ -109,17 +122,17 @@ measure() { # label keyed port command...
     local pid=$!
     pids+=($pid)
     if [ -n "$port" ]; then wait_for_port "$port"; else port=$(port_of "$work/$label.log"); fi
-    python3 "$work/load.py" "$port" 300 "$keyed"
+    python3 "$work/load.py" "$port" 300 "$keyed" "$in_flight"
     if [ $mode = instructions ]; then
         callgrind_control -i on "$pid" >/dev/null
-        python3 "$work/load.py" "$port" "$calls" "$keyed"
+        python3 "$work/load.py" "$port" "$calls" "$keyed" "$in_flight"
         callgrind_control -i off "$pid" >/dev/null
         callgrind_control -d "$pid" >/dev/null
     else
         strace -c -f -p "$pid" -o "$out" 2>/dev/null &
         local tracer=$!
         sleep 1 # strace attaches to every thread before the calls start
-        python3 "$work/load.py" "$port" "$calls" "$keyed"
+        python3 "$work/load.py" "$port" "$calls" "$keyed" "$in_flight"
         kill -INT "$tracer"
         wait "$tracer" 2>/dev/null || true
     fi

@@ -1,7 +1,6 @@
-//! The connection: taking SQLite's write lock without blocking async tasks, WAL mode and its
-//! checkpoints, and what SQLite's errors mean.
+//! The connection: waiting for SQLite's locks, WAL mode and its checkpoints, and what SQLite's
+//! errors mean.
 
-use std::sync::{Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use rusqlite::{Connection, ErrorCode};
@@ -9,33 +8,8 @@ use rusqlite::{Connection, ErrorCode};
 use super::Inner;
 use crate::store::StoreError;
 
-/// Runs `op` if the connection is free, with SQLite told not to wait for locks; `None` when the
-/// connection is taken or `op` found SQLite's write lock held, in which case nothing was written:
-/// every operation takes the write lock before its first change.
-pub(super) fn run_without_waiting<T>(
-    conn: &Mutex<Connection>,
-    op: &impl Fn(&mut Connection) -> Result<T, StoreError>,
-) -> Option<Result<T, StoreError>> {
-    let mut conn = match conn.try_lock() {
-        Ok(conn) => conn,
-        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) => return None,
-    };
-    if conn.busy_handler(None).is_err() {
-        return None;
-    }
-    let result = op(&mut conn);
-    if let Err(err) = wait_for_locks(&conn) {
-        return Some(Err(sql_error(err)));
-    }
-    match &result {
-        Err(err) if is_lock_conflict(err) => None,
-        _ => Some(result),
-    }
-}
-
 /// Whether `err` is SQLite reporting a lock held by another connection.
-fn is_lock_conflict(err: &StoreError) -> bool {
+pub(super) fn is_lock_conflict(err: &StoreError) -> bool {
     let StoreError::Unavailable {
         source: Some(source),
         ..

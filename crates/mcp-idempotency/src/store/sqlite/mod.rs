@@ -4,23 +4,25 @@
 //! | --- | --- |
 //! | `schema` | the tables, and creating them |
 //! | `quota` | claims, and the counters that make quotas exact |
-//! | `connection` | taking SQLite's write lock without blocking async tasks, WAL mode and its checkpoints, errors |
+//! | `batch` | group commit: the operations waiting for the connection run in one transaction |
+//! | `connection` | waiting for SQLite's locks, WAL mode and its checkpoints, errors |
 //! | this file | [`SqliteStore`] and its [`Store`] operations |
 //!
 //! Records are encoded as in PostgreSQL ([`sql_row`]).
 
+mod batch;
 mod connection;
 mod quota;
 mod schema;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+use self::batch::Writer;
 use self::connection::{
-    enable_wal, run_blocking, run_without_waiting, spawn_checkpointer, sql_error, wait_for_locks,
-    WAL_SIZE_LIMIT_BYTES,
+    enable_wal, run_blocking, spawn_checkpointer, sql_error, wait_for_locks, WAL_SIZE_LIMIT_BYTES,
 };
 use self::quota::{adjust_counts, claim, purge};
 use self::schema::migrate;
@@ -40,13 +42,15 @@ const SELECT_RECORD: &str = concat!(
     " FROM idem_records WHERE namespace = ?1 AND principal = ?2 AND key = ?3"
 );
 
-/// Records in a SQLite file (WAL mode, one transaction per claim).
+/// Records in a SQLite file (WAL mode, every operation in a write transaction).
 ///
-/// Several processes may share the file: claims take SQLite's write lock, so they are atomic across
-/// processes too. Commits use `synchronous=NORMAL`, which survives a crash of the process (the case
-/// that matters when a client restarts its server) but may lose the last commits on power loss.
-/// An operation runs on the calling thread when it can take SQLite's write lock at once, and on
-/// Tokio's blocking pool when it has to wait for another connection.
+/// Several processes may share the file: operations take SQLite's write lock, so they are atomic
+/// across processes too. Commits use `synchronous=NORMAL`, which survives a crash of the process
+/// (the case that matters when a client restarts its server) but may lose the last commits on
+/// power loss. Operations that wait for the connection at the same time share one transaction
+/// (group commit), and each answers only once it committed. An operation runs on the calling
+/// thread when it can take SQLite's write lock at once, and on Tokio's blocking pool when it has
+/// to wait for another connection.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -55,7 +59,7 @@ pub struct SqliteStore {
 #[derive(Debug)]
 struct Inner {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    writer: Arc<Writer>,
 }
 
 impl SqliteStore {
@@ -98,7 +102,7 @@ impl SqliteStore {
         })?;
         let inner = Arc::new(Inner {
             path: path.to_owned(),
-            conn: Mutex::new(conn),
+            writer: Writer::new(conn),
         });
         spawn_checkpointer(Arc::downgrade(&inner));
         Ok(Self { inner })
@@ -109,79 +113,17 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    /// Runs `op` on the connection. When the connection is free and SQLite's write lock can be
-    /// taken without waiting, `op` runs right away on the calling thread: a write transaction costs
-    /// tens of microseconds, less than handing it to another thread. Otherwise (another task of this
-    /// process holds the connection, or another process holds the write lock) it runs on Tokio's
-    /// blocking pool, where waiting up to [`BUSY_TIMEOUT`](connection::BUSY_TIMEOUT) for the lock
-    /// blocks no async task.
+    /// Runs `op` in a write transaction ([`Writer::run`]).
     fn with_conn<T: Send + 'static>(
         &self,
-        op: impl Fn(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+        op: impl Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> StoreFuture<'static, T> {
-        let inner = Arc::clone(&self.inner);
-        Box::pin(async move {
-            if let Some(result) = run_without_waiting(&inner.conn, &op) {
-                return result;
-            }
-            run_blocking(move || {
-                // A panic mid-transaction rolls the transaction back when it is dropped, so the
-                // connection stays consistent even if the lock was poisoned.
-                let mut conn = inner.conn.lock().unwrap_or_else(PoisonError::into_inner);
-                op(&mut conn)
-            })
-            .await
-        })
+        self.inner.writer.run(op)
     }
 }
 
 /// Prepared statements kept per connection: more than the store has.
 const STATEMENT_CACHE: usize = 64;
-
-/// A write transaction that takes SQLite's write lock when it begins (`BEGIN IMMEDIATE`), rolled
-/// back when dropped uncommitted (an error, a panic). Its three statements are prepared once per
-/// connection: rusqlite's own `Transaction` parses `BEGIN` and `COMMIT` anew on every use, which
-/// was a quarter of the instructions of a claim and its completion.
-pub(super) struct Immediate<'c> {
-    conn: &'c Connection,
-}
-
-impl<'c> Immediate<'c> {
-    pub(super) fn begin(conn: &'c mut Connection) -> Result<Self, StoreError> {
-        run_cached(conn, "BEGIN IMMEDIATE")?;
-        Ok(Self { conn })
-    }
-
-    pub(super) fn commit(self) -> Result<(), StoreError> {
-        // A failed COMMIT may leave the transaction open: the drop then rolls it back.
-        run_cached(self.conn, "COMMIT")
-    }
-}
-
-impl std::ops::Deref for Immediate<'_> {
-    type Target = Connection;
-
-    fn deref(&self) -> &Connection {
-        self.conn
-    }
-}
-
-impl Drop for Immediate<'_> {
-    fn drop(&mut self) {
-        if !self.conn.is_autocommit() {
-            if let Err(err) = run_cached(self.conn, "ROLLBACK") {
-                tracing::warn!(error = %err, "SQLite: cannot roll back a transaction");
-            }
-        }
-    }
-}
-
-fn run_cached(conn: &Connection, sql: &str) -> Result<(), StoreError> {
-    conn.prepare_cached(sql)
-        .and_then(|mut stmt| stmt.execute([]))
-        .map(drop)
-        .map_err(sql_error)
-}
 
 /// The record `id`, expired or not.
 fn read_record(tx: &Connection, id: &RecordId) -> Result<Option<Record>, StoreError> {
@@ -240,8 +182,16 @@ fn fenced_write(
 
 impl Store for SqliteStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        let req = req.clone();
-        self.with_conn(move |conn| claim(conn, &req))
+        let (retried, req) = (req.clone(), req.clone());
+        self.inner.writer.read_or_run(
+            // A retry finds its record with a plain read, which takes no write lock.
+            move |conn| {
+                let found = read_record(conn, &retried.id)?;
+                let live = found.filter(|record| !record.is_expired(retried.now));
+                Ok(live.map(|record| ClaimOutcome::found(&retried, record)))
+            },
+            move |tx| claim(tx, &req),
+        )
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
@@ -319,10 +269,9 @@ impl Store for SqliteStore {
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
         let id = id.clone();
-        self.with_conn(move |conn| {
-            let tx = Immediate::begin(conn)?;
+        self.with_conn(move |tx| {
             let fenced = fenced_write(
-                &tx,
+                tx,
                 "DELETE FROM idem_records \
                  WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND owner = ?4",
                 params![
@@ -333,9 +282,8 @@ impl Store for SqliteStore {
                 ],
             )?;
             if fenced == Fenced::Applied {
-                adjust_counts(&tx, &id.scope, -1)?;
+                adjust_counts(tx, &id.scope, -1)?;
             }
-            tx.commit()?;
             Ok(fenced)
         })
     }
@@ -348,12 +296,7 @@ impl Store for SqliteStore {
     }
 
     fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
-        self.with_conn(move |conn| {
-            let tx = Immediate::begin(conn)?;
-            let purged = purge(&tx, now)?;
-            tx.commit()?;
-            Ok(purged)
-        })
+        self.with_conn(move |tx| purge(tx, now))
     }
 
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
@@ -389,8 +332,7 @@ impl Store for SqliteStore {
 
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
         let id = id.clone();
-        self.with_conn(move |conn| {
-            let tx = Immediate::begin(conn)?;
+        self.with_conn(move |tx| {
             let deleted = tx
                 .prepare_cached(
                     "DELETE FROM idem_records WHERE namespace = ?1 AND principal = ?2 AND key = ?3",
@@ -405,9 +347,8 @@ impl Store for SqliteStore {
                 .map_err(sql_error)?
                 == 1;
             if deleted {
-                adjust_counts(&tx, &id.scope, -1)?;
+                adjust_counts(tx, &id.scope, -1)?;
             }
-            tx.commit()?;
             Ok(deleted)
         })
     }

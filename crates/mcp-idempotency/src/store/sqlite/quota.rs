@@ -1,40 +1,35 @@
-//! Claims, and the counters that make quotas exact: one immediate transaction reads the record,
+//! Claims, and the counters that make quotas exact: in one write transaction a claim reads the record,
 //! checks the scope's and the store's counts, and inserts the record and counts it, or refuses
 //! (after purging expired records once).
 
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::connection::sql_error;
-use super::{read_record, Immediate};
+use super::read_record;
 use crate::record::Scope;
 use crate::store::sql_row::{sql_time, ClaimColumns};
 use crate::store::{ClaimOutcome, ClaimRequest, QuotaExceeded, StoreError};
 use crate::time::Timestamp;
 
-/// Claims `req.id`: one immediate transaction that reads the record, checks the quotas, and inserts
+/// Claims `req.id` in the write transaction `tx`: reads the record, checks the quotas, and inserts
 /// and counts the record (an expired record is replaced in place and stays counted).
-pub(super) fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-    // A retry finds its record with a plain read, which takes no write lock.
-    if let Some(record) = read_record(conn, &req.id)?.filter(|r| !r.is_expired(req.now)) {
-        return Ok(ClaimOutcome::found(req, record));
-    }
-    let tx = Immediate::begin(conn)?;
+pub(super) fn claim(tx: &Connection, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
     let scope = &req.id.scope;
-    let existing = read_record(&tx, &req.id)?;
+    let existing = read_record(tx, &req.id)?;
     if let Some(record) = existing.as_ref().filter(|r| !r.is_expired(req.now)) {
         return Ok(ClaimOutcome::found(req, record.clone()));
     }
     if existing.is_none() {
-        if let Some(quota) = over_quota(&tx, req)? {
-            if !has_expired(&tx, req.now)? {
+        if let Some(quota) = over_quota(tx, req)? {
+            if !has_expired(tx, req.now)? {
                 return Ok(ClaimOutcome::QuotaExceeded(quota));
             }
-            purge(&tx, req.now)?;
-            if let Some(quota) = over_quota(&tx, req)? {
+            purge(tx, req.now)?;
+            if let Some(quota) = over_quota(tx, req)? {
                 return Ok(ClaimOutcome::QuotaExceeded(quota));
             }
         }
-        adjust_counts(&tx, scope, 1)?;
+        adjust_counts(tx, scope, 1)?;
     }
     tx.prepare_cached(
         "INSERT OR REPLACE INTO idem_records (namespace, principal, key, fingerprint, tool_name, \
@@ -56,7 +51,6 @@ pub(super) fn claim(conn: &mut Connection, req: &ClaimRequest) -> Result<ClaimOu
         ])
     })
     .map_err(sql_error)?;
-    tx.commit()?;
     Ok(ClaimOutcome::Claimed)
 }
 
