@@ -7,6 +7,7 @@
 #   cargo build --release -p mcp-idem --bins --bench http_throughput
 #   scripts/proxy-instructions.sh [--syscalls] [CALLS]   # default 2000 calls per configuration
 #   IN_FLIGHT=16 scripts/proxy-instructions.sh ...        # CALLS over 16 connections at once
+#   ROWS=nginx,sqlite scripts/proxy-instructions.sh ...   # only the rows whose names have these
 #
 # One `mcp-idem demo-server --http` is the upstream. 300 calls warm each proxy up, then CALLS
 # sequential `tools/call`s of the `noop` tool on one keep-alive connection (IN_FLIGHT, default 1,
@@ -112,6 +113,7 @@ floor=""
 # call, or empty to read it from what the command prints.
 measure() { # label keyed port command...
     local label=$1 keyed=$2 port=$3; shift 3
+    if [ -n "${ROWS:-}" ] && ! grep -qiE "${ROWS//,/|}" <<<"$label"; then return 0; fi
     local out=$work/$label.out
     if [ $mode = instructions ]; then
         MCP_IDEM_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$out" \

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
+use std::task::Poll;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -120,7 +121,7 @@ impl Writer {
         };
         if leads {
             let leader = Leader(Some(Arc::clone(&self)));
-            tokio::task::yield_now().await;
+            yield_to_ready_tasks().await;
             leader.lead_here();
         }
         answer.await.unwrap_or_else(|_| {
@@ -216,6 +217,23 @@ impl Writer {
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Lets the tasks that are ready to run go first, so that they queue their operations for the
+/// leader's transaction: the task wakes itself, which puts it back at the end of the runtime's
+/// queue. `tokio::task::yield_now` would also make the runtime poll for I/O first: one system call
+/// more per transaction, and about 5k instructions.
+async fn yield_to_ready_tasks() {
+    let mut yielded = false;
+    std::future::poll_fn(|cx| {
+        if yielded {
+            return Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    })
+    .await;
 }
 
 /// The leader's role, held by the operation that found no leader while it lets other tasks queue

@@ -114,11 +114,23 @@ impl SqliteStore {
     }
 
     /// Runs `op` in a write transaction ([`Writer::run`]).
-    fn with_conn<T: Send + 'static>(
+    fn write<T: Send + 'static>(
         &self,
         op: impl Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> StoreFuture<'static, T> {
         self.inner.writer.run(op)
+    }
+
+    /// Runs the read `op` outside any write transaction when the connection is free, so that it
+    /// takes no write lock; in the next write transaction otherwise ([`Writer::read_or_run`]).
+    fn read<T: Send + 'static>(
+        &self,
+        op: impl Fn(&Connection) -> Result<T, StoreError> + Clone + Send + 'static,
+    ) -> StoreFuture<'static, T> {
+        let now = op.clone();
+        self.inner
+            .writer
+            .read_or_run(move |conn| now(conn).map(Some), op)
     }
 }
 
@@ -195,7 +207,7 @@ impl Store for SqliteStore {
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        self.with_conn(move |conn| {
+        self.write(move |conn| {
             let (kind, body) = (req.outcome.kind().as_str(), req.outcome.body());
             fenced_write(
                 conn,
@@ -221,7 +233,7 @@ impl Store for SqliteStore {
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
         let req = req.clone();
-        self.with_conn(move |conn| {
+        self.write(move |conn| {
             fenced_write(
                 conn,
                 // The second branch finds this take-over sent again, and changes nothing.
@@ -251,7 +263,7 @@ impl Store for SqliteStore {
         lease_expires_at: Timestamp,
     ) -> StoreFuture<'a, Fenced> {
         let id = id.clone();
-        self.with_conn(move |conn| {
+        self.write(move |conn| {
             fenced_write(
                 conn,
                 "UPDATE idem_records SET lease_expires_at = ?5, expires_at = MAX(expires_at, ?5) \
@@ -269,7 +281,7 @@ impl Store for SqliteStore {
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
         let id = id.clone();
-        self.with_conn(move |tx| {
+        self.write(move |tx| {
             let fenced = fenced_write(
                 tx,
                 "DELETE FROM idem_records \
@@ -290,17 +302,15 @@ impl Store for SqliteStore {
 
     fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
         let id = id.clone();
-        self.with_conn(move |conn| {
-            Ok(read_record(conn, &id)?.filter(|record| !record.is_expired(now)))
-        })
+        self.read(move |conn| Ok(read_record(conn, &id)?.filter(|record| !record.is_expired(now))))
     }
 
     fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
-        self.with_conn(move |tx| purge(tx, now))
+        self.write(move |tx| purge(tx, now))
     }
 
     fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
-        self.with_conn(move |conn| {
+        self.read(move |conn| {
             conn.query_row(
                 "SELECT \
                    COALESCE(SUM(expires_at > ?1 AND owner IS NOT NULL), 0), \
@@ -327,12 +337,12 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> StoreFuture<'a, Vec<Record>> {
         let filter = filter.clone();
-        self.with_conn(move |conn| list(conn, &filter, now, limit))
+        self.read(move |conn| list(conn, &filter, now, limit))
     }
 
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
         let id = id.clone();
-        self.with_conn(move |tx| {
+        self.write(move |tx| {
             let deleted = tx
                 .prepare_cached(
                     "DELETE FROM idem_records WHERE namespace = ?1 AND principal = ?2 AND key = ?3",
