@@ -135,7 +135,8 @@ impl Writer {
     /// As the leader: runs one transaction on this thread, telling SQLite not to wait for locks,
     /// and leaves what is still queued to a leader that may wait.
     fn lead_here(self: &Arc<Self>) {
-        // Only a read (microseconds, never waiting for a lock) can hold the connection now.
+        // Only a read (it never waits for a lock) or a leader that just found the queue empty can
+        // hold the connection now; either lets it go within microseconds.
         let conn = self.lock_conn();
         if conn.busy_handler(None).is_ok() {
             let batch = self.take_batch();
@@ -221,8 +222,8 @@ impl Writer {
 
 /// Lets the tasks that are ready to run go first, so that they queue their operations for the
 /// leader's transaction: the task wakes itself, which puts it back at the end of the runtime's
-/// queue. `tokio::task::yield_now` would also make the runtime poll for I/O first: one system call
-/// more per transaction, and about 5k instructions.
+/// queue. `tokio::task::yield_now` would also make the runtime poll for I/O first: one
+/// `epoll_wait` more per transaction (docs/benchmarks.md, fifth round of issue 16).
 async fn yield_to_ready_tasks() {
     let mut yielded = false;
     std::future::poll_fn(|cx| {
