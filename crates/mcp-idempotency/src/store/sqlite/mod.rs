@@ -127,10 +127,10 @@ impl SqliteStore {
         &self,
         op: impl Fn(&Connection) -> Result<T, StoreError> + Clone + Send + 'static,
     ) -> StoreFuture<'static, T> {
-        let now = op.clone();
+        let at_once = op.clone();
         self.inner
             .writer
-            .read_or_run(move |conn| now(conn).map(Some), op)
+            .read_or_run(move |conn| at_once(conn).map(Some), op)
     }
 }
 
@@ -194,7 +194,9 @@ fn fenced_write(
 
 impl Store for SqliteStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        let (retried, req) = (req.clone(), req.clone());
+        // One copy of the request, for both the read and the write.
+        let req = Arc::new(req.clone());
+        let retried = Arc::clone(&req);
         self.inner.writer.read_or_run(
             // A retry finds its record with a plain read, which takes no write lock.
             move |conn| {
