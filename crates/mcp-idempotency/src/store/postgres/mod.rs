@@ -7,7 +7,8 @@
 //! each other nor for each other's commit. Times are the caller's milliseconds, never the
 //! database clock; records are encoded as in SQLite ([`sql_row`]).
 //!
-//! Claims run under READ COMMITTED; the common case is one statement (one round trip). A claim
+//! Claims run under READ COMMITTED; the common case is one statement (one round trip), and
+//! claims and completions that wait at the same time share one (the `batch` module). A claim
 //! whose counter shard has no room (near a limit, for the first claim of a scope, or under another
 //! limit than the one the shards' capacities were computed for) takes the exact path instead, one
 //! transaction that locks the whole counter. Quotas are therefore exact: a claim is refused if and
@@ -21,10 +22,12 @@
 //! | `quota` | claims: the counter shards and their capacities, the one-statement and exact paths, why quotas are exact, what it costs |
 //! | `sql` | every statement, the two server-side functions for claims and completions, and the lock order that keeps them from deadlocking |
 //! | `params` | statement parameters with their types: every statement is unnamed (PgBouncer) |
+//! | `batch` | group commit: claims and completions that wait at the same time, in one statement |
 //! | `pool` | the connection pool, timeouts, retries, and errors |
 //! | `config` | the URL: the `schema` parameter, schema names, timeouts, the description errors show |
 //! | this file | [`PostgresStore`] and its [`Store`] operations |
 
+mod batch;
 mod config;
 mod params;
 mod pool;
@@ -59,7 +62,9 @@ const PURGE_BATCH: i64 = 10_000;
 /// Records in a PostgreSQL database, through a pool of connections.
 ///
 /// Every operation is a single statement (or, for a claim near a quota limit, one transaction),
-/// atomic on its own, so any number of processes and machines may share the database. Operations
+/// atomic on its own, so any number of processes and machines may share the database. Claims and
+/// completions that wait at the same time share one statement, and so one commit; each still
+/// answers only once that commit is done. Operations
 /// fail with [`StoreError::Unavailable`] within a bounded time when the server cannot be reached
 /// (the connect timeout, 5 s unless the URL sets `connect_timeout`, to open a connection; 10 s for
 /// a statement or to wait for a busy pool), and the pool reconnects by itself once it is back.
@@ -99,6 +104,7 @@ struct Inner {
     target: String,
     schema: String,
     sql: Sql,
+    batcher: batch::Batcher,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -155,46 +161,55 @@ impl PostgresStore {
                 target,
                 schema: schema.to_owned(),
                 sql,
+                batcher: batch::Batcher::default(),
             }),
+        })
+    }
+}
+
+impl PostgresStore {
+    /// Claims `req` in a statement (or, on the exact path, a transaction) of its own.
+    async fn claim_alone(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        run!(self, "claim", |client| quota::claim(
+            &mut client,
+            &self.inner,
+            req
+        )
+        .await)
+    }
+
+    /// Records `req`'s outcome in a statement of its own.
+    async fn complete_alone(&self, req: &CompleteRequest) -> Result<Fenced, StoreError> {
+        let kind = req.outcome.kind().as_str();
+        let body = req.outcome.body();
+        let body: &str = &body;
+        run!(self, "complete", |client| {
+            fenced_call(
+                &client,
+                &self.inner.sql.complete,
+                &params![
+                    req.id.scope.namespace(),
+                    req.id.scope.principal(),
+                    req.id.key.as_str(),
+                    sql_token(req.owner),
+                    kind,
+                    body,
+                    sql_time(req.completed_at),
+                    sql_time(req.expires_at),
+                ],
+            )
+            .await
         })
     }
 }
 
 impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(async move {
-            run!(self, "claim", |client| quota::claim(
-                &mut client,
-                &self.inner,
-                req
-            )
-            .await)
-        })
+        Box::pin(self.claim_grouped(req))
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        Box::pin(async move {
-            let kind = req.outcome.kind().as_str();
-            let body = req.outcome.body();
-            let body: &str = &body;
-            run!(self, "complete", |client| {
-                fenced_call(
-                    &client,
-                    &self.inner.sql.complete,
-                    &params![
-                        req.id.scope.namespace(),
-                        req.id.scope.principal(),
-                        req.id.key.as_str(),
-                        sql_token(req.owner),
-                        kind,
-                        body,
-                        sql_time(req.completed_at),
-                        sql_time(req.expires_at),
-                    ],
-                )
-                .await
-            })
-        })
+        Box::pin(self.complete_grouped(req))
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {

@@ -47,6 +47,18 @@ impl Param for Vec<i64> {
     const TYPE: Type = Type::INT8_ARRAY;
 }
 
+impl Param for Vec<i16> {
+    const TYPE: Type = Type::INT2_ARRAY;
+}
+
+impl Param for Vec<&str> {
+    const TYPE: Type = Type::TEXT_ARRAY;
+}
+
+impl Param for Vec<&[u8]> {
+    const TYPE: Type = Type::BYTEA_ARRAY;
+}
+
 /// A parameter as `query_typed` takes it.
 pub(super) type Typed<'a> = (&'a (dyn ToSql + Sync), Type);
 

@@ -174,7 +174,7 @@ enum Attempt {
 /// The counter shard of a record: FNV-1a over its scope and key, modulo [`SHARDS`]. Any choice
 /// would be correct, since the shard is stored with the record; hashing spreads claims evenly and
 /// sends retries of one claim to the same rows.
-fn shard_of(id: &RecordId) -> i16 {
+pub(super) fn shard_of(id: &RecordId) -> i16 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     // 0xff never occurs in UTF-8, so it separates the parts unambiguously.
     for byte in id
@@ -390,7 +390,7 @@ fn shard_refusal(err: &tokio_postgres::Error) -> Option<Counter> {
 }
 
 /// Limits are `u64`; stored as `bigint`, clamped.
-fn sql_limit(limit: u64) -> i64 {
+pub(super) fn sql_limit(limit: u64) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 

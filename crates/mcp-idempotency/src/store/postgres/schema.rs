@@ -22,9 +22,10 @@
 //! * `idem_shard_guard`: always empty. Its two `CHECK` constraints turn "a counter shard has no
 //!   room" into an error that aborts the claiming statement (see the `quota` module).
 //!
-//! Two PL/pgSQL functions run the statements of every executed call, so that the server plans
+//! Three PL/pgSQL functions run the statements of every executed call, so that the server plans
 //! them once per connection (see [`CLAIM_FUNCTION`](super::sql::CLAIM_FUNCTION)):
-//! `idem_claim_v1` and `idem_complete_v1`. Opening the store creates them when they are missing,
+//! `idem_claim_v1` and `idem_complete_v1`, and `idem_batch_v1`, which runs several of both in one
+//! statement (see the `batch` module). Opening the store creates them when they are missing,
 //! whatever the version; their names carry their own version, so builds with other bodies keep
 //! calling theirs. A role that may not create them in the schema cannot open it until they exist.
 //!
@@ -43,7 +44,9 @@ use deadpool_postgres::{Object, Pool};
 use super::params::params;
 use super::pool::{explain, is_connection_error, pool_error, OpError, OPERATION_TIMEOUT};
 use super::quota::SHARDS;
-use super::sql::{CLAIM_ARGS, CLAIM_FUNCTION, COMPLETE_ARGS, COMPLETE_FUNCTION};
+use super::sql::{
+    batch_args, BATCH_FUNCTION, CLAIM_ARGS, CLAIM_FUNCTION, COMPLETE_ARGS, COMPLETE_FUNCTION,
+};
 use crate::store::StoreError;
 
 /// The schema version this build creates and understands.
@@ -251,10 +254,12 @@ async fn migrate(
     // theirs.
     let present: bool = tx
         .query_typed_one(
-            "SELECT to_regprocedure($1) IS NOT NULL AND to_regprocedure($2) IS NOT NULL",
+            "SELECT to_regprocedure($1) IS NOT NULL AND to_regprocedure($2) IS NOT NULL
+                AND to_regprocedure($3) IS NOT NULL",
             &params![
                 format!("{quoted}.{CLAIM_FUNCTION}({CLAIM_ARGS})"),
                 format!("{quoted}.{COMPLETE_FUNCTION}({COMPLETE_ARGS})"),
+                format!("{quoted}.{BATCH_FUNCTION}({})", batch_args()),
             ],
         )
         .await?

@@ -11,9 +11,14 @@
 //! one store row or all 16 in shard order (a conditional increment that found no room may leave its
 //! row locked, so the transaction is rolled back before the counter is locked exactly); purges lock
 //! records, then the scope rows they decrement and then the store rows, each sorted (`ORDER BY …
-//! FOR UPDATE`); dropping empty scopes locks scope rows sorted. Since nobody waits for a lock
-//! that comes earlier in the order than one it holds, these cannot deadlock each other (purges
-//! also take turns on an advisory lock, since the records they delete are not sorted).
+//! FOR UPDATE`); dropping empty scopes locks scope rows sorted; a batch ([`BATCH_FUNCTION`])
+//! locks its records sorted by `(namespace, principal, key)`, then its scope rows and its store
+//! rows, each sorted. Since nobody waits for a lock that comes earlier in the order than one it
+//! holds, these cannot deadlock each other (purges also take turns on an advisory lock, since the
+//! records they delete are not sorted). One pair can: a purge and a batch that replaces two
+//! expired records the purge is deleting, in the other order. PostgreSQL then aborts one of them
+//! (after `deadlock_timeout`), and it runs again: the purge as any aborted statement, the batch's
+//! operations each alone.
 
 use super::quota::SHARDS;
 use crate::store::sql_row::RECORD_COLUMNS;
@@ -41,7 +46,11 @@ pub(super) struct Sql {
     pub(super) purge: String,
     pub(super) drop_empty_scopes: String,
     pub(super) stats: String,
-    /// Creates (or replaces) the store's functions: [`CLAIM_FUNCTION`] and [`COMPLETE_FUNCTION`].
+    /// A call of [`BATCH_FUNCTION`]: `(item, state, record columns…)` rows, one per claim
+    /// (`item` 1, 2, … in the order of the claim arrays) and one per completion (`item` −1, −2, …).
+    pub(super) batch: String,
+    /// Creates (or replaces) the store's functions: [`CLAIM_FUNCTION`], [`COMPLETE_FUNCTION`] and
+    /// [`BATCH_FUNCTION`].
     pub(super) functions: String,
 }
 
@@ -65,21 +74,65 @@ pub(super) const CLAIM_ARGS: &str =
     "text, text, text, bytea, text, bigint, bigint, bigint, bigint, bigint, bigint, smallint";
 pub(super) const COMPLETE_ARGS: &str = "text, text, text, bigint, text, text, bigint, bigint";
 
+/// The server-side function that runs several claims and completions in one statement, and so
+/// in one transaction with one commit (see the `batch` module), with the parameters of
+/// [`Sql::batch`]: one array per column, claims first, then completions.
+pub(super) const BATCH_FUNCTION: &str = "idem_batch_v1";
+/// The arguments of [`BATCH_FUNCTION`], named: the claims' columns (`c_…`, as the claim
+/// function's first twelve), then the completions' (`d_…`, as the completion function's).
+const BATCH_PARAMS: [(&str, &str); 20] = [
+    ("c_namespace", "text[]"),
+    ("c_principal", "text[]"),
+    ("c_key", "text[]"),
+    ("c_fingerprint", "bytea[]"),
+    ("c_tool_name", "text[]"),
+    ("c_owner", "bigint[]"),
+    ("c_lease_expires_at", "bigint[]"),
+    ("c_now", "bigint[]"),
+    ("c_expires_at", "bigint[]"),
+    ("c_scope_limit", "bigint[]"),
+    ("c_total_limit", "bigint[]"),
+    ("c_shard", "smallint[]"),
+    ("d_namespace", "text[]"),
+    ("d_principal", "text[]"),
+    ("d_key", "text[]"),
+    ("d_owner", "bigint[]"),
+    ("d_kind", "text[]"),
+    ("d_body", "text[]"),
+    ("d_completed_at", "bigint[]"),
+    ("d_expires_at", "bigint[]"),
+];
+
+/// The argument types of [`BATCH_FUNCTION`], as `to_regprocedure` reads them.
+pub(super) fn batch_args() -> String {
+    BATCH_PARAMS.map(|(_, ty)| ty).join(", ")
+}
+
+/// The claim's columns as the parameters `$1` to `$9` of the claim statements (the order of
+/// [`ClaimColumns`](crate::store::sql_row::ClaimColumns)).
+const CLAIM_PARAMS: [&str; 9] = ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"];
+
+/// The completion's values as the parameters `$1` to `$8` of [`COMPLETE_FUNCTION`]: the record
+/// (namespace, principal, key), owner, outcome kind, body, completed_at, expires_at.
+const COMPLETE_PARAMS: [&str; 8] = ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8"];
+
 /// Inserts a record, or replaces an expired one (keeping its shard), returning whether it was a
-/// fresh insert; returns nothing when a live record holds the key. Parameters as for
-/// [`Sql::claim`], with the shard as `$shard`.
-fn insert_record(s: &str, shard: &str) -> String {
+/// fresh insert; returns nothing when a live record holds the key. `v` holds the claim's values
+/// in the order of [`CLAIM_PARAMS`], `shard` the record's shard.
+fn insert_record(s: &str, v: [&str; 9], shard: &str) -> String {
+    let [namespace, principal, key, fingerprint, tool, owner, lease, now, expires] = v;
     format!(
         "INSERT INTO {s}.idem_records AS r (namespace, principal, key, fingerprint, tool_name,
             owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at,
             expires_at, shard)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, NULL, NULL, NULL, $8, $9, {shard})
+        VALUES ({namespace}, {principal}, {key}, {fingerprint}, {tool}, {owner}, {lease}, NULL,
+            NULL, NULL, {now}, {expires}, {shard})
         ON CONFLICT (namespace, principal, key) DO UPDATE SET
             fingerprint = EXCLUDED.fingerprint, tool_name = EXCLUDED.tool_name,
             owner = EXCLUDED.owner, lease_expires_at = EXCLUDED.lease_expires_at,
             outcome_kind = NULL, outcome_body = NULL, completed_at = NULL,
             created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
-        WHERE r.expires_at <= $8
+        WHERE r.expires_at <= {now}
         RETURNING (r.xmax = 0) AS created"
     )
 }
@@ -119,10 +172,14 @@ impl Sql {
             // $12 shard. The total update reads `scope_count` so that it runs (and locks) after
             // it, and only when the scope had room.
             claim: format!("SELECT * FROM {s}.{CLAIM_FUNCTION}({})", placeholders(12)),
-            functions: functions(s, &claim_statement(s), &complete_statement(s)),
+            batch: format!(
+                "SELECT * FROM {s}.{BATCH_FUNCTION}({})",
+                placeholders(BATCH_PARAMS.len())
+            ),
+            functions: functions(s),
             // The exact path, statement by statement in one transaction. $1 to $9 as for
             // `claim`, $10 shard.
-            insert_record: insert_record(s, "$10"),
+            insert_record: insert_record(s, CLAIM_PARAMS, "$10"),
 
             // $1 namespace, $2 principal, $3 shard, $4 limit.
             bump_scope: format!(
@@ -301,26 +358,32 @@ fn claim_statement(s: &str) -> String {
         UNION ALL
         SELECT false, {RECORD_COLUMNS} FROM {s}.idem_records
         WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)",
-        insert_record(s, "$12")
+        insert_record(s, CLAIM_PARAMS, "$12")
     )
 }
 
-/// The completion, the body of [`COMPLETE_FUNCTION`]. $1 to $3 the record, $4 owner, $5 outcome
-/// kind, $6 body, $7 completed_at, $8 expires_at. The second branch finds this completion sent
-/// again, and rewrites the same values.
-fn complete_statement(s: &str) -> String {
+/// The completion, the body of [`COMPLETE_FUNCTION`], with the values `v` in the order of
+/// [`COMPLETE_PARAMS`]. The second branch finds this completion sent again, and rewrites the same
+/// values.
+fn complete_statement(s: &str, v: [&str; 8]) -> String {
+    let [namespace, principal, key, owner, kind, body, completed, expires] = v;
     format!(
         "UPDATE {s}.idem_records SET owner = NULL, lease_expires_at = NULL,
-            outcome_kind = $5, outcome_body = $6, completed_at = $7, expires_at = $8
-         WHERE namespace = $1 AND principal = $2 AND key = $3 AND (owner = $4
-            OR (owner IS NULL AND outcome_kind = $5 AND outcome_body = $6
-                AND completed_at = $7 AND expires_at = $8))"
+            outcome_kind = {kind}, outcome_body = {body}, completed_at = {completed},
+            expires_at = {expires}
+         WHERE namespace = {namespace} AND principal = {principal} AND key = {key}
+            AND (owner = {owner} OR (owner IS NULL AND outcome_kind = {kind}
+                AND outcome_body = {body} AND completed_at = {completed}
+                AND expires_at = {expires}))"
     )
 }
 
-/// `CREATE OR REPLACE` of the two functions. Their result columns are named `out_…` and
+/// `CREATE OR REPLACE` of the three functions. Their result columns are named `out_…` and
 /// `#variable_conflict use_column` is set, so that no name in the statements can mean a variable.
-fn functions(s: &str, claim: &str, complete: &str) -> String {
+fn functions(s: &str) -> String {
+    let claim = claim_statement(s);
+    let complete = complete_statement(s, COMPLETE_PARAMS);
+    let batch = batch_function(s);
     format!(
         "CREATE OR REPLACE FUNCTION {s}.{CLAIM_FUNCTION}({CLAIM_ARGS})
         RETURNS TABLE (out_claimed boolean, out_fingerprint bytea, out_tool_name text,
@@ -341,6 +404,167 @@ fn functions(s: &str, claim: &str, complete: &str) -> String {
         {complete};
         GET DIAGNOSTICS changed = ROW_COUNT;
         RETURN changed;
+        END
+        $idem$;
+        {batch}"
+    )
+}
+
+/// `CREATE OR REPLACE` of [`BATCH_FUNCTION`]: the claims and completions of a batch in one
+/// transaction, taking locks in the global order of this module's documentation.
+///
+/// 1. Records, sorted by `(namespace, principal, key)` (a completion before a claim of the same
+///    key): each completion runs as [`COMPLETE_FUNCTION`] does, each claim's record is inserted
+///    (or an expired one replaced) as the one-statement claim does.
+/// 2. The scope counters of the fresh records, one conditional increment per
+///    `(namespace, principal, shard)` in that order, then the store's, one per shard in order. A
+///    counter row without room for all of its records refuses them all (and the store's row
+///    gives back the scope rows' increments), as the one-statement claim's guard would.
+/// 3. The refused claims' records are deleted again: for them the batch changed nothing.
+/// 4. One row per claim: state 0, claimed; 1, a live record holds the key (its columns follow);
+///    2, run it alone (refused by a counter, racing a concurrent claim, or holding the key of a
+///    refused one). One row per completion: state 1 if it changed the record, 0 if not.
+fn batch_function(s: &str) -> String {
+    let args = BATCH_PARAMS
+        .map(|(name, ty)| format!("{name} {ty}"))
+        .join(", ");
+    let insert = insert_record(
+        s,
+        [
+            "c_namespace[item]",
+            "c_principal[item]",
+            "c_key[item]",
+            "c_fingerprint[item]",
+            "c_tool_name[item]",
+            "c_owner[item]",
+            "c_lease_expires_at[item]",
+            "c_now[item]",
+            "c_expires_at[item]",
+        ],
+        "c_shard[item]",
+    );
+    let complete = complete_statement(
+        s,
+        [
+            "d_namespace[-item]",
+            "d_principal[-item]",
+            "d_key[-item]",
+            "d_owner[-item]",
+            "d_kind[-item]",
+            "d_body[-item]",
+            "d_completed_at[-item]",
+            "d_expires_at[-item]",
+        ],
+    );
+    let no_record = "NULL::bytea, NULL::text, NULL::int8, NULL::int8, NULL::text, NULL::text,
+        NULL::int8, NULL::int8, NULL::int8";
+    format!(
+        "CREATE OR REPLACE FUNCTION {s}.{BATCH_FUNCTION}({args})
+        RETURNS TABLE (out_item integer, out_state smallint, out_fingerprint bytea,
+            out_tool_name text, out_owner bigint, out_lease_expires_at bigint,
+            out_outcome_kind text, out_outcome_body text, out_completed_at bigint,
+            out_created_at bigint, out_expires_at bigint)
+        LANGUAGE plpgsql VOLATILE AS $idem$
+        #variable_conflict use_column
+        DECLARE
+            item integer;
+            inserted boolean;
+            changed bigint;
+            n_claims integer := coalesce(array_length(c_key, 1), 0);
+            claimed boolean[] := array_fill(false, ARRAY[n_claims]);
+            fresh boolean[] := array_fill(false, ARRAY[n_claims]);
+            refused boolean[] := array_fill(false, ARRAY[n_claims]);
+            grp record;
+            j integer;
+        BEGIN
+        FOR item IN
+            SELECT i FROM (
+                SELECT g AS i, c_namespace[g] COLLATE \"C\" AS ns,
+                    c_principal[g] COLLATE \"C\" AS pr, c_key[g] COLLATE \"C\" AS k
+                FROM generate_subscripts(c_key, 1) AS g
+                UNION ALL
+                SELECT -g, d_namespace[g] COLLATE \"C\", d_principal[g] COLLATE \"C\",
+                    d_key[g] COLLATE \"C\"
+                FROM generate_subscripts(d_key, 1) AS g
+            ) AS items
+            ORDER BY ns, pr, k, i
+        LOOP
+            IF item < 0 THEN
+                {complete};
+                GET DIAGNOSTICS changed = ROW_COUNT;
+                RETURN QUERY SELECT item, changed::int2, {no_record};
+            ELSE
+                {insert} INTO inserted;
+                IF FOUND THEN
+                    claimed[item] := true;
+                    fresh[item] := inserted;
+                END IF;
+            END IF;
+        END LOOP;
+
+        FOR grp IN
+            SELECT ns, pr, shard, lim, count(*) AS n, array_agg(i) AS items FROM (
+                SELECT g AS i, c_namespace[g] COLLATE \"C\" AS ns,
+                    c_principal[g] COLLATE \"C\" AS pr, c_shard[g] AS shard,
+                    c_scope_limit[g] AS lim
+                FROM generate_subscripts(c_key, 1) AS g WHERE fresh[g]
+            ) AS new_records
+            GROUP BY ns, pr, shard, lim ORDER BY ns, pr, shard, lim
+        LOOP
+            UPDATE {s}.idem_scope_shards AS c SET records = c.records + grp.n
+            WHERE c.namespace = grp.ns AND c.principal = grp.pr AND c.shard = grp.shard
+                AND c.capacity_limit = grp.lim AND c.records + grp.n <= c.capacity;
+            IF NOT FOUND THEN
+                FOREACH j IN ARRAY grp.items LOOP
+                    refused[j] := true;
+                END LOOP;
+            END IF;
+        END LOOP;
+
+        FOR grp IN
+            SELECT shard, lim, count(*) AS n, array_agg(i) AS items FROM (
+                SELECT g AS i, c_shard[g] AS shard, c_total_limit[g] AS lim
+                FROM generate_subscripts(c_key, 1) AS g WHERE fresh[g] AND NOT refused[g]
+            ) AS counted
+            GROUP BY shard, lim ORDER BY shard, lim
+        LOOP
+            UPDATE {s}.idem_total_shards AS t SET records = t.records + grp.n
+            WHERE t.shard = grp.shard AND t.capacity_limit = grp.lim
+                AND t.records + grp.n <= t.capacity;
+            IF NOT FOUND THEN
+                FOREACH j IN ARRAY grp.items LOOP
+                    refused[j] := true;
+                    UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
+                    WHERE c.namespace = c_namespace[j] AND c.principal = c_principal[j]
+                        AND c.shard = c_shard[j];
+                END LOOP;
+            END IF;
+        END LOOP;
+
+        FOR j IN SELECT g FROM generate_subscripts(c_key, 1) AS g WHERE refused[g] LOOP
+            DELETE FROM {s}.idem_records
+            WHERE namespace = c_namespace[j] AND principal = c_principal[j] AND key = c_key[j]
+                AND owner = c_owner[j];
+        END LOOP;
+
+        FOR item IN SELECT g FROM generate_subscripts(c_key, 1) AS g LOOP
+            IF refused[item] OR (NOT claimed[item] AND EXISTS (
+                SELECT 1 FROM generate_subscripts(c_key, 1) AS r
+                WHERE refused[r] AND c_namespace[r] = c_namespace[item]
+                    AND c_principal[r] = c_principal[item] AND c_key[r] = c_key[item]
+            )) THEN
+                RETURN QUERY SELECT item, 2::int2, {no_record};
+            ELSIF claimed[item] THEN
+                RETURN QUERY SELECT item, 0::int2, {no_record};
+            ELSE
+                RETURN QUERY SELECT item, 1::int2, {RECORD_COLUMNS} FROM {s}.idem_records
+                WHERE namespace = c_namespace[item] AND principal = c_principal[item]
+                    AND key = c_key[item] AND expires_at > c_now[item];
+                IF NOT FOUND THEN
+                    RETURN QUERY SELECT item, 2::int2, {no_record};
+                END IF;
+            END IF;
+        END LOOP;
         END
         $idem$;"
     )

@@ -312,6 +312,7 @@ async fn assert_counters_consistent(url: &str, schema: &str) {
     );
 }
 
+mod batches;
 mod connections;
 mod counters;
 mod pgbouncer;
