@@ -30,6 +30,22 @@ cat >"$DIR/call.sql" <<SQL
 SELECT * FROM $S.idem_claim_v1('ns', 'p', 'k' || :k, '\x0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20'::bytea, 'noop', 123456789, 1800000030000, 1800000000000, 1800086400000, 1000000000, 1000000000, :sh::int2);
 SELECT $S.idem_complete_v1('ns', 'p', 'k' || :k, 123456789, 'result', '{"content":[{"type":"text","text":"ok"}]}', 1800000000000, 1800086400000);
 SQL
+# The same 8 claims, then their 8 completions, each set as one call of the batch function
+# (idem_batch_v1), as the store sends what waits at the same time.
+N=${BATCH:-8}
+FP='\x0102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f20'
+cat >"$DIR/batch.sql" <<SQL
+\set k random(1, 1000000000000)
+SELECT count(*) FROM $S.idem_batch_v1(array_fill('ns'::text, ARRAY[$N]), array_fill('p'::text, ARRAY[$N]), ARRAY(SELECT 'k' || :k || '-' || g FROM generate_series(1, $N) AS g), array_fill('$FP'::bytea, ARRAY[$N]), array_fill('noop'::text, ARRAY[$N]), array_fill(123456789::int8, ARRAY[$N]), array_fill(1800000030000::int8, ARRAY[$N]), array_fill(1800000000000::int8, ARRAY[$N]), array_fill(1800086400000::int8, ARRAY[$N]), array_fill(1000000000::int8, ARRAY[$N]), array_fill(1000000000::int8, ARRAY[$N]), ARRAY(SELECT (g % 16)::int2 FROM generate_series(1, $N) AS g), '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}');
+SELECT count(*) FROM $S.idem_batch_v1('{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', array_fill('ns'::text, ARRAY[$N]), array_fill('p'::text, ARRAY[$N]), ARRAY(SELECT 'k' || :k || '-' || g FROM generate_series(1, $N) AS g), array_fill(123456789::int8, ARRAY[$N]), array_fill('result'::text, ARRAY[$N]), array_fill('{"content":[{"type":"text","text":"ok"}]}'::text, ARRAY[$N]), array_fill(1800000000000::int8, ARRAY[$N]), array_fill(1800086400000::int8, ARRAY[$N]));
+SQL
+# The floor under it: the same rows written and updated as sets, one statement each, with none of
+# the store's checks (no counters, no conflict handling, no answers).
+cat >"$DIR/batch-floor.sql" <<SQL
+\set k random(1, 1000000000000)
+INSERT INTO $S.idem_records (namespace, principal, key, fingerprint, tool_name, owner, lease_expires_at, created_at, expires_at, shard) SELECT 'ns', 'p' || :k, 'k' || g, '$FP'::bytea, 'noop', 123456789, 1800000030000, 1800000000000, 1800086400000, (g % 16)::int2 FROM generate_series(1, $N) AS g;
+UPDATE $S.idem_records SET owner = NULL, lease_expires_at = NULL, outcome_kind = 'result', outcome_body = '{"content":[{"type":"text","text":"ok"}]}', completed_at = 1800000000000, expires_at = 1800086400000 FROM generate_series(1, $N) AS g WHERE namespace = 'ns' AND principal = 'p' || :k AND key = ('k' || g) COLLATE "C";
+SQL
 cat >"$DIR/floor.sql" <<SQL
 \set id random(1, 100000)
 UPDATE $S.floor SET v = v + 1 WHERE id = :id;
@@ -55,4 +71,6 @@ measure() {
 
 echo "synchronous_commit: $(psql "$URL" -tAc 'SHOW synchronous_commit'), fsync: $(psql "$URL" -tAc 'SHOW fsync')"
 echo "claim + completion (the store's functions): $(measure "$DIR/call.sql" "SELECT count(*) FROM $S.idem_records")"
+echo "claim + completion, in batches of $N:        $(measure "$DIR/batch.sql" "SELECT count(*) FROM $S.idem_records")"
+echo "floor of that, plain set-based statements:  $(measure "$DIR/batch-floor.sql" "SELECT count(*) FROM $S.idem_records")"
 echo "floor, two committed single-row UPDATEs:   $(measure "$DIR/floor.sql" "SELECT sum(v)::bigint / 2 FROM $S.floor")"

@@ -456,8 +456,14 @@ fn batch_function(s: &str) -> String {
             "d_expires_at[-item]",
         ],
     );
-    let no_record = "NULL::bytea, NULL::text, NULL::int8, NULL::int8, NULL::text, NULL::text,
-        NULL::int8, NULL::int8, NULL::int8";
+    // Clears the record columns of the result row once a found record was returned.
+    let clear = "out_fingerprint := NULL; out_tool_name := NULL; out_owner := NULL;
+        out_lease_expires_at := NULL; out_outcome_kind := NULL; out_outcome_body := NULL;
+        out_completed_at := NULL; out_created_at := NULL; out_expires_at := NULL;";
+    let record_into = "out_fingerprint, out_tool_name, out_owner, out_lease_expires_at,
+        out_outcome_kind, out_outcome_body, out_completed_at, out_created_at, out_expires_at";
+    // Every statement run per batch costs the server its executor start-up, so the fixed part
+    // is a few statements, and what can be a plain PL/pgSQL expression is one.
     format!(
         "CREATE OR REPLACE FUNCTION {s}.{BATCH_FUNCTION}({args})
         RETURNS TABLE (out_item integer, out_state smallint, out_fingerprint bytea,
@@ -474,6 +480,8 @@ fn batch_function(s: &str) -> String {
             claimed boolean[] := array_fill(false, ARRAY[n_claims]);
             fresh boolean[] := array_fill(false, ARRAY[n_claims]);
             refused boolean[] := array_fill(false, ARRAY[n_claims]);
+            any_fresh boolean := false;
+            any_refused boolean := false;
             grp record;
             j integer;
         BEGIN
@@ -492,77 +500,94 @@ fn batch_function(s: &str) -> String {
             IF item < 0 THEN
                 {complete};
                 GET DIAGNOSTICS changed = ROW_COUNT;
-                RETURN QUERY SELECT item, changed::int2, {no_record};
+                out_item := item;
+                out_state := changed;
+                RETURN NEXT;
             ELSE
                 {insert} INTO inserted;
                 IF FOUND THEN
                     claimed[item] := true;
                     fresh[item] := inserted;
+                    any_fresh := any_fresh OR inserted;
                 END IF;
             END IF;
         END LOOP;
 
-        FOR grp IN
-            SELECT ns, pr, shard, lim, count(*) AS n, array_agg(i) AS items FROM (
-                SELECT g AS i, c_namespace[g] COLLATE \"C\" AS ns,
-                    c_principal[g] COLLATE \"C\" AS pr, c_shard[g] AS shard,
-                    c_scope_limit[g] AS lim
-                FROM generate_subscripts(c_key, 1) AS g WHERE fresh[g]
-            ) AS new_records
-            GROUP BY ns, pr, shard, lim ORDER BY ns, pr, shard, lim
-        LOOP
-            UPDATE {s}.idem_scope_shards AS c SET records = c.records + grp.n
-            WHERE c.namespace = grp.ns AND c.principal = grp.pr AND c.shard = grp.shard
-                AND c.capacity_limit = grp.lim AND c.records + grp.n <= c.capacity;
-            IF NOT FOUND THEN
-                FOREACH j IN ARRAY grp.items LOOP
-                    refused[j] := true;
-                END LOOP;
-            END IF;
-        END LOOP;
+        IF any_fresh THEN
+            FOR grp IN
+                SELECT ns, pr, shard, lim, count(*) AS n, array_agg(i) AS items FROM (
+                    SELECT g AS i, c_namespace[g] COLLATE \"C\" AS ns,
+                        c_principal[g] COLLATE \"C\" AS pr, c_shard[g] AS shard,
+                        c_scope_limit[g] AS lim
+                    FROM generate_subscripts(c_key, 1) AS g WHERE fresh[g]
+                ) AS new_records
+                GROUP BY ns, pr, shard, lim ORDER BY ns, pr, shard, lim
+            LOOP
+                UPDATE {s}.idem_scope_shards AS c SET records = c.records + grp.n
+                WHERE c.namespace = grp.ns AND c.principal = grp.pr AND c.shard = grp.shard
+                    AND c.capacity_limit = grp.lim AND c.records + grp.n <= c.capacity;
+                IF NOT FOUND THEN
+                    any_refused := true;
+                    FOREACH j IN ARRAY grp.items LOOP
+                        refused[j] := true;
+                    END LOOP;
+                END IF;
+            END LOOP;
 
-        FOR grp IN
-            SELECT shard, lim, count(*) AS n, array_agg(i) AS items FROM (
-                SELECT g AS i, c_shard[g] AS shard, c_total_limit[g] AS lim
-                FROM generate_subscripts(c_key, 1) AS g WHERE fresh[g] AND NOT refused[g]
-            ) AS counted
-            GROUP BY shard, lim ORDER BY shard, lim
-        LOOP
-            UPDATE {s}.idem_total_shards AS t SET records = t.records + grp.n
-            WHERE t.shard = grp.shard AND t.capacity_limit = grp.lim
-                AND t.records + grp.n <= t.capacity;
-            IF NOT FOUND THEN
-                FOREACH j IN ARRAY grp.items LOOP
-                    refused[j] := true;
-                    UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
-                    WHERE c.namespace = c_namespace[j] AND c.principal = c_principal[j]
-                        AND c.shard = c_shard[j];
-                END LOOP;
-            END IF;
-        END LOOP;
+            FOR grp IN
+                SELECT shard, lim, count(*) AS n, array_agg(i) AS items FROM (
+                    SELECT g AS i, c_shard[g] AS shard, c_total_limit[g] AS lim
+                    FROM generate_subscripts(c_key, 1) AS g WHERE fresh[g] AND NOT refused[g]
+                ) AS counted
+                GROUP BY shard, lim ORDER BY shard, lim
+            LOOP
+                UPDATE {s}.idem_total_shards AS t SET records = t.records + grp.n
+                WHERE t.shard = grp.shard AND t.capacity_limit = grp.lim
+                    AND t.records + grp.n <= t.capacity;
+                IF NOT FOUND THEN
+                    any_refused := true;
+                    FOREACH j IN ARRAY grp.items LOOP
+                        refused[j] := true;
+                        UPDATE {s}.idem_scope_shards AS c SET records = c.records - 1
+                        WHERE c.namespace = c_namespace[j] AND c.principal = c_principal[j]
+                            AND c.shard = c_shard[j];
+                    END LOOP;
+                END IF;
+            END LOOP;
+        END IF;
 
-        FOR j IN SELECT g FROM generate_subscripts(c_key, 1) AS g WHERE refused[g] LOOP
-            DELETE FROM {s}.idem_records
-            WHERE namespace = c_namespace[j] AND principal = c_principal[j] AND key = c_key[j]
-                AND owner = c_owner[j];
-        END LOOP;
+        IF any_refused THEN
+            FOR j IN 1..n_claims LOOP
+                IF refused[j] THEN
+                    DELETE FROM {s}.idem_records
+                    WHERE namespace = c_namespace[j] AND principal = c_principal[j]
+                        AND key = c_key[j] AND owner = c_owner[j];
+                END IF;
+            END LOOP;
+        END IF;
 
-        FOR item IN SELECT g FROM generate_subscripts(c_key, 1) AS g LOOP
-            IF refused[item] OR (NOT claimed[item] AND EXISTS (
+        FOR item IN 1..n_claims LOOP
+            out_item := item;
+            IF refused[item] THEN
+                out_state := 2;
+                RETURN NEXT;
+            ELSIF claimed[item] THEN
+                out_state := 0;
+                RETURN NEXT;
+            ELSIF any_refused AND EXISTS (
                 SELECT 1 FROM generate_subscripts(c_key, 1) AS r
                 WHERE refused[r] AND c_namespace[r] = c_namespace[item]
                     AND c_principal[r] = c_principal[item] AND c_key[r] = c_key[item]
-            )) THEN
-                RETURN QUERY SELECT item, 2::int2, {no_record};
-            ELSIF claimed[item] THEN
-                RETURN QUERY SELECT item, 0::int2, {no_record};
+            ) THEN
+                out_state := 2;
+                RETURN NEXT;
             ELSE
-                RETURN QUERY SELECT item, 1::int2, {RECORD_COLUMNS} FROM {s}.idem_records
+                SELECT {RECORD_COLUMNS} INTO {record_into} FROM {s}.idem_records
                 WHERE namespace = c_namespace[item] AND principal = c_principal[item]
                     AND key = c_key[item] AND expires_at > c_now[item];
-                IF NOT FOUND THEN
-                    RETURN QUERY SELECT item, 2::int2, {no_record};
-                END IF;
+                out_state := CASE WHEN FOUND THEN 1 ELSE 2 END;
+                RETURN NEXT;
+                {clear}
             END IF;
         END LOOP;
         END
