@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Server CPU of the PostgreSQL store's two statements per executed call (the claim and the
-# completion, as calls of the store's functions idem_claim_v1 / idem_complete_v1), against the
-# floor of two single-row UPDATEs each committed on its own: pgbench (-M extended, unnamed
-# statements, as the store sends them) with 4 clients for 10 s; the CPU of pgbench's own backends
-# (from /proc, so run as root or as the server's user, on the server's machine) over the middle 6 s.
+# completion, as calls of the store's functions idem_claim_v1 / idem_complete_v1), of the same
+# work in batches of BATCH (default 8) claims and then their completions (idem_batch_v1, as the
+# store runs what waits at the same time), of the floor under a batch (the same rows inserted and
+# updated as plain sets), and of the floor of two single-row UPDATEs each committed on its own:
+# pgbench (-M extended, unnamed statements, as the store sends them) with 4 clients for 10 s; the
+# CPU of pgbench's own backends (from /proc, so run as root or as the server's user, on the
+# server's machine) over the middle 6 s, per claim + completion.
 #
-#   scripts/pg-call-cost.sh [postgres://USER@HOST:PORT/DB]     (default: DATABASE_URL)
+#   [BATCH=N] scripts/pg-call-cost.sh [postgres://USER@HOST:PORT/DB]     (default: DATABASE_URL)
 #
 # Creates the schema mcp_idem_call_cost (through `mcp-idem inspect stats`, which opens the store)
 # and the table mcp_idem_call_cost.floor, and drops them at the end.

@@ -208,8 +208,7 @@ impl PostgresStore {
                     self.deliver(job, answer);
                 }
             }
-            Err(err) if err.is_unavailable() => {
-                let message = err.to_string();
+            Err(StoreError::Unavailable { message, .. }) => {
                 for job in jobs {
                     let err = || StoreError::Unavailable {
                         message: message.clone(),

@@ -122,7 +122,7 @@ async fn recovers_after_an_outage() {
         proxy.port,
         config.get_dbname().unwrap_or("postgres")
     );
-    let store = TestStore::open_via(&proxied_url, &url, &fresh_schema()).await;
+    let store = Arc::new(TestStore::open_via(&proxied_url, &url, &fresh_schema()).await);
     let scope = scope();
     let first = claim_req(&record_id(&scope, "before"), T0, RecordLimits::UNLIMITED);
     assert_eq!(store.claim(&first).await.unwrap(), ClaimOutcome::Claimed);
@@ -141,10 +141,53 @@ async fn recovers_after_an_outage() {
         let err = store.get(&first.id, T0).await.unwrap_err();
         assert!(err.is_unavailable(), "{err:?}");
     }
+    // Many at once, so that they queue for one batch: each gets its own `Unavailable`, as fast.
+    let many: Vec<_> = (0..20)
+        .map(|i| {
+            claim_req(
+                &record_id(&scope, &format!("many-{i}")),
+                T0,
+                RecordLimits::UNLIMITED,
+            )
+        })
+        .collect();
+    let claim_all = |reqs: Vec<ClaimRequest>| {
+        let tasks: Vec<_> = reqs
+            .into_iter()
+            .map(|req| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move { store.claim(&req).await })
+            })
+            .collect();
+        async move {
+            let mut answers = Vec::new();
+            for task in tasks {
+                answers.push(task.await.unwrap());
+            }
+            answers
+        }
+    };
+    let started = Instant::now();
+    for answer in claim_all(many.clone()).await {
+        let err = answer.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        assert!(
+            !err.to_string().contains("unavailable: store unavailable"),
+            "{err}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
 
     proxy = Proxy::start(upstream, proxy.port).await;
     assert_eq!(store.claim(&during).await.unwrap(), ClaimOutcome::Claimed);
     assert!(store.get(&first.id, T0).await.unwrap().is_some());
+    for answer in claim_all(many).await {
+        assert_eq!(answer.unwrap(), ClaimOutcome::Claimed);
+    }
     drop(proxy);
 }
 
