@@ -13,8 +13,8 @@
 //!
 //! * an operation answers only once the statement that ran it committed: a claim is durable
 //!   before its call runs, an outcome before its answer is sent;
-//! * a claim the batch cannot decide alone-free (its counter shard has no room, it raced a
-//!   concurrent claim of its key, or it holds the key of such a claim) is left unchanged by the
+//! * a claim the batch cannot decide (its counter shard has no room, it raced a concurrent claim
+//!   of its key, or it shares its key with a claim the batch refused) is left unchanged by the
 //!   batch and runs again alone, on the exact path if need be, so quotas stay exact;
 //! * when the batch fails with an answer from the server, nothing of it was committed, and each
 //!   operation runs again alone to get its own answer; when the server could not be reached or
@@ -24,7 +24,7 @@
 //!
 //! The batch takes its locks in the store's global order (records sorted by key, then scope
 //! counter rows, then the store's), so batches of several processes do not deadlock each other or
-//! the lone operations.
+//! the lone operations (the one exception, with a purge, is in the `sql` module's documentation).
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -112,8 +112,8 @@ impl Batcher {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues the job [`Job`] `wrap` makes of `req` when a leader runs, or makes the caller the
-    /// leader and gives `req` back.
+    /// Queues the [`Job`] that `wrap` makes of `req` when a leader is running (`Ok`: where the
+    /// answer will come), or makes the caller the leader and gives `req` back (`Err`).
     fn join<R, T>(
         &self,
         req: R,

@@ -20,21 +20,10 @@ async fn rows_and_transactions(url: &str, schema: &str, scope: &Scope) -> (i64, 
     (row.get(0), row.get(1))
 }
 
-/// Runs `reqs` as claims all at once and returns each answer, in order.
-async fn claim_all(store: &Arc<TestStore>, reqs: &[ClaimRequest]) -> Vec<ClaimOutcome> {
-    let tasks: Vec<_> = reqs
-        .iter()
-        .cloned()
-        .map(|req| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move { store.claim(&req).await.expect("claim") })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    answers
+/// `claim_all`'s answers, each expected to be one.
+async fn claimed_all(store: &Arc<TestStore>, reqs: &[ClaimRequest]) -> Vec<ClaimOutcome> {
+    let answers = claim_all(store, reqs.to_vec()).await;
+    answers.into_iter().map(|a| a.expect("claim")).collect()
 }
 
 /// 48 claims and then their 48 completions, each set sent at once: every one gets its own right
@@ -59,7 +48,7 @@ async fn operations_that_wait_at_the_same_time_share_transactions() {
             )
         })
         .collect();
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claimed_all(&store, &reqs).await;
     assert!(
         answers.iter().all(|a| *a == ClaimOutcome::Claimed),
         "{answers:?}"
@@ -141,7 +130,7 @@ async fn one_key_twice_in_a_batch_is_claimed_once() {
     );
     let resend = reqs[5].clone();
     reqs.push(resend);
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claimed_all(&store, &reqs).await;
     let winners: Vec<_> = (1..reqs.len())
         .filter(|&i| answers[i] == ClaimOutcome::Claimed)
         .map(|i| reqs[i].owner)
@@ -187,7 +176,7 @@ async fn batches_keep_quotas_exact() {
         let reqs: Vec<_> = (0..60)
             .map(|i| claim_req(&record_id(scope, &format!("k{i}")), T0, limits))
             .collect();
-        let answers = claim_all(&store, &reqs).await;
+        let answers = claimed_all(&store, &reqs).await;
         let claimed = answers
             .iter()
             .filter(|a| **a == ClaimOutcome::Claimed)
@@ -234,7 +223,7 @@ async fn a_failed_batch_runs_each_operation_alone() {
         .collect();
     let duplicate = claim_req(&reqs[3].id, T0, RecordLimits::UNLIMITED);
     reqs.push(duplicate);
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claimed_all(&store, &reqs).await;
     let claimed = answers
         .iter()
         .filter(|a| **a == ClaimOutcome::Claimed)

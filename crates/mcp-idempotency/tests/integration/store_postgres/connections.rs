@@ -151,24 +151,8 @@ async fn recovers_after_an_outage() {
             )
         })
         .collect();
-    let claim_all = |reqs: Vec<ClaimRequest>| {
-        let tasks: Vec<_> = reqs
-            .into_iter()
-            .map(|req| {
-                let store = Arc::clone(&store);
-                tokio::spawn(async move { store.claim(&req).await })
-            })
-            .collect();
-        async move {
-            let mut answers = Vec::new();
-            for task in tasks {
-                answers.push(task.await.unwrap());
-            }
-            answers
-        }
-    };
     let started = Instant::now();
-    for answer in claim_all(many.clone()).await {
+    for answer in claim_all(&store, many.clone()).await {
         let err = answer.unwrap_err();
         assert!(err.is_unavailable(), "{err:?}");
         assert!(
@@ -185,7 +169,7 @@ async fn recovers_after_an_outage() {
     proxy = Proxy::start(upstream, proxy.port).await;
     assert_eq!(store.claim(&during).await.unwrap(), ClaimOutcome::Claimed);
     assert!(store.get(&first.id, T0).await.unwrap().is_some());
-    for answer in claim_all(many).await {
+    for answer in claim_all(&store, many).await {
         assert_eq!(answer.unwrap(), ClaimOutcome::Claimed);
     }
     drop(proxy);

@@ -230,6 +230,26 @@ fn later(t: Timestamp, secs: u64) -> Timestamp {
     t.saturating_add(Duration::from_secs(secs))
 }
 
+/// Sends every claim of `reqs` at once, each from a task of its own (so that they queue for one
+/// batch), and returns the answers in order.
+async fn claim_all(
+    store: &Arc<TestStore>,
+    reqs: Vec<ClaimRequest>,
+) -> Vec<Result<ClaimOutcome, StoreError>> {
+    let tasks: Vec<_> = reqs
+        .into_iter()
+        .map(|req| {
+            let store = Arc::clone(store);
+            tokio::spawn(async move { store.claim(&req).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
 /// A plain connection for looking at (or preparing) the tables directly.
 async fn admin(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
