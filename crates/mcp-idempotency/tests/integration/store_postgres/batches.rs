@@ -27,7 +27,7 @@ async fn claimed_all(store: &Arc<TestStore>, reqs: &[ClaimRequest]) -> Vec<Claim
 }
 
 /// 48 claims and then their 48 completions, each set sent at once: every one gets its own right
-/// answer, far fewer transactions than operations wrote them, and the counters agree.
+/// answer, at most half as many transactions as operations wrote them, and the counters agree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn operations_that_wait_at_the_same_time_share_transactions() {
     let Some(url) = reachable_url().await else {
@@ -55,8 +55,9 @@ async fn operations_that_wait_at_the_same_time_share_transactions() {
     );
     let (rows, transactions) = rows_and_transactions(&url, &store.schema, &scope).await;
     assert_eq!(rows, 49);
+    // Half is a bound a loaded machine keeps: the 47 that queue behind the first usually share one.
     assert!(
-        transactions <= 10,
+        transactions <= 24,
         "49 claims were written by {transactions} transactions"
     );
 
@@ -79,7 +80,7 @@ async fn operations_that_wait_at_the_same_time_share_transactions() {
     }
     let (_, transactions) = rows_and_transactions(&url, &store.schema, &scope).await;
     assert!(
-        transactions <= 11,
+        transactions <= 25,
         "48 completions and the first claim were written by {transactions} transactions"
     );
     for req in &reqs {
