@@ -17,8 +17,8 @@
 //! holds, these cannot deadlock each other (purges also take turns on an advisory lock, since the
 //! records they delete are not sorted). One pair can: a purge and a batch that replaces two
 //! expired records the purge is deleting, in the other order. PostgreSQL then aborts one of them
-//! (after `deadlock_timeout`), and it runs again: the purge as any aborted statement, the batch's
-//! operations each alone.
+//! (after `deadlock_timeout`), and it runs again, as every statement the server aborts for a
+//! deadlock does (the `pool` module).
 
 use super::quota::SHARDS;
 use crate::store::sql_row::RECORD_COLUMNS;

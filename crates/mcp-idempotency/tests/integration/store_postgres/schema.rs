@@ -296,9 +296,9 @@ async fn newer_schema_version_is_refused() {
     assert!(message.contains("newer"), "{message}");
 }
 
-/// The two functions that run claims and completions are created when a schema whose tables are
-/// up to date lacks them (a schema made by an earlier build), and a role that may not create
-/// anything uses a schema that has them.
+/// The three functions that run claims and completions are created when a schema whose tables
+/// are up to date lacks them (a schema made by an earlier build), and a role that may not create
+/// anything uses a schema that has them, alone and in batches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_functions_are_created_and_a_restricted_role_uses_them() {
     let Some(url) = reachable_url().await else {
@@ -309,19 +309,19 @@ async fn missing_functions_are_created_and_a_restricted_role_uses_them() {
     let s = format!("\"{}\"", store.schema);
     let functions = format!(
         "SELECT count(*) FROM pg_proc WHERE pronamespace = '{s}'::regnamespace \
-         AND proname IN ('idem_claim_v1', 'idem_complete_v1')"
+         AND proname IN ('idem_claim_v1', 'idem_complete_v1', 'idem_batch_v1')"
     );
-    assert_eq!(count(&client, &functions).await, 2);
+    assert_eq!(count(&client, &functions).await, 3);
     client
         .batch_execute(&format!(
-            "DROP FUNCTION {s}.idem_claim_v1, {s}.idem_complete_v1"
+            "DROP FUNCTION {s}.idem_claim_v1, {s}.idem_complete_v1, {s}.idem_batch_v1"
         ))
         .await
         .unwrap();
     let reopened = PostgresStore::open_in_schema(&url, &store.schema)
         .await
         .unwrap();
-    assert_eq!(count(&client, &functions).await, 2);
+    assert_eq!(count(&client, &functions).await, 3);
 
     // A role with only the rights to use the tables and call the functions.
     let role = format!("{}_user", store.schema);
@@ -355,6 +355,32 @@ async fn missing_functions_are_created_and_a_restricted_role_uses_them() {
             reopened.get(&second.id, T0).await?.map(|r| r.state),
             Some(RecordState::Completed { .. })
         ));
+        // Claims sent at once into a scope with counter rows: the batch function's.
+        let many: Vec<_> = (0..10)
+            .map(|i| {
+                let store = restricted.clone();
+                let req = claim_req(
+                    &record_id(&req.id.scope, &format!("many-{i}")),
+                    T0,
+                    RecordLimits::UNLIMITED,
+                );
+                tokio::spawn(async move { store.claim(&req).await })
+            })
+            .collect();
+        for task in many {
+            assert_eq!(task.await.unwrap()?, ClaimOutcome::Claimed);
+        }
+        let transactions = count(
+            &client,
+            &format!(
+                "SELECT count(DISTINCT xmin::text) FROM {s}.idem_records WHERE key LIKE 'many-%'"
+            ),
+        )
+        .await;
+        assert!(
+            transactions <= 5,
+            "10 claims in {transactions} transactions"
+        );
         Ok::<_, StoreError>(())
     }
     .await;
