@@ -70,6 +70,14 @@ enum Job {
 }
 
 impl Job {
+    /// Answers with `err`; a caller that stopped waiting needs no answer.
+    fn fail(self, err: StoreError) {
+        match self {
+            Self::Claim { reply, .. } => drop(reply.send(Err(err))),
+            Self::Complete { reply, .. } => drop(reply.send(Err(err))),
+        }
+    }
+
     /// Whether nobody waits for the answer any more.
     fn abandoned(&self) -> bool {
         match self {
@@ -210,15 +218,10 @@ impl PostgresStore {
             }
             Err(StoreError::Unavailable { message, .. }) => {
                 for job in jobs {
-                    let err = || StoreError::Unavailable {
+                    job.fail(StoreError::Unavailable {
                         message: message.clone(),
                         source: None,
-                    };
-                    // A caller that stopped waiting needs no answer.
-                    let _ = match job {
-                        Job::Claim { reply, .. } => reply.send(Err(err())).is_ok(),
-                        Job::Complete { reply, .. } => reply.send(Err(err())).is_ok(),
-                    };
+                    });
                 }
             }
             Err(err) => {
@@ -260,10 +263,10 @@ impl PostgresStore {
 
     async fn run_alone(&self, job: Job) {
         // A caller that stopped waiting needs no answer.
-        let _ = match job {
-            Job::Claim { req, reply } => reply.send(self.claim_alone(&req).await).is_ok(),
-            Job::Complete { req, reply } => reply.send(self.complete_alone(&req).await).is_ok(),
-        };
+        match job {
+            Job::Claim { req, reply } => drop(reply.send(self.claim_alone(&req).await)),
+            Job::Complete { req, reply } => drop(reply.send(self.complete_alone(&req).await)),
+        }
     }
 
     /// Runs `jobs` as one call of the batch function; the answers are in the order of `jobs`.

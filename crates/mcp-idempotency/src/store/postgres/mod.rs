@@ -64,10 +64,10 @@ const PURGE_BATCH: i64 = 10_000;
 /// Every operation is a single statement (or, for a claim near a quota limit, one transaction),
 /// atomic on its own, so any number of processes and machines may share the database. Claims and
 /// completions that wait at the same time share one statement, and so one commit; each still
-/// answers only once that commit is done. Operations
-/// fail with [`StoreError::Unavailable`] within a bounded time when the server cannot be reached
-/// (the connect timeout, 5 s unless the URL sets `connect_timeout`, to open a connection; 10 s for
-/// a statement or to wait for a busy pool), and the pool reconnects by itself once it is back.
+/// answers only once that commit is done. Operations fail with [`StoreError::Unavailable`] within
+/// a bounded time when the server cannot be reached (the connect timeout, 5 s unless the URL sets
+/// `connect_timeout`, to open a connection; 10 s for a statement or to wait for a busy pool), and
+/// the pool reconnects by itself once it is back.
 ///
 /// A statement the client gave up on may still complete on the server. For a claim whose answer
 /// is lost this way, the [`Deduplicator`](crate::Deduplicator) releases the record, fenced by the
