@@ -14,6 +14,8 @@
 //!
 //! Expired records count as absent everywhere: a claim overwrites them and `get` does not return them.
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod batch;
 mod error;
 mod memory;
 #[cfg(feature = "postgres")]

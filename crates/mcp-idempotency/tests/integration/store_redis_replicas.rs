@@ -405,6 +405,11 @@ async fn on_one_server_writes_wait_for_its_replica_and_fail_closed_once_it_is_ki
         store.release(&req.id, req.owner).await.unwrap(),
         mcp_idempotency::store::Fenced::Applied
     );
+    // Claims sent at once share script calls, and each call waits for the replica.
+    let store = Arc::new(store);
+    for answer in claim_at_once(&store, "together").await {
+        assert_eq!(answer.unwrap(), ClaimOutcome::Claimed);
+    }
 
     // Kill the replica: every write fails closed, after the wait, and says why.
     let mut servers = servers;
@@ -415,4 +420,27 @@ async fn on_one_server_writes_wait_for_its_replica_and_fail_closed_once_it_is_ki
     assert!(err.to_string().contains("0 of the 1 replicas"), "{err}");
     let err = store.release(&req.id, req.owner).await.unwrap_err();
     assert!(err.is_unavailable(), "{err}");
+    for answer in claim_at_once(&store, "together-after").await {
+        let err = answer.unwrap_err();
+        assert!(err.to_string().contains("0 of the 1 replicas"), "{err}");
+    }
+}
+
+/// 16 claims of `principal` sent at once, each from a task of its own.
+async fn claim_at_once(
+    store: &Arc<RedisStore>,
+    principal: &str,
+) -> Vec<Result<ClaimOutcome, mcp_idempotency::store::StoreError>> {
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let store = Arc::clone(store);
+            let req = claim_req(principal, &format!("k{i}"));
+            tokio::spawn(async move { store.claim(&req).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
 }

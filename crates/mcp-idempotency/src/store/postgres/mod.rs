@@ -104,7 +104,7 @@ struct Inner {
     target: String,
     schema: String,
     sql: Sql,
-    batcher: batch::Batcher,
+    batcher: crate::store::batch::Batcher,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -161,7 +161,7 @@ impl PostgresStore {
                 target,
                 schema: schema.to_owned(),
                 sql,
-                batcher: batch::Batcher::default(),
+                batcher: crate::store::batch::Batcher::default(),
             }),
         })
     }
@@ -205,11 +205,11 @@ impl PostgresStore {
 
 impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(self.claim_grouped(req))
+        Box::pin(crate::store::batch::claim(self, req))
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        Box::pin(self.complete_grouped(req))
+        Box::pin(crate::store::batch::complete(self, req))
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {

@@ -2,6 +2,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
+//! | `batch` | claims and completions that wait at the same time, sent as one script call |
 //! | `connect` | store URLs (one server or a cluster, plain or TLS) and opening the connection |
 //! | `healing` | replacing a cluster connection that keeps failing |
 //! | `keys` | the names of a store's keys, its shards and the encoding of record names |
@@ -9,6 +10,7 @@
 //! | `server` | the Lua scripts (the `.lua` files here), bounded exchanges, errors |
 //! | this file | [`RedisStore`] and its [`Store`] operations |
 
+mod batch;
 mod connect;
 mod healing;
 mod keys;
@@ -19,6 +21,7 @@ mod server;
 use std::fmt;
 use std::sync::Arc;
 
+use self::batch::ShardQueue;
 use self::connect::RedisUrl;
 use self::healing::SharedConn;
 use self::keys::{member_id, wanted_part, Keys, Shard};
@@ -31,6 +34,7 @@ use super::{
 };
 use crate::key::IdempotencyKey;
 use crate::record::{CorruptRecord, FencingToken, Record, RecordId, Scope};
+use crate::store::batch::{self as queue, Batcher};
 use crate::time::Timestamp;
 
 /// Records deleted per purge script, so that no script blocks the server for long.
@@ -75,7 +79,10 @@ const LIST_BATCH: usize = 256;
 ///
 /// Claim, complete, renew, release, take-over and delete are each one Lua script (`EVALSHA`, loading the
 /// script if the server lost it), so each is one atomic round trip; the fencing token is checked
-/// inside the script. The scripts compare the caller's `now` with the stored deadlines and never
+/// inside the script. Claims and completions that wait at the same time for one shard share one
+/// call of a script that runs each of them as its own script does, one after the other (see the
+/// `batch` module): each still answers only once the script that applied it has returned (and,
+/// with `replicas=N`, its replicas acknowledged). The scripts compare the caller's `now` with the stored deadlines and never
 /// read the server's clock, so the caller's clock is the only clock. Quotas count live records with
 /// `ZCOUNT` over the indexes (scores after `now`), so expired records never count, even before they
 /// are purged; a refused claim also purges a batch of expired records.
@@ -161,7 +168,9 @@ const LIST_BATCH: usize = 256;
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Arc<SharedConn>,
-    keys: Keys,
+    keys: Arc<Keys>,
+    /// The claims and completions waiting to share a script call, one queue per shard.
+    batchers: Arc<[Batcher]>,
     /// The URL without its password, for error messages.
     url: String,
     /// How many replicas must acknowledge each write (`replicas=N`), if any.
@@ -215,9 +224,11 @@ impl RedisStore {
         let RedisUrl { target, replicas } = RedisUrl::parse(url).map_err(invalid)?;
         let conn = target.connect(&shown).await?;
         let shards = target.shards();
+        let keys = Keys::new(prefix, shards);
         let store = Self {
             conn: SharedConn::new(conn, target, &shown),
-            keys: Keys::new(prefix, shards),
+            batchers: keys.shards().iter().map(|_| Default::default()).collect(),
+            keys: Arc::new(keys),
             url: shown,
             replicas,
         };
@@ -333,57 +344,89 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// The queue of the shard of `id`'s record.
+    fn queue_of(&self, id: &RecordId) -> ShardQueue {
+        ShardQueue {
+            store: self.clone(),
+            shard: self.keys.index_of(&id.scope),
+        }
+    }
+
+    /// Claims `req` with a script call of its own.
+    async fn claim_alone(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let (mut call, shard) = self.on_record(&SCRIPTS.claim, &req.id);
+        self.claim_args(&mut call, req, shard);
+        let reply: Vec<Option<Vec<u8>>> = self.invoke_write("claim", shard, &call).await?;
+        claim_outcome(req, reply)
+    }
+
+    /// Records `req`'s outcome with a script call of its own.
+    async fn complete_alone(&self, req: &CompleteRequest) -> Result<Fenced, StoreError> {
+        let (mut call, shard) = self.on_record(&SCRIPTS.complete, &req.id);
+        self.complete_args(&mut call, req);
+        self.fenced("complete", shard, &call).await
+    }
+
+    /// A claim's arguments after its member (`claim` in `writes.lua`).
+    fn claim_args(&self, call: &mut ScriptCall, req: &ClaimRequest, shard: &Shard) {
+        call.arg(req.now.as_millis())
+            .arg(&req.fingerprint.as_bytes()[..])
+            .arg(&*req.tool_name)
+            .arg(req.owner.as_u64())
+            .arg(req.lease_expires_at.as_millis())
+            .arg(req.expires_at.as_millis())
+            .arg(req.limits.max_records_per_scope)
+            .arg(self.total_share(req.limits.max_records_total))
+            .arg(&shard.tag)
+            .arg(PURGE_BATCH);
+    }
+
+    /// A completion's arguments after its member (`complete` in `writes.lua`).
+    fn complete_args(&self, call: &mut ScriptCall, req: &CompleteRequest) {
+        call.arg(req.owner.as_u64())
+            .arg(req.outcome.kind().as_str())
+            .arg(req.outcome.body().as_ref())
+            .arg(req.completed_at.as_millis())
+            .arg(req.expires_at.as_millis());
+    }
+}
+
+/// What the claim script's `reply` to `req` means.
+fn claim_outcome(
+    req: &ClaimRequest,
+    reply: Vec<Option<Vec<u8>>>,
+) -> Result<ClaimOutcome, StoreError> {
+    let mut reply = reply.into_iter();
+    let status = reply.next().flatten();
+    match status.as_deref() {
+        Some(b"claimed") => Ok(ClaimOutcome::Claimed),
+        Some(b"scope") => Ok(ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope {
+            limit: req.limits.max_records_per_scope,
+        })),
+        Some(b"total") => Ok(ClaimOutcome::QuotaExceeded(QuotaExceeded::Total {
+            limit: req.limits.max_records_total,
+        })),
+        Some(b"existing") => match decode(&req.id, reply.collect())? {
+            Some(record) => Ok(ClaimOutcome::found(req, record)),
+            None => {
+                Err(CorruptRecord(format!("Redis record {:?} has no fields", req.id.key)).into())
+            }
+        },
+        _ => Err(StoreError::Backend {
+            message: "the Redis claim script returned an unknown status".into(),
+            source: None,
+        }),
+    }
+}
+
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(async move {
-            let (mut call, shard) = self.on_record(&SCRIPTS.claim, &req.id);
-            call.arg(req.now.as_millis())
-                .arg(&req.fingerprint.as_bytes()[..])
-                .arg(&*req.tool_name)
-                .arg(req.owner.as_u64())
-                .arg(req.lease_expires_at.as_millis())
-                .arg(req.expires_at.as_millis())
-                .arg(req.limits.max_records_per_scope)
-                .arg(self.total_share(req.limits.max_records_total))
-                .arg(&shard.tag)
-                .arg(PURGE_BATCH);
-            let reply: Vec<Option<Vec<u8>>> = self.invoke_write("claim", shard, &call).await?;
-            let mut reply = reply.into_iter();
-            let status = reply.next().flatten();
-            match status.as_deref() {
-                Some(b"claimed") => Ok(ClaimOutcome::Claimed),
-                Some(b"scope") => Ok(ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope {
-                    limit: req.limits.max_records_per_scope,
-                })),
-                Some(b"total") => Ok(ClaimOutcome::QuotaExceeded(QuotaExceeded::Total {
-                    limit: req.limits.max_records_total,
-                })),
-                Some(b"existing") => match decode(&req.id, reply.collect())? {
-                    Some(record) => Ok(ClaimOutcome::found(req, record)),
-                    None => Err(CorruptRecord(format!(
-                        "Redis record {:?} has no fields",
-                        req.id.key
-                    ))
-                    .into()),
-                },
-                _ => Err(StoreError::Backend {
-                    message: "the Redis claim script returned an unknown status".into(),
-                    source: None,
-                }),
-            }
-        })
+        Box::pin(async move { queue::claim(&self.queue_of(&req.id), req).await })
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        Box::pin(async move {
-            let (mut call, shard) = self.on_record(&SCRIPTS.complete, &req.id);
-            call.arg(req.owner.as_u64())
-                .arg(req.outcome.kind().as_str())
-                .arg(req.outcome.body().as_ref())
-                .arg(req.completed_at.as_millis())
-                .arg(req.expires_at.as_millis());
-            self.fenced("complete", shard, &call).await
-        })
+        Box::pin(async move { queue::complete(&self.queue_of(&req.id), req).await })
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {

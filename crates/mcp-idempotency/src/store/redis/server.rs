@@ -37,13 +37,25 @@ macro_rules! lua {
     };
 }
 
+/// A script that claims or completes: `writes.lua`'s functions in front too.
+macro_rules! lua_writes {
+    ($file:literal) => {
+        concat!(
+            include_str!("common.lua"),
+            include_str!("writes.lua"),
+            include_str!($file)
+        )
+    };
+}
+
 /// Every script, for loading them all at startup.
-pub(super) const ALL: [&str; 8] = [
-    CLAIM, COMPLETE, RENEW, RELEASE, TAKE_OVER, PURGE, LIST, DELETE,
+pub(super) const ALL: [&str; 9] = [
+    CLAIM, COMPLETE, BATCH, RENEW, RELEASE, TAKE_OVER, PURGE, LIST, DELETE,
 ];
 
-const CLAIM: &str = lua!("claim.lua");
-const COMPLETE: &str = lua!("complete.lua");
+const CLAIM: &str = lua_writes!("claim.lua");
+const COMPLETE: &str = lua_writes!("complete.lua");
+const BATCH: &str = lua_writes!("batch.lua");
 const RENEW: &str = lua!("renew.lua");
 const RELEASE: &str = lua!("release.lua");
 const TAKE_OVER: &str = lua!("take_over.lua");
@@ -55,6 +67,7 @@ const DELETE: &str = lua!("delete.lua");
 pub(super) struct Scripts {
     pub(super) claim: Script,
     pub(super) complete: Script,
+    pub(super) batch: Script,
     pub(super) renew: Script,
     pub(super) release: Script,
     pub(super) take_over: Script,
@@ -66,6 +79,7 @@ pub(super) struct Scripts {
 pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     claim: Script::new(CLAIM),
     complete: Script::new(COMPLETE),
+    batch: Script::new(BATCH),
     renew: Script::new(RENEW),
     release: Script::new(RELEASE),
     take_over: Script::new(TAKE_OVER),

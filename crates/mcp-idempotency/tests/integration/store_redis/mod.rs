@@ -5,6 +5,8 @@
 //! checks fail when `CI=true`; otherwise they print a note and end without checking anything. The outage
 //! check runs its own `redis-server` on a free port and never touches the shared server.
 
+mod batches;
+
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -1,0 +1,116 @@
+//! Claims and completions that wait at the same time share one script call: one `EVALSHA` (and,
+//! with `replicas=N`, one `WAIT`) for several operations. The queue and the leader are the shared
+//! ones of `store::batch`, one queue per shard, since a script touches the keys of one shard (one
+//! Redis Cluster slot).
+//!
+//! The batch script (`batch.lua`) runs each operation with the function its own script runs
+//! (`writes.lua`), one after the other, so each sees the writes of those before it: a key claimed
+//! twice in one batch is claimed once, and quotas stay exact. Each operation gets what its own
+//! script would have answered. A batch that fails as a whole (a script error, such as a key of
+//! the wrong type) may have applied the operations before the failing one; each then runs again
+//! alone, and each is safe to run twice (a resent claim finds its own owner, a resent completion
+//! finds its own outcome). A batch the server did not answer answers each `Unavailable`, as a lone
+//! operation would.
+
+use redis::{FromRedisValue, Value};
+
+use super::server::{ScriptCall, SCRIPTS};
+use super::{claim_outcome, RedisStore};
+use crate::store::batch::{after_failure, Answer, BatchFuture, Batcher, Grouped, Job};
+use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, StoreError, StoreFuture};
+
+/// The store, as seen by the queue of one of its shards.
+#[derive(Clone)]
+pub(super) struct ShardQueue {
+    pub(super) store: RedisStore,
+    /// The shard's index in [`Keys::shards`](super::keys::Keys::shards).
+    pub(super) shard: usize,
+}
+
+impl Grouped for ShardQueue {
+    const NAME: &'static str = "Redis";
+
+    fn batcher(&self) -> &Batcher {
+        &self.store.batchers[self.shard]
+    }
+
+    fn claim_alone<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
+        Box::pin(self.store.claim_alone(req))
+    }
+
+    fn complete_alone<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced> {
+        Box::pin(self.store.complete_alone(req))
+    }
+
+    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> BatchFuture<'a> {
+        Box::pin(async move {
+            match self.batch(jobs).await {
+                Ok(answers) => answers,
+                Err(err) => after_failure(Self::NAME, jobs, err),
+            }
+        })
+    }
+}
+
+impl ShardQueue {
+    /// Runs `jobs` (all of this shard) as one call of the batch script; the answers are in the
+    /// order of `jobs`.
+    async fn batch(&self, jobs: &[Job]) -> Result<Vec<Answer>, StoreError> {
+        let store = &self.store;
+        let shard = &store.keys.shards()[self.shard];
+        let records: Vec<_> = jobs
+            .iter()
+            .map(|job| match job {
+                Job::Claim { req, .. } => store.keys.of_record(&req.id),
+                Job::Complete { req, .. } => store.keys.of_record(&req.id),
+            })
+            .collect();
+        let mut keys: Vec<&str> = Vec::with_capacity(2 + 2 * jobs.len());
+        keys.extend([shard.all.as_str(), shard.running.as_str()]);
+        for record in &records {
+            keys.extend([record.record.as_str(), record.scope.as_str()]);
+        }
+        let mut call = ScriptCall::new(&SCRIPTS.batch, &keys);
+        for (job, record) in jobs.iter().zip(&records) {
+            match job {
+                Job::Claim { req, .. } => {
+                    call.arg("c").arg(&record.member);
+                    store.claim_args(&mut call, req, shard);
+                }
+                Job::Complete { req, .. } => {
+                    call.arg("d").arg(&record.member);
+                    store.complete_args(&mut call, req);
+                }
+            }
+        }
+        let replies: Vec<Value> = store.invoke_write("batch", shard, &call).await?;
+        if replies.len() != jobs.len() {
+            return Err(StoreError::Backend {
+                message: format!(
+                    "the Redis batch script answered {} of {} operations",
+                    replies.len(),
+                    jobs.len()
+                ),
+                source: None,
+            });
+        }
+        Ok(jobs
+            .iter()
+            .zip(replies)
+            .map(|(job, reply)| match job {
+                Job::Claim { req, .. } => match Vec::<Option<Vec<u8>>>::from_redis_value(reply) {
+                    Ok(reply) => match claim_outcome(req, reply) {
+                        Ok(outcome) => Answer::Claim(outcome),
+                        Err(err) => Answer::Failed(err),
+                    },
+                    Err(_) => Answer::Alone,
+                },
+                Job::Complete { .. } => match i64::from_redis_value(reply) {
+                    Ok(1) => Answer::Complete(Fenced::Applied),
+                    Ok(_) => Answer::Complete(Fenced::NotOwner),
+                    Err(_) => Answer::Alone,
+                },
+            })
+            .collect())
+    }
+}
