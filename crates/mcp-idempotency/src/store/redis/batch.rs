@@ -1,7 +1,14 @@
-//! Claims and completions that wait at the same time share one script call: one `EVALSHA` (and,
-//! with `replicas=N`, one `WAIT`) for several operations. The queue and the leader are the shared
+//! With `replicas=N`, claims and completions that wait at the same time share one script call:
+//! one `EVALSHA` and one `WAIT` for several operations. The queue and the leader are the shared
 //! ones of `store::batch`, one queue per shard, since a script touches the keys of one shard (one
 //! Redis Cluster slot).
+//!
+//! Why only then: `WAIT` blocks the connection it is sent on until the replicas acknowledge, so
+//! writes that wait for replicas are already sent one at a time, each paying the replicas' round
+//! trip; a batch pays it once for many. Without `replicas`, the connection already carries the
+//! operations in flight together (the `redis` crate pipelines them), the server's work is the
+//! scripts' own, and one batch at a time per shard made calls wait for each other: measured no
+//! cheaper on one server and dearer on a cluster (docs/benchmarks.md, seventh round).
 //!
 //! The batch script (`batch.lua`) runs each operation with the function its own script runs
 //! (`writes.lua`), one after the other, so each sees the writes of those before it: a key claimed
@@ -9,8 +16,8 @@
 //! script would have answered. A batch that fails as a whole (a script error, such as a key of
 //! the wrong type) may have applied the operations before the failing one; each then runs again
 //! alone, and each is safe to run twice (a resent claim finds its own owner, a resent completion
-//! finds its own outcome). A batch the server did not answer answers each `Unavailable`, as a lone
-//! operation would.
+//! finds its own outcome). A batch the server did not answer, or that fewer than `N` replicas
+//! acknowledged in time, answers each `Unavailable`, as a lone operation would.
 
 use redis::{FromRedisValue, Value};
 

@@ -2,7 +2,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | `batch` | claims and completions that wait at the same time, sent as one script call |
+//! | `batch` | with `replicas=N`, claims and completions that wait at the same time, sent as one script call |
 //! | `connect` | store URLs (one server or a cluster, plain or TLS) and opening the connection |
 //! | `healing` | replacing a cluster connection that keeps failing |
 //! | `keys` | the names of a store's keys, its shards and the encoding of record names |
@@ -79,10 +79,10 @@ const LIST_BATCH: usize = 256;
 ///
 /// Claim, complete, renew, release, take-over and delete are each one Lua script (`EVALSHA`, loading the
 /// script if the server lost it), so each is one atomic round trip; the fencing token is checked
-/// inside the script. Claims and completions that wait at the same time for one shard share one
-/// call of a script that runs each of them as its own script does, one after the other (see the
-/// `batch` module): each still answers only once the script that applied it has returned (and,
-/// with `replicas=N`, its replicas acknowledged). The scripts compare the caller's `now` with the stored deadlines and never
+/// inside the script. With `replicas=N` (below), claims and completions that wait at the same time
+/// for one shard share one call of a script that runs each of them as its own script does, one
+/// after the other, and one `WAIT` (see the `batch` module); each still answers only once that
+/// call returned and the replicas acknowledged it. The scripts compare the caller's `now` with the stored deadlines and never
 /// read the server's clock, so the caller's clock is the only clock. Quotas count live records with
 /// `ZCOUNT` over the indexes (scores after `now`), so expired records never count, even before they
 /// are purged; a refused claim also purges a batch of expired records.
@@ -169,7 +169,8 @@ const LIST_BATCH: usize = 256;
 pub struct RedisStore {
     conn: Arc<SharedConn>,
     keys: Arc<Keys>,
-    /// The claims and completions waiting to share a script call, one queue per shard.
+    /// The claims and completions waiting to share a script call, one queue per shard (used with
+    /// `replicas=N` only).
     batchers: Arc<[Batcher]>,
     /// The URL without its password, for error messages.
     url: String,
@@ -422,11 +423,23 @@ fn claim_outcome(
 
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(async move { queue::claim(&self.queue_of(&req.id), req).await })
+        Box::pin(async move {
+            if self.replicas.is_some() {
+                queue::claim(&self.queue_of(&req.id), req).await
+            } else {
+                self.claim_alone(req).await
+            }
+        })
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        Box::pin(async move { queue::complete(&self.queue_of(&req.id), req).await })
+        Box::pin(async move {
+            if self.replicas.is_some() {
+                queue::complete(&self.queue_of(&req.id), req).await
+            } else {
+                self.complete_alone(&req).await
+            }
+        })
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {

@@ -1,7 +1,87 @@
-//! Claims and completions that wait at the same time share one script call. A private server's
-//! `INFO commandstats` counts the script calls, so nothing else's are counted.
+//! With `replicas=N`, claims and completions that wait at the same time share one script call
+//! (and one `WAIT`). Each check runs a primary and a replica of its own, so that the primary's
+//! `INFO commandstats` counts only the check's script calls.
+
+use std::path::Path;
 
 use super::*;
+
+/// A primary and its replica on free ports, killed when dropped, and a store on the primary that
+/// waits for the replica.
+struct Pair {
+    primary: Option<PrivateServer>,
+    _replica: PrivateServer,
+    _dir: tempfile::TempDir,
+    store: Arc<RedisStore>,
+    /// The primary's URL, without the replica option.
+    url: String,
+    prefix: String,
+}
+
+impl PrivateServer {
+    /// A server on `port` keeping its files in `dir`, with `extra` arguments.
+    fn start_in(port: u16, dir: &Path, extra: &[&str]) -> Option<Self> {
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        match child {
+            Ok(child) => Some(Self { child }),
+            Err(err) if in_ci() => panic!("CI=true but redis-server cannot be started: {err}"),
+            Err(err) => {
+                eprintln!("NOTE: skipping a check on private redis-servers: {err}");
+                None
+            }
+        }
+    }
+}
+
+/// Starts a [`Pair`] once the replica has synced, or `None` (with a note) when redis-server
+/// cannot start outside CI.
+async fn pair() -> Option<Pair> {
+    let dir = tempfile::tempdir().expect("a directory for the servers");
+    let (port, replica_port) = (free_port(), free_port());
+    let primary = PrivateServer::start_in(port, dir.path(), &[])?;
+    let primary_port = port.to_string();
+    let replica = PrivateServer::start_in(
+        replica_port,
+        dir.path(),
+        &["--replicaof", "127.0.0.1", &primary_port],
+    )?;
+    let url = format!("redis://127.0.0.1:{port}");
+    wait_until_up(&url).await;
+    let prefix = random_prefix();
+    let store = RedisStore::open_with_prefix(
+        &format!("{url}/?replicas=1&replica_timeout_ms=2000"),
+        &prefix,
+    )
+    .await
+    .expect("open");
+    // Writes are acknowledged once the replica has synced.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let probe = record_id("probe", "p", "synced");
+    loop {
+        match store.claim(&claim_req(&probe, T0)).await {
+            Ok(_) => break,
+            Err(err) => assert!(Instant::now() < deadline, "the replica never synced: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(store.delete(&probe).await.expect("delete the probe"));
+    Some(Pair {
+        primary: Some(primary),
+        _replica: replica,
+        _dir: dir,
+        store: Arc::new(store),
+        url,
+        prefix,
+    })
+}
 
 /// How many `EVALSHA`s the server at `url` has run.
 async fn script_calls(url: &str) -> u64 {
@@ -74,16 +154,10 @@ fn done(req: &ClaimRequest, owner: FencingToken, body: &str) -> CompleteRequest 
 /// its own right answer, from at most half as many script calls as operations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn operations_that_wait_at_the_same_time_share_script_calls() {
-    let Some(Private {
-        server: _running,
-        store,
-        url,
-        ..
-    }) = private_store().await
-    else {
+    let Some(pair) = pair().await else {
         return;
     };
-    let store = Arc::new(store);
+    let (store, url) = (&pair.store, &pair.url);
     let reqs: Vec<_> = (0..48)
         .map(|i| {
             claim_req(
@@ -92,9 +166,9 @@ async fn operations_that_wait_at_the_same_time_share_script_calls() {
             )
         })
         .collect();
-    let before = script_calls(&url).await;
-    let answers = claim_all(&store, &reqs).await;
-    let calls = script_calls(&url).await - before;
+    let before = script_calls(url).await;
+    let answers = claim_all(store, &reqs).await;
+    let calls = script_calls(url).await - before;
     for answer in &answers {
         assert_eq!(*answer.as_ref().expect("claim"), ClaimOutcome::Claimed);
     }
@@ -107,9 +181,9 @@ async fn operations_that_wait_at_the_same_time_share_script_calls() {
         .map(|(i, req)| done(req, req.owner, &format!("{i}")))
         .collect();
     completions.push(done(&reqs[0], FencingToken::random(), "\"stranger\""));
-    let before = script_calls(&url).await;
-    let answers = complete_all(&store, completions).await;
-    let calls = script_calls(&url).await - before;
+    let before = script_calls(url).await;
+    let answers = complete_all(store, completions).await;
+    let calls = script_calls(url).await - before;
     let (stranger, answers) = answers.split_last().expect("49 answers");
     for answer in answers {
         assert_eq!(*answer.as_ref().expect("complete"), Fenced::Applied);
@@ -137,14 +211,14 @@ async fn operations_that_wait_at_the_same_time_share_script_calls() {
 /// recognised as its own, and every other claimant finds that owner's record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_key_claimed_at_once_by_many_has_one_owner() {
-    let Some((store, _)) = shared_store().await else {
+    let Some(pair) = pair().await else {
         return;
     };
-    let store = Arc::new(store);
+    let store = &pair.store;
     let id = record_id("batch", "p", "contested");
     let mut reqs: Vec<_> = (0..20).map(|_| claim_req(&id, T0)).collect();
     reqs.push(reqs[7].clone());
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claim_all(store, &reqs).await;
     let record = store.get(&id, T0).await.expect("get").expect("claimed");
     let RecordState::InProgress { owner, .. } = record.state else {
         panic!("not in progress: {record:?}");
@@ -165,10 +239,10 @@ async fn one_key_claimed_at_once_by_many_has_one_owner() {
 /// admitted, at most 20 per scope, and each refusal names the quota that was full.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn batches_keep_quotas_exact() {
-    let Some((store, _)) = shared_store().await else {
+    let Some(pair) = pair().await else {
         return;
     };
-    let store = Arc::new(store);
+    let store = &pair.store;
     let limits = RecordLimits {
         max_records_per_scope: 20,
         max_records_total: 45,
@@ -182,7 +256,7 @@ async fn batches_keep_quotas_exact() {
             )
         })
         .collect();
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claim_all(store, &reqs).await;
     let mut admitted = [0; 3];
     for (i, answer) in answers.iter().enumerate() {
         match answer.as_ref().expect("claim") {
@@ -202,22 +276,26 @@ async fn batches_keep_quotas_exact() {
 /// gets its own error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failed_batch_runs_each_operation_alone() {
-    let Some((store, prefix)) = shared_store().await else {
+    let Some(pair) = pair().await else {
         return;
     };
-    let mut conn = raw_connection().await;
+    let (store, url, prefix) = (&pair.store, &pair.url, &pair.prefix);
+    let mut conn = redis::Client::open(url.as_str())
+        .expect("url parses")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection");
     let _: () = redis::cmd("SET")
         .arg(format!("{{{prefix}}}:s:broken:p"))
         .arg("not a sorted set")
         .query_async(&mut conn)
         .await
         .expect("SET");
-    let store = Arc::new(store);
     let mut reqs: Vec<_> = (0..30)
         .map(|i| claim_req(&record_id("fine", "p", &format!("k{i}")), T0))
         .collect();
     reqs.insert(15, claim_req(&record_id("broken", "p", "k"), T0));
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claim_all(store, &reqs).await;
     for (i, answer) in answers.iter().enumerate() {
         if i == 15 {
             let err = answer.as_ref().expect_err("a wrong type");
@@ -233,16 +311,16 @@ async fn a_failed_batch_runs_each_operation_alone() {
 /// bound, none of them hangs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_during_an_outage_answers_each_unavailable() {
-    let Some(Private { server, store, .. }) = private_store().await else {
+    let Some(mut pair) = pair().await else {
         return;
     };
-    let store = Arc::new(store);
-    server.stop();
+    pair.primary.take().expect("running").stop();
+    let store = &pair.store;
     let reqs: Vec<_> = (0..20)
         .map(|i| claim_req(&record_id("outage", "p", &format!("k{i}")), T0))
         .collect();
     let started = Instant::now();
-    let answers = claim_all(&store, &reqs).await;
+    let answers = claim_all(store, &reqs).await;
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "took {:?}",
