@@ -2,11 +2,13 @@
 //! of one per file): the engine, the deduplicator and the interceptor through the public API, every
 //! record store (SQLite, memory, Redis, PostgreSQL) against the shared store suite, the stdio and
 //! HTTP drivers, the retrying client, and rmcp servers embedding the library. One module per
-//! concern; `counter_server` is a shared helper.
+//! concern; `counter_server` and `at_once` are shared helpers.
 //!
 //! Run one concern with a filter, e.g. `cargo test -p mcp-idempotency --test integration engine::`.
 
 // Shared helpers.
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod at_once;
 mod counter_server;
 
 // One module per concern.

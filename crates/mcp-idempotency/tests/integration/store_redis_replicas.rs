@@ -497,16 +497,9 @@ async fn claim_at_once(
     store: &Arc<RedisStore>,
     principal: &str,
 ) -> Vec<Result<ClaimOutcome, mcp_idempotency::store::StoreError>> {
-    let tasks: Vec<_> = (0..16)
-        .map(|i| {
-            let store = Arc::clone(store);
-            let req = claim_req(principal, &format!("k{i}"));
-            tokio::spawn(async move { store.claim(&req).await })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    answers
+    crate::at_once::claim_all(
+        store,
+        (0..16).map(|i| claim_req(principal, &format!("k{i}"))),
+    )
+    .await
 }

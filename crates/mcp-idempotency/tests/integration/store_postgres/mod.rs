@@ -22,6 +22,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_postgres::NoTls;
 
+use crate::at_once::claim_all;
+
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 
@@ -228,26 +230,6 @@ fn claim_req(id: &RecordId, now: Timestamp, limits: RecordLimits) -> ClaimReques
 
 fn later(t: Timestamp, secs: u64) -> Timestamp {
     t.saturating_add(Duration::from_secs(secs))
-}
-
-/// Sends every claim of `reqs` at once, each from a task of its own (so that they queue for one
-/// batch), and returns the answers in order.
-async fn claim_all(
-    store: &Arc<TestStore>,
-    reqs: Vec<ClaimRequest>,
-) -> Vec<Result<ClaimOutcome, StoreError>> {
-    let tasks: Vec<_> = reqs
-        .into_iter()
-        .map(|req| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move { store.claim(&req).await })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    answers
 }
 
 /// A plain connection for looking at (or preparing) the tables directly.

@@ -2,9 +2,8 @@
 //! (and one `WAIT`). Each check runs a primary and a replica of its own, so that the primary's
 //! `INFO commandstats` counts only the check's script calls.
 
-use std::path::Path;
-
 use super::*;
+use crate::at_once::{claim_all, complete_all};
 
 /// A primary and its replica on free ports, killed when dropped, and a store on the primary that
 /// waits for the replica.
@@ -16,29 +15,6 @@ struct Pair {
     /// The primary's URL, without the replica option.
     url: String,
     prefix: String,
-}
-
-impl PrivateServer {
-    /// A server on `port` keeping its files in `dir`, with `extra` arguments.
-    fn start_in(port: u16, dir: &Path, extra: &[&str]) -> Option<Self> {
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(dir)
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        match child {
-            Ok(child) => Some(Self { child }),
-            Err(err) if in_ci() => panic!("CI=true but redis-server cannot be started: {err}"),
-            Err(err) => {
-                eprintln!("NOTE: skipping a check on private redis-servers: {err}");
-                None
-            }
-        }
-    }
 }
 
 /// Starts a [`Pair`] once the replica has synced, or `None` (with a note) when redis-server
@@ -101,45 +77,6 @@ async fn script_calls(url: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Sends every claim at once, each from a task of its own; the answers in the order of `reqs`.
-async fn claim_all(
-    store: &Arc<RedisStore>,
-    reqs: &[ClaimRequest],
-) -> Vec<Result<ClaimOutcome, StoreError>> {
-    let tasks: Vec<_> = reqs
-        .iter()
-        .cloned()
-        .map(|req| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move { store.claim(&req).await })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.expect("claim task"));
-    }
-    answers
-}
-
-/// Sends every completion at once, as [`claim_all`] does.
-async fn complete_all(
-    store: &Arc<RedisStore>,
-    reqs: Vec<CompleteRequest>,
-) -> Vec<Result<Fenced, StoreError>> {
-    let tasks: Vec<_> = reqs
-        .into_iter()
-        .map(|req| {
-            let store = Arc::clone(store);
-            tokio::spawn(async move { store.complete(req).await })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.expect("complete task"));
-    }
-    answers
-}
-
 fn done(req: &ClaimRequest, owner: FencingToken, body: &str) -> CompleteRequest {
     CompleteRequest {
         id: req.id.clone(),
@@ -167,7 +104,7 @@ async fn operations_that_wait_at_the_same_time_share_script_calls() {
         })
         .collect();
     let before = script_calls(url).await;
-    let answers = claim_all(store, &reqs).await;
+    let answers = claim_all(store, reqs.clone()).await;
     let calls = script_calls(url).await - before;
     for answer in &answers {
         assert_eq!(*answer.as_ref().expect("claim"), ClaimOutcome::Claimed);
@@ -218,7 +155,7 @@ async fn one_key_claimed_at_once_by_many_has_one_owner() {
     let id = record_id("batch", "p", "contested");
     let mut reqs: Vec<_> = (0..20).map(|_| claim_req(&id, T0)).collect();
     reqs.push(reqs[7].clone());
-    let answers = claim_all(store, &reqs).await;
+    let answers = claim_all(store, reqs.clone()).await;
     let record = store.get(&id, T0).await.expect("get").expect("claimed");
     let RecordState::InProgress { owner, .. } = record.state else {
         panic!("not in progress: {record:?}");
@@ -256,7 +193,7 @@ async fn batches_keep_quotas_exact() {
             )
         })
         .collect();
-    let answers = claim_all(store, &reqs).await;
+    let answers = claim_all(store, reqs.clone()).await;
     let mut admitted = [0; 3];
     for (i, answer) in answers.iter().enumerate() {
         match answer.as_ref().expect("claim") {
@@ -295,7 +232,7 @@ async fn a_failed_batch_runs_each_operation_alone() {
         .map(|i| claim_req(&record_id("fine", "p", &format!("k{i}")), T0))
         .collect();
     reqs.insert(15, claim_req(&record_id("broken", "p", "k"), T0));
-    let answers = claim_all(store, &reqs).await;
+    let answers = claim_all(store, reqs.clone()).await;
     for (i, answer) in answers.iter().enumerate() {
         if i == 15 {
             let err = answer.as_ref().expect_err("a wrong type");
@@ -320,7 +257,7 @@ async fn a_batch_during_an_outage_answers_each_unavailable() {
         .map(|i| claim_req(&record_id("outage", "p", &format!("k{i}")), T0))
         .collect();
     let started = Instant::now();
-    let answers = claim_all(store, &reqs).await;
+    let answers = claim_all(store, reqs.clone()).await;
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "took {:?}",

@@ -8,6 +8,7 @@
 mod batches;
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -354,9 +355,18 @@ struct PrivateServer {
 
 impl PrivateServer {
     fn start(port: u16) -> Option<Self> {
+        Self::start_in(port, &std::env::temp_dir(), &[])
+    }
+
+    /// A server on `port` keeping its files (a replica's copy, if any) in `dir`, with `extra`
+    /// arguments.
+    fn start_in(port: u16, dir: &Path, extra: &[&str]) -> Option<Self> {
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(dir)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
