@@ -11,11 +11,9 @@
 //!
 //! Each operation keeps its own answer: the store answers each job of a batch on its own
 //! ([`Answer`]), and may leave one to run again alone. An operation whose caller stopped waiting
-//! before its batch started is not run. [`after_failure`] is what a batch that failed as a whole
-//! answers.
+//! before its batch started is not run. [`after_failure`] is what each job of a batch that failed
+//! as a whole gets.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::oneshot;
@@ -40,12 +38,10 @@ pub(super) trait Grouped: Clone + Send + Sync + 'static {
     /// Records `req`'s outcome in an exchange of its own.
     fn complete_alone<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced>;
 
-    /// Runs two or more `jobs` in one exchange; one answer per job, in the order of `jobs`.
-    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> BatchFuture<'a>;
+    /// Runs two or more `jobs` in one exchange; one answer per job, in the order of `jobs`, or
+    /// the error that failed the exchange as a whole (see [`after_failure`]).
+    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> StoreFuture<'a, Vec<Answer>>;
 }
-
-/// What [`Grouped::run_together`] returns.
-pub(super) type BatchFuture<'a> = Pin<Box<dyn Future<Output = Vec<Answer>> + Send + 'a>>;
 
 /// The operations waiting for the leader.
 #[derive(Default)]
@@ -107,7 +103,7 @@ pub(super) enum Answer {
 /// not be reached or did not answer, each gets [`StoreError::Unavailable`], as a lone operation
 /// would ("may have applied": a resent claim or completion changes nothing if it did); when the
 /// server answered with an error, each runs again alone to get its own answer.
-pub(super) fn after_failure(name: &str, jobs: &[Job], err: StoreError) -> Vec<Answer> {
+fn after_failure(name: &str, jobs: &[Job], err: StoreError) -> Vec<Answer> {
     match err {
         StoreError::Unavailable { message, .. } => jobs
             .iter()
@@ -249,7 +245,10 @@ async fn run_batch<S: Grouped>(store: &S, jobs: Vec<Job>) {
         }
         return;
     }
-    let answers = store.run_together(&jobs).await;
+    let answers = match store.run_together(&jobs).await {
+        Ok(answers) => answers,
+        Err(err) => after_failure(S::NAME, &jobs, err),
+    };
     let mut answers = answers.into_iter();
     for job in jobs {
         // A job the store did not answer (it answers every one) runs again alone.

@@ -25,7 +25,7 @@ use super::pool::{run, OpError};
 use super::quota::{shard_of, sql_limit};
 use super::PostgresStore;
 use crate::record::CorruptRecord;
-use crate::store::batch::{after_failure, Answer, BatchFuture, Batcher, Grouped, Job};
+use crate::store::batch::{Answer, Batcher, Grouped, Job};
 use crate::store::sql_row::{decode, sql_time, sql_token, ClaimColumns};
 use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, StoreError, StoreFuture};
 
@@ -44,13 +44,8 @@ impl Grouped for PostgresStore {
         Box::pin(self.complete_alone(req))
     }
 
-    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> BatchFuture<'a> {
-        Box::pin(async move {
-            match self.batch(jobs).await {
-                Ok(answers) => answers,
-                Err(err) => after_failure(Self::NAME, jobs, err),
-            }
-        })
+    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> StoreFuture<'a, Vec<Answer>> {
+        Box::pin(self.batch(jobs))
     }
 }
 

@@ -23,7 +23,7 @@ use redis::{FromRedisValue, Value};
 
 use super::server::{ScriptCall, SCRIPTS};
 use super::{claim_outcome, RedisStore};
-use crate::store::batch::{after_failure, Answer, BatchFuture, Batcher, Grouped, Job};
+use crate::store::batch::{Answer, Batcher, Grouped, Job};
 use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, StoreError, StoreFuture};
 
 /// The store, as seen by the queue of one of its shards.
@@ -49,13 +49,8 @@ impl Grouped for ShardQueue {
         Box::pin(self.store.complete_alone(req))
     }
 
-    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> BatchFuture<'a> {
-        Box::pin(async move {
-            match self.batch(jobs).await {
-                Ok(answers) => answers,
-                Err(err) => after_failure(Self::NAME, jobs, err),
-            }
-        })
+    fn run_together<'a>(&'a self, jobs: &'a [Job]) -> StoreFuture<'a, Vec<Answer>> {
+        Box::pin(self.batch(jobs))
     }
 }
 
