@@ -3,7 +3,7 @@
 //! acknowledge in time.
 //!
 //! - The shared store suite on the shared cluster (`REDIS_CLUSTER_URL`) with `?replicas=1`, and
-//!   claims and completions sent at once there (they share script calls per shard).
+//!   claims and completions sent at once there.
 //! - On a 6-node cluster of this test's own (ports 7300-7305, started with
 //!   `scripts/redis-cluster.sh` under a temporary directory, stopped at the end): with the replica
 //!   of one primary paused (SIGSTOP), writes on that primary's slots fail closed (unavailable,
@@ -78,11 +78,10 @@ mod suite {
     });
 }
 
-/// 96 claims of 24 scopes sent at once on the shared cluster, then their completions: each
-/// shard's queue groups its own into script calls (and `WAIT`s) on its primary, and every
-/// operation gets its own right answer.
+/// 96 claims of 24 scopes sent at once on the shared cluster, then their completions: every
+/// operation gets its own right answer, each after its replica acknowledged it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn operations_sent_at_once_over_every_shard_each_get_their_answer() {
+async fn claims_and_completions_sent_at_once_each_get_their_answer() {
     let Some(store) = shared_cluster_with_replicas().await else {
         return;
     };

@@ -1,14 +1,16 @@
-//! With `replicas=N`, claims and completions that wait at the same time share one script call:
-//! one `EVALSHA` and one `WAIT` for several operations. The queue and the leader are the shared
-//! ones of `store::batch`, one queue per shard, since a script touches the keys of one shard (one
-//! Redis Cluster slot).
+//! On one server (one shard) with `replicas=N`, claims and completions that wait at the same time
+//! share one script call: one `EVALSHA` and one `WAIT` for several operations. The queue and the
+//! leader are the shared ones of `store::batch`; there is a queue per shard, since a script
+//! touches the keys of one shard (one Redis Cluster slot), but only one-shard stores use it.
 //!
-//! Why only then: `WAIT` blocks the connection it is sent on until the replicas acknowledge, so
-//! writes that wait for replicas are already sent one at a time, each paying the replicas' round
-//! trip; a batch pays it once for many. Without `replicas`, the connection already carries the
-//! operations in flight together (the `redis` crate pipelines them), the server's work is the
-//! scripts' own, and one batch at a time per shard made calls wait for each other: measured no
-//! cheaper on one server and dearer on a cluster (docs/benchmarks.md, seventh round).
+//! Why only then: `WAIT` blocks the connection it is sent on until the replicas acknowledge, and
+//! one server means one connection, so writes that wait for replicas went one at a time, each
+//! paying the replicas' round trip; a batch pays it once for many. Without `replicas`, the
+//! connection already carries the operations in flight together (the `redis` crate pipelines
+//! them) and the server's work is the scripts' own: batches measured no cheaper. On a cluster,
+//! the calls in flight spread over eight shards leave one or two operations per shard's queue, so
+//! batches seldom form and an operation that queues waits for the one in flight instead of going
+//! out beside it: measured dearer, with replicas or not (docs/benchmarks.md, seventh round).
 //!
 //! The batch script (`batch.lua`) runs each operation with the function its own script runs
 //! (`writes.lua`), one after the other, so each sees the writes of those before it: a key claimed

@@ -2,7 +2,7 @@
 //!
 //! | module | holds |
 //! | --- | --- |
-//! | `batch` | with `replicas=N`, claims and completions that wait at the same time, sent as one script call |
+//! | `batch` | on one server with `replicas=N`, claims and completions that wait at the same time, sent as one script call |
 //! | `connect` | store URLs (one server or a cluster, plain or TLS) and opening the connection |
 //! | `healing` | replacing a cluster connection that keeps failing |
 //! | `keys` | the names of a store's keys, its shards and the encoding of record names |
@@ -79,10 +79,10 @@ const LIST_BATCH: usize = 256;
 ///
 /// Claim, complete, renew, release, take-over and delete are each one Lua script (`EVALSHA`, loading the
 /// script if the server lost it), so each is one atomic round trip; the fencing token is checked
-/// inside the script. With `replicas=N` (below), claims and completions that wait at the same time
-/// for one shard share one call of a script that runs each of them as its own script does, one
-/// after the other, and one `WAIT` (see the `batch` module); each still answers only once that
-/// call returned and the replicas acknowledged it. The scripts compare the caller's `now` with the stored deadlines and never
+/// inside the script. On one server (one shard) with `replicas=N` (below), claims and completions
+/// that wait at the same time share one call of a script that runs each of them as its own script
+/// does, one after the other, and one `WAIT` (see the `batch` module); each still answers only
+/// once that call returned and the replicas acknowledged it. The scripts compare the caller's `now` with the stored deadlines and never
 /// read the server's clock, so the caller's clock is the only clock. Quotas count live records with
 /// `ZCOUNT` over the indexes (scores after `now`), so expired records never count, even before they
 /// are purged; a refused claim also purges a batch of expired records.
@@ -169,8 +169,10 @@ const LIST_BATCH: usize = 256;
 pub struct RedisStore {
     conn: Arc<SharedConn>,
     keys: Arc<Keys>,
-    /// The claims and completions waiting to share a script call, one queue per shard (used with
-    /// `replicas=N` only).
+    /// Whether claims and completions that wait at the same time share a script call: on one
+    /// shard with `replicas=N` (see the `batch` module for why only then).
+    batched: bool,
+    /// The claims and completions waiting to share a script call, one queue per shard.
     batchers: Arc<[Batcher]>,
     /// The URL without its password, for error messages.
     url: String,
@@ -228,6 +230,7 @@ impl RedisStore {
         let keys = Keys::new(prefix, shards);
         let store = Self {
             conn: SharedConn::new(conn, target, &shown),
+            batched: replicas.is_some() && keys.shards().len() == 1,
             batchers: keys.shards().iter().map(|_| Default::default()).collect(),
             keys: Arc::new(keys),
             url: shown,
@@ -424,7 +427,7 @@ fn claim_outcome(
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
-            if self.replicas.is_some() {
+            if self.batched {
                 queue::claim(&self.queue_of(&req.id), req).await
             } else {
                 self.claim_alone(req).await
@@ -434,7 +437,7 @@ impl Store for RedisStore {
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         Box::pin(async move {
-            if self.replicas.is_some() {
+            if self.batched {
                 queue::complete(&self.queue_of(&req.id), req).await
             } else {
                 self.complete_alone(&req).await

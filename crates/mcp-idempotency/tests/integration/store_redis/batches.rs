@@ -1,6 +1,6 @@
-//! With `replicas=N`, claims and completions that wait at the same time share one script call
-//! (and one `WAIT`). Each check runs a primary and a replica of its own, so that the primary's
-//! `INFO commandstats` counts only the check's script calls.
+//! On one server with `replicas=N`, claims and completions that wait at the same time share one
+//! script call (and one `WAIT`). Each check runs a primary and a replica of its own, so that the
+//! primary's `INFO commandstats` counts only the check's script calls.
 
 use super::*;
 use crate::at_once::{claim_all, complete_all};
