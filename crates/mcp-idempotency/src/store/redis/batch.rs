@@ -1,7 +1,6 @@
 //! On one server (one shard) with `replicas=N`, claims and completions that wait at the same time
 //! share one script call: one `EVALSHA` and one `WAIT` for several operations. The queue and the
-//! leader are the shared ones of `store::batch`; there is a queue per shard, since a script
-//! touches the keys of one shard (one Redis Cluster slot), but only one-shard stores use it.
+//! leader are the shared ones of `store::batch`.
 //!
 //! Why only then: `WAIT` blocks the connection it is sent on until the replicas acknowledge, and
 //! one server means one connection, so writes that wait for replicas went one at a time, each
@@ -28,27 +27,19 @@ use super::{claim_outcome, RedisStore};
 use crate::store::batch::{Answer, Batcher, Grouped, Job};
 use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, StoreError, StoreFuture};
 
-/// The store, as seen by the queue of one of its shards.
-#[derive(Clone)]
-pub(super) struct ShardQueue {
-    pub(super) store: RedisStore,
-    /// The shard's index in [`Keys::shards`](super::keys::Keys::shards).
-    pub(super) shard: usize,
-}
-
-impl Grouped for ShardQueue {
+impl Grouped for RedisStore {
     const NAME: &'static str = "Redis";
 
     fn batcher(&self) -> &Batcher {
-        &self.store.batchers[self.shard]
+        &self.batcher
     }
 
     fn claim_alone<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(self.store.claim_alone(req))
+        Box::pin(self.claim_alone(req))
     }
 
     fn complete_alone<'a>(&'a self, req: &'a CompleteRequest) -> StoreFuture<'a, Fenced> {
-        Box::pin(self.store.complete_alone(req))
+        Box::pin(self.complete_alone(req))
     }
 
     fn run_together<'a>(&'a self, jobs: &'a [Job]) -> StoreFuture<'a, Vec<Answer>> {
@@ -56,19 +47,20 @@ impl Grouped for ShardQueue {
     }
 }
 
-impl ShardQueue {
-    /// Runs `jobs` (all of this shard) as one call of the batch script; the answers are in the
-    /// order of `jobs`.
+impl RedisStore {
+    /// Runs `jobs` (all of the store's one shard) as one call of the batch script; the answers
+    /// are in the order of `jobs`.
     async fn batch(&self, jobs: &[Job]) -> Result<Vec<Answer>, StoreError> {
-        let store = &self.store;
-        let shard = &store.keys.shards()[self.shard];
         let records: Vec<_> = jobs
             .iter()
             .map(|job| match job {
-                Job::Claim { req, .. } => store.keys.of_record(&req.id),
-                Job::Complete { req, .. } => store.keys.of_record(&req.id),
+                Job::Claim { req, .. } => self.keys.of_record(&req.id),
+                Job::Complete { req, .. } => self.keys.of_record(&req.id),
             })
             .collect();
+        let Some(shard) = records.first().map(|record| record.shard) else {
+            return Ok(Vec::new());
+        };
         let mut keys: Vec<&str> = Vec::with_capacity(2 + 2 * jobs.len());
         keys.extend([shard.all.as_str(), shard.running.as_str()]);
         for record in &records {
@@ -79,15 +71,15 @@ impl ShardQueue {
             match job {
                 Job::Claim { req, .. } => {
                     call.arg("c").arg(&record.member);
-                    store.claim_args(&mut call, req, shard);
+                    self.claim_args(&mut call, req, shard);
                 }
                 Job::Complete { req, .. } => {
                     call.arg("d").arg(&record.member);
-                    store.complete_args(&mut call, req);
+                    self.complete_args(&mut call, req);
                 }
             }
         }
-        let replies: Vec<Value> = store.invoke_write("batch", shard, &call).await?;
+        let replies: Vec<Value> = self.invoke_write("batch", shard, &call).await?;
         if replies.len() != jobs.len() {
             return Err(StoreError::Backend {
                 message: format!(

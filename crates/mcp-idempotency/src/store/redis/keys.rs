@@ -65,21 +65,9 @@ impl Keys {
         self.shard_of_part(&Self::scope_part(scope))
     }
 
-    /// The index in [`Keys::shards`] of the shard holding `scope`'s records.
-    pub(super) fn index_of(&self, scope: &Scope) -> usize {
-        if self.shards.len() == 1 {
-            return 0;
-        }
-        self.index_of_part(&Self::scope_part(scope))
-    }
-
     /// The shard holding the records of the scope whose encoded name is `scope_part`.
     fn shard_of_part(&self, scope_part: &str) -> &Shard {
-        &self.shards[self.index_of_part(scope_part)]
-    }
-
-    fn index_of_part(&self, scope_part: &str) -> usize {
-        usize::from(crc16(scope_part.as_bytes())) % self.shards.len()
+        &self.shards[usize::from(crc16(scope_part.as_bytes())) % self.shards.len()]
     }
 
     /// The names of the keys an operation on `id`'s record touches, from one encoding of its

@@ -21,7 +21,6 @@ mod server;
 use std::fmt;
 use std::sync::Arc;
 
-use self::batch::ShardQueue;
 use self::connect::RedisUrl;
 use self::healing::SharedConn;
 use self::keys::{member_id, wanted_part, Keys, Shard};
@@ -172,8 +171,8 @@ pub struct RedisStore {
     /// Whether claims and completions that wait at the same time share a script call: on one
     /// shard with `replicas=N` (see the `batch` module for why only then).
     batched: bool,
-    /// The claims and completions waiting to share a script call, one queue per shard.
-    batchers: Arc<[Batcher]>,
+    /// The claims and completions waiting to share a script call.
+    batcher: Arc<Batcher>,
     /// The URL without its password, for error messages.
     url: String,
     /// How many replicas must acknowledge each write (`replicas=N`), if any.
@@ -231,7 +230,7 @@ impl RedisStore {
         let store = Self {
             conn: SharedConn::new(conn, target, &shown),
             batched: replicas.is_some() && keys.shards().len() == 1,
-            batchers: keys.shards().iter().map(|_| Default::default()).collect(),
+            batcher: Arc::default(),
             keys: Arc::new(keys),
             url: shown,
             replicas,
@@ -349,14 +348,6 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// The queue of the shard of `id`'s record.
-    fn queue_of(&self, id: &RecordId) -> ShardQueue {
-        ShardQueue {
-            store: self.clone(),
-            shard: self.keys.index_of(&id.scope),
-        }
-    }
-
     /// Claims `req` with a script call of its own.
     async fn claim_alone(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let (mut call, shard) = self.on_record(&SCRIPTS.claim, &req.id);
@@ -428,7 +419,7 @@ impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
             if self.batched {
-                queue::claim(&self.queue_of(&req.id), req).await
+                queue::claim(self, req).await
             } else {
                 self.claim_alone(req).await
             }
@@ -438,7 +429,7 @@ impl Store for RedisStore {
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         Box::pin(async move {
             if self.batched {
-                queue::complete(&self.queue_of(&req.id), req).await
+                queue::complete(self, req).await
             } else {
                 self.complete_alone(&req).await
             }
