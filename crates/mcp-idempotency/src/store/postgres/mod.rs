@@ -54,6 +54,7 @@ use super::{
     StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::record::{CorruptRecord, FencingToken, Record, RecordId};
+use crate::store::batch::{self as queue, Batcher};
 use crate::time::Timestamp;
 
 /// Most records one purge statement deletes.
@@ -104,7 +105,7 @@ struct Inner {
     target: String,
     schema: String,
     sql: Sql,
-    batcher: crate::store::batch::Batcher,
+    batcher: Batcher,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -161,7 +162,7 @@ impl PostgresStore {
                 target,
                 schema: schema.to_owned(),
                 sql,
-                batcher: crate::store::batch::Batcher::default(),
+                batcher: Batcher::default(),
             }),
         })
     }
@@ -205,11 +206,11 @@ impl PostgresStore {
 
 impl Store for PostgresStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        Box::pin(crate::store::batch::claim(self, req))
+        Box::pin(queue::claim(self, req))
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        Box::pin(crate::store::batch::complete(self, req))
+        Box::pin(queue::complete(self, req))
     }
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {

@@ -81,10 +81,11 @@ const LIST_BATCH: usize = 256;
 /// inside the script. On one server (one shard) with `replicas=N` (below), claims and completions
 /// that wait at the same time share one call of a script that runs each of them as its own script
 /// does, one after the other, and one `WAIT` (see the `batch` module); each still answers only
-/// once that call returned and the replicas acknowledged it. The scripts compare the caller's `now` with the stored deadlines and never
-/// read the server's clock, so the caller's clock is the only clock. Quotas count live records with
-/// `ZCOUNT` over the indexes (scores after `now`), so expired records never count, even before they
-/// are purged; a refused claim also purges a batch of expired records.
+/// once that call returned and the replicas acknowledged it. The scripts compare the caller's
+/// `now` with the stored deadlines and never read the server's clock, so the caller's clock is the
+/// only clock. Quotas count live records with `ZCOUNT` over the indexes (scores after `now`), so
+/// expired records never count, even before they are purged; a refused claim also purges a batch
+/// of expired records.
 ///
 /// Each record key gets a time-to-live equal to its remaining retention by the writer's clock, plus
 /// five minutes of grace for clock skew between instances; renewing extends it, and the indexes
@@ -168,9 +169,6 @@ const LIST_BATCH: usize = 256;
 pub struct RedisStore {
     conn: Arc<SharedConn>,
     keys: Arc<Keys>,
-    /// Whether claims and completions that wait at the same time share a script call: on one
-    /// shard with `replicas=N` (see the `batch` module for why only then).
-    batched: bool,
     /// The claims and completions waiting to share a script call.
     batcher: Arc<Batcher>,
     /// The URL without its password, for error messages.
@@ -229,7 +227,6 @@ impl RedisStore {
         let keys = Keys::new(prefix, shards);
         let store = Self {
             conn: SharedConn::new(conn, target, &shown),
-            batched: replicas.is_some() && keys.shards().len() == 1,
             batcher: Arc::default(),
             keys: Arc::new(keys),
             url: shown,
@@ -348,6 +345,12 @@ impl RedisStore {
 }
 
 impl RedisStore {
+    /// Whether claims and completions that wait at the same time share a script call: on one
+    /// shard with `replicas=N` (see the `batch` module for why only then).
+    fn batched(&self) -> bool {
+        self.replicas.is_some() && self.keys.shards().len() == 1
+    }
+
     /// Claims `req` with a script call of its own.
     async fn claim_alone(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let (mut call, shard) = self.on_record(&SCRIPTS.claim, &req.id);
@@ -418,7 +421,7 @@ fn claim_outcome(
 impl Store for RedisStore {
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
-            if self.batched {
+            if self.batched() {
                 queue::claim(self, req).await
             } else {
                 self.claim_alone(req).await
@@ -428,7 +431,7 @@ impl Store for RedisStore {
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         Box::pin(async move {
-            if self.batched {
+            if self.batched() {
                 queue::complete(self, req).await
             } else {
                 self.complete_alone(&req).await

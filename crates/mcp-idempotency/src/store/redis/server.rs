@@ -1,6 +1,7 @@
 //! Talking to the server: the connection (one node, or a Redis Cluster), the Lua scripts (one per
-//! operation, each with the helpers of `common.lua` in front), exchanges bounded in time, and the
-//! mapping of Redis errors to [`StoreError`]s that name the server, never the password.
+//! operation and one for a batch of claims and completions, each with the helpers of `common.lua`
+//! in front, and those that claim or complete with `writes.lua`'s), exchanges bounded in time,
+//! and the mapping of Redis errors to [`StoreError`]s that name the server, never the password.
 //!
 //! On a cluster the driver routes each script by its first key (every key of a script carries one
 //! hash tag, so one slot), follows `MOVED` and `ASK` and retries after I/O errors; every script is
