@@ -88,33 +88,18 @@ async fn claims_and_completions_sent_at_once_each_get_their_answer() {
     let reqs: Vec<_> = (0..96)
         .map(|i| claim_req(&format!("principal-{}", i % 24), &format!("at-once-{i}")))
         .collect();
-    let claims: Vec<_> = reqs
-        .iter()
-        .cloned()
-        .map(|req| {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move { store.claim(&req).await })
-        })
-        .collect();
-    for claim in claims {
-        assert_eq!(claim.await.unwrap().unwrap(), ClaimOutcome::Claimed);
+    for answer in crate::at_once::claim_all(&store, reqs.clone()).await {
+        assert_eq!(answer.unwrap(), ClaimOutcome::Claimed);
     }
-    let completions: Vec<_> = reqs
-        .iter()
-        .map(|req| {
-            let store = Arc::clone(&store);
-            let done = CompleteRequest {
-                id: req.id.clone(),
-                owner: req.owner,
-                outcome: Outcome::Success("1".into()),
-                completed_at: T0,
-                expires_at: T0.saturating_add(HOUR),
-            };
-            tokio::spawn(async move { store.complete(done).await })
-        })
-        .collect();
-    for completion in completions {
-        assert_eq!(completion.await.unwrap().unwrap(), Fenced::Applied);
+    let completions = reqs.iter().map(|req| CompleteRequest {
+        id: req.id.clone(),
+        owner: req.owner,
+        outcome: Outcome::Success("1".into()),
+        completed_at: T0,
+        expires_at: T0.saturating_add(HOUR),
+    });
+    for answer in crate::at_once::complete_all(&store, completions).await {
+        assert_eq!(answer.unwrap(), Fenced::Applied);
     }
     let stats = store.stats(T0).await.unwrap();
     assert_eq!((stats.in_progress, stats.completed), (0, 96));

@@ -3,6 +3,7 @@
 //! which operations shared a transaction.
 
 use super::*;
+use crate::at_once::complete_all;
 
 /// Rows of the scope's records and the distinct transactions that last wrote them.
 async fn rows_and_transactions(url: &str, schema: &str, scope: &Scope) -> (i64, i64) {
@@ -61,22 +62,15 @@ async fn operations_that_wait_at_the_same_time_share_transactions() {
         "49 claims were written by {transactions} transactions"
     );
 
-    let tasks: Vec<_> = reqs
-        .iter()
-        .map(|req| {
-            let store = Arc::clone(&store);
-            let done = CompleteRequest {
-                id: req.id.clone(),
-                owner: req.owner,
-                outcome: Outcome::Success(format!(r#"{{"key":"{}"}}"#, req.id.key.as_str())),
-                completed_at: later(T0, 1),
-                expires_at: later(T0, 3600),
-            };
-            tokio::spawn(async move { store.complete(done).await.expect("complete") })
-        })
-        .collect();
-    for task in tasks {
-        assert_eq!(task.await.unwrap(), Fenced::Applied);
+    let completions = reqs.iter().map(|req| CompleteRequest {
+        id: req.id.clone(),
+        owner: req.owner,
+        outcome: Outcome::Success(format!(r#"{{"key":"{}"}}"#, req.id.key.as_str())),
+        completed_at: later(T0, 1),
+        expires_at: later(T0, 3600),
+    });
+    for answer in complete_all(&store, completions).await {
+        assert_eq!(answer.expect("complete"), Fenced::Applied);
     }
     let (_, transactions) = rows_and_transactions(&url, &store.schema, &scope).await;
     assert!(
