@@ -47,14 +47,16 @@ where
 {
     let (head_tx, head_rx) = oneshot::channel();
     let upstream = async move { upstream.await.map(|response| response.map(box_body)) };
-    tokio::spawn(
+    // Boxed, so that the task moves a pointer: the future holds the upstream client's whole
+    // exchange, and spawning copied it several times over.
+    tokio::spawn(Box::pin(
         Relaying {
             exchange,
             head: Some(head_tx),
             client: Client { tx: None },
         }
         .run(upstream),
-    );
+    ));
     head_rx.await.unwrap_or_else(|_| {
         json_response(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -75,7 +75,10 @@ impl Keys {
     pub(super) fn of_record(&self, id: &RecordId) -> RecordKeys<'_> {
         let key = id.key.as_str();
         let mut member = Self::scope_part_with_room(&id.scope, key.len() + 1);
-        let shard = self.shard_of_part(&member);
+        let shard = match self.shards.as_slice() {
+            [only] => only,
+            _ => self.shard_of_part(&member),
+        };
         let scope = shard.key("s:", &member);
         member.push(':');
         encode_into(&mut member, key);
@@ -203,14 +206,25 @@ fn crc16(data: &[u8]) -> u16 {
 fn encode_into(out: &mut String, part: &str) {
     let mut rest = part;
     // Most parts (names, UUID keys) have nothing to escape; the others a few characters (the
-    // `:` and `/` of a URL): the runs between them are copied whole.
-    while let Some((at, ch)) = rest.char_indices().find(|&(_, ch)| needs_escape(ch)) {
+    // `:` and `/` of a URL): the runs between them are copied whole. The scan goes by bytes: a
+    // byte that is not ASCII starts a character, which is then looked at whole.
+    while let Some(at) = rest
+        .bytes()
+        .position(|byte| !byte.is_ascii() || needs_escape(char::from(byte)))
+    {
         out.push_str(&rest[..at]);
-        let mut buf = [0; 4];
-        for byte in ch.encode_utf8(&mut buf).bytes() {
-            out.push('%');
-            out.push(char::from(HEX[usize::from(byte >> 4)]));
-            out.push(char::from(HEX[usize::from(byte & 0xF)]));
+        let Some(ch) = rest[at..].chars().next() else {
+            break;
+        };
+        if needs_escape(ch) {
+            let mut buf = [0; 4];
+            for byte in ch.encode_utf8(&mut buf).bytes() {
+                out.push('%');
+                out.push(char::from(HEX[usize::from(byte >> 4)]));
+                out.push(char::from(HEX[usize::from(byte & 0xF)]));
+            }
+        } else {
+            out.push(ch);
         }
         rest = &rest[at + ch.len_utf8()..];
     }
@@ -387,6 +401,7 @@ mod tests {
             ("\t\n\u{7f}", "%09%0A%7F"),
             ("café ключ 🔑", "café%20ключ%20🔑"),
             ("\u{a0}\u{2028}", "%C2%A0%E2%80%A8"),
+            ("\u{b}\u{85}x", "%0B%C2%85x"),
             ("", ""),
         ] {
             let mut out = String::new();

@@ -97,10 +97,22 @@ pub(super) struct ScriptCall {
 }
 
 impl ScriptCall {
-    /// A run of `script` on `keys`; arguments follow with [`ScriptCall::arg`].
-    pub(super) fn new(script: &'static Script, keys: &[&str]) -> Self {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    /// A run of `script` on `keys`; `args` arguments of about `arg_bytes` bytes in all follow
+    /// with [`ScriptCall::arg`]. The command is sized for them at once: growing it argument by
+    /// argument cost more than writing them.
+    pub(super) fn new(
+        script: &'static Script,
+        keys: &[&str],
+        args: usize,
+        arg_bytes: usize,
+    ) -> Self {
+        let key_bytes: usize = keys.iter().map(|key| key.len()).sum();
+        // EVALSHA, the script's hash and the number of keys: 3 arguments of at most 57 bytes.
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, 57 + key_bytes + arg_bytes);
+        cmd.arg("EVALSHA")
+            .arg(script.get_hash())
+            .arg(keys.len())
+            .arg(keys);
         Self { script, cmd }
     }
 
@@ -264,8 +276,15 @@ impl RedisStore {
     }
 
     /// A run of `script` on the four keys of `id`'s record (all in the record's shard), with the
-    /// record's member first; and that shard.
-    pub(super) fn on_record(&self, script: &'static Script, id: &RecordId) -> (ScriptCall, &Shard) {
+    /// record's member first, and room for `args` more arguments of `arg_bytes` bytes in all
+    /// ([`ScriptCall::new`]); and that shard.
+    pub(super) fn on_record(
+        &self,
+        script: &'static Script,
+        id: &RecordId,
+        args: usize,
+        arg_bytes: usize,
+    ) -> (ScriptCall, &Shard) {
         let keys = self.keys.of_record(id);
         let mut call = ScriptCall::new(
             script,
@@ -275,6 +294,8 @@ impl RedisStore {
                 &keys.shard.all,
                 &keys.shard.running,
             ],
+            1 + args,
+            keys.member.len() + arg_bytes,
         );
         call.arg(&keys.member);
         (call, keys.shard)
