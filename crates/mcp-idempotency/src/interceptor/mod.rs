@@ -38,7 +38,7 @@ use crate::engine::{BypassReason, Claim, Decision, ToolCall};
 use crate::jsonrpc::{error_response, raw_error_response, INVALID_PARAMS, INVALID_REQUEST};
 use crate::record::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
-use raw_object::RawObject;
+use raw_object::{json_string, RawObject};
 
 pub use batch::BATCH_REFUSED;
 
@@ -103,7 +103,7 @@ impl RequestId {
         match text.as_bytes().first() {
             Some(b'"') => serde_json::from_str::<String>(text)
                 .ok()
-                .map(|s| Self(Value::String(s).to_string())),
+                .map(|s| Self(json_string(&s))),
             Some(b'-' | b'0'..=b'9') => Some(Self(text.to_owned())),
             _ => None,
         }
@@ -424,7 +424,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                         .get("_meta")
                         .and_then(|m| RawObject::parse(m.get()))
                         .unwrap_or_default();
-                    let meta = meta.to_string_with(META_KEY, &Value::from(key).to_string());
+                    let meta = meta.to_string_with(META_KEY, &json_string(key));
                     params.to_string_with("_meta", &meta)
                 }
                 None => params.to_json(),

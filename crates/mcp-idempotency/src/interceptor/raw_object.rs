@@ -97,15 +97,29 @@ fn push_member(out: &mut String, name: &str, raw: &str) {
     if out.len() > 1 {
         out.push(',');
     }
-    if name.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
-        out.push_str(&serde_json::Value::from(name).to_string());
-    } else {
-        out.push('"');
-        out.push_str(name);
-        out.push('"');
-    }
+    push_json_string(out, name);
     out.push(':');
     out.push_str(raw);
+}
+
+/// `text` as a JSON string, as `serde_json` writes it.
+pub(crate) fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    push_json_string(&mut out, text);
+    out
+}
+
+/// Appends `text` as a JSON string. Most text (names, keys) has nothing to escape and is copied
+/// between quotes; the rest goes through `serde_json`, which escapes exactly `"`, `\\` and the
+/// control characters below U+0020.
+fn push_json_string(out: &mut String, text: &str) {
+    if text.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
+        out.push_str(&serde_json::Value::from(text).to_string());
+    } else {
+        out.push('"');
+        out.push_str(text);
+        out.push('"');
+    }
 }
 
 /// Reads a member name, borrowing it from the text when it has no escapes.
@@ -162,6 +176,19 @@ impl<'de: 'a, 'a> Deserialize<'de> for RawObject<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_strings_are_written_as_serde_json_writes_them() {
+        for text in [
+            "order-42",
+            "",
+            "quote \" and \\ backslash",
+            "\n\t\u{0}\u{1f}",
+            "\u{7f} café 🔑 \u{2028}",
+        ] {
+            assert_eq!(json_string(text), serde_json::to_string(text).unwrap(), "{text:?}");
+        }
+    }
 
     #[test]
     fn keeps_member_text_exactly() {
