@@ -186,7 +186,11 @@ mod tests {
             "\n\t\u{0}\u{1f}",
             "\u{7f} café 🔑 \u{2028}",
         ] {
-            assert_eq!(json_string(text), serde_json::to_string(text).unwrap(), "{text:?}");
+            assert_eq!(
+                json_string(text),
+                serde_json::to_string(text).unwrap(),
+                "{text:?}"
+            );
         }
     }
 

@@ -409,9 +409,10 @@ const NUMBER: usize = 20;
 const CLAIM_ARGS: usize = 10;
 
 /// About how many bytes [`RedisStore::claim_args`] writes for `req` (at most, unless the
-/// store's tag is long): eight numbers, the fingerprint, the tool's name and the tag.
+/// store's tag is longer than 32 bytes): seven numbers, the 32-byte fingerprint, the tool's name
+/// and the tag.
 fn claim_bytes(req: &ClaimRequest) -> usize {
-    8 * NUMBER + 32 + req.tool_name.len() + 32
+    7 * NUMBER + 32 + req.tool_name.len() + 32
 }
 
 /// How many arguments [`RedisStore::complete_args`] writes.
