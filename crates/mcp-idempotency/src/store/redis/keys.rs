@@ -59,14 +59,19 @@ impl Keys {
 
     /// The shard holding `scope`'s records.
     pub(super) fn shard_of(&self, scope: &Scope) -> &Shard {
-        if self.shards.len() == 1 {
-            return &self.shards[0];
+        match self.shards.as_slice() {
+            // Without encoding the scope for nothing.
+            [only] => only,
+            _ => self.shard_of_part(&Self::scope_part(scope)),
         }
-        self.shard_of_part(&Self::scope_part(scope))
     }
 
     /// The shard holding the records of the scope whose encoded name is `scope_part`.
     fn shard_of_part(&self, scope_part: &str) -> &Shard {
+        // One shard (the default on one server): no slot hash to compute.
+        if let [only] = self.shards.as_slice() {
+            return only;
+        }
         &self.shards[usize::from(crc16(scope_part.as_bytes())) % self.shards.len()]
     }
 
@@ -75,10 +80,7 @@ impl Keys {
     pub(super) fn of_record(&self, id: &RecordId) -> RecordKeys<'_> {
         let key = id.key.as_str();
         let mut member = Self::scope_part_with_room(&id.scope, key.len() + 1);
-        let shard = match self.shards.as_slice() {
-            [only] => only,
-            _ => self.shard_of_part(&member),
-        };
+        let shard = self.shard_of_part(&member);
         let scope = shard.key("s:", &member);
         member.push(':');
         encode_into(&mut member, key);
