@@ -22,8 +22,8 @@
 
 use redis::{FromRedisValue, Value};
 
-use super::server::{ScriptCall, SCRIPTS};
-use super::{claim_bytes, claim_outcome, complete_bytes, RedisStore, CLAIM_ARGS, COMPLETE_ARGS};
+use super::server::{ScriptCall, ARG_ROOM, SCRIPTS};
+use super::{claim_bytes, claim_outcome, complete_bytes, RedisStore};
 use crate::store::batch::{Answer, Batcher, Grouped, Job};
 use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, StoreError, StoreFuture};
 
@@ -66,21 +66,19 @@ impl RedisStore {
         for record in &records {
             keys.extend([record.record.as_str(), record.scope.as_str()]);
         }
-        let (args, bytes) =
-            jobs.iter()
-                .zip(&records)
-                .fold((0, 0), |(args, bytes), (job, record)| {
-                    let (more, more_bytes) = match job {
-                        Job::Claim { req, .. } => (CLAIM_ARGS, claim_bytes(req)),
-                        Job::Complete { req, .. } => (COMPLETE_ARGS, complete_bytes(req)),
-                    };
-                    // The operation's letter and its member come first.
-                    (
-                        args + 2 + more,
-                        bytes + 1 + record.member.len() + more_bytes,
-                    )
-                });
-        let mut call = ScriptCall::new(&SCRIPTS.batch, &keys, args, bytes);
+        // Each operation: its letter, its member, its arguments.
+        let bytes: usize = jobs
+            .iter()
+            .zip(&records)
+            .map(|(job, record)| {
+                let more = match job {
+                    Job::Claim { req, .. } => claim_bytes(req),
+                    Job::Complete { req, .. } => complete_bytes(req),
+                };
+                1 + record.member.len() + ARG_ROOM + more
+            })
+            .sum();
+        let mut call = ScriptCall::new(&SCRIPTS.batch, &keys, bytes);
         for (job, record) in jobs.iter().zip(&records) {
             match job {
                 Job::Claim { req, .. } => {

@@ -302,12 +302,7 @@ impl RedisStore {
         let mut records = Vec::new();
         let mut offset = 0;
         while records.len() < limit {
-            let mut call = ScriptCall::new(
-                &SCRIPTS.list,
-                &[&index],
-                6,
-                shard.tag.len() + highest.len() + lowest.len() + 3 * NUMBER,
-            );
+            let mut call = ScriptCall::new(&SCRIPTS.list, &[&index], 0);
             call.arg(&shard.tag)
                 .arg(&highest)
                 .arg(&lowest)
@@ -358,8 +353,7 @@ impl RedisStore {
 
     /// Claims `req` with a script call of its own.
     async fn claim_alone(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let (mut call, shard) =
-            self.on_record(&SCRIPTS.claim, &req.id, CLAIM_ARGS, claim_bytes(req));
+        let (mut call, shard) = self.on_record(&SCRIPTS.claim, &req.id, claim_bytes(req));
         self.claim_args(&mut call, req, shard);
         let reply: Vec<Option<Vec<u8>>> = self.invoke_write("claim", shard, &call).await?;
         claim_outcome(req, reply)
@@ -367,17 +361,12 @@ impl RedisStore {
 
     /// Records `req`'s outcome with a script call of its own.
     async fn complete_alone(&self, req: &CompleteRequest) -> Result<Fenced, StoreError> {
-        let (mut call, shard) = self.on_record(
-            &SCRIPTS.complete,
-            &req.id,
-            COMPLETE_ARGS,
-            complete_bytes(req),
-        );
+        let (mut call, shard) = self.on_record(&SCRIPTS.complete, &req.id, complete_bytes(req));
         self.complete_args(&mut call, req);
         self.fenced("complete", shard, &call).await
     }
 
-    /// A claim's arguments after its member (`claim` in `writes.lua`): [`CLAIM_ARGS`] of them.
+    /// A claim's arguments after its member (`claim` in `writes.lua`).
     fn claim_args(&self, call: &mut ScriptCall, req: &ClaimRequest, shard: &Shard) {
         call.arg(req.now.as_millis())
             .arg(&req.fingerprint.as_bytes()[..])
@@ -391,8 +380,7 @@ impl RedisStore {
             .arg(PURGE_BATCH);
     }
 
-    /// A completion's arguments after its member (`complete` in `writes.lua`): [`COMPLETE_ARGS`]
-    /// of them.
+    /// A completion's arguments after its member (`complete` in `writes.lua`).
     fn complete_args(&self, call: &mut ScriptCall, req: &CompleteRequest) {
         call.arg(req.owner.as_u64())
             .arg(req.outcome.kind().as_str())
@@ -402,26 +390,14 @@ impl RedisStore {
     }
 }
 
-/// The most bytes a number takes as a script argument (`u64::MAX` has 20 digits).
-const NUMBER: usize = 20;
-
-/// How many arguments [`RedisStore::claim_args`] writes.
-const CLAIM_ARGS: usize = 10;
-
-/// About how many bytes [`RedisStore::claim_args`] writes for `req` (at most, unless the
-/// store's tag is longer than 32 bytes): seven numbers, the 32-byte fingerprint, the tool's name
-/// and the tag.
+/// The bytes of [`RedisStore::claim_args`] beyond [`ARG_ROOM`](server::ARG_ROOM): the tool's name.
 fn claim_bytes(req: &ClaimRequest) -> usize {
-    7 * NUMBER + 32 + req.tool_name.len() + 32
+    req.tool_name.len()
 }
 
-/// How many arguments [`RedisStore::complete_args`] writes.
-const COMPLETE_ARGS: usize = 5;
-
-/// About how many bytes [`RedisStore::complete_args`] writes for `req`: three numbers, the
-/// outcome's kind and its body.
+/// The bytes of [`RedisStore::complete_args`] beyond [`ARG_ROOM`](server::ARG_ROOM): the outcome's body.
 fn complete_bytes(req: &CompleteRequest) -> usize {
-    3 * NUMBER + 8 + req.outcome.body().len()
+    req.outcome.body().len()
 }
 
 /// What the claim script's `reply` to `req` means.
@@ -475,7 +451,7 @@ impl Store for RedisStore {
 
     fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let (mut call, shard) = self.on_record(&SCRIPTS.take_over, &req.id, 5, 5 * NUMBER);
+            let (mut call, shard) = self.on_record(&SCRIPTS.take_over, &req.id, 0);
             call.arg(req.previous_owner.as_u64())
                 .arg(req.new_owner.as_u64())
                 .arg(req.now.as_millis())
@@ -492,7 +468,7 @@ impl Store for RedisStore {
         lease_expires_at: Timestamp,
     ) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let (mut call, shard) = self.on_record(&SCRIPTS.renew, id, 2, 2 * NUMBER);
+            let (mut call, shard) = self.on_record(&SCRIPTS.renew, id, 0);
             call.arg(owner.as_u64()).arg(lease_expires_at.as_millis());
             self.fenced("renew", shard, &call).await
         })
@@ -500,7 +476,7 @@ impl Store for RedisStore {
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
         Box::pin(async move {
-            let (mut call, shard) = self.on_record(&SCRIPTS.release, id, 1, NUMBER);
+            let (mut call, shard) = self.on_record(&SCRIPTS.release, id, 0);
             call.arg(owner.as_u64());
             self.fenced("release", shard, &call).await
         })
@@ -520,12 +496,8 @@ impl Store for RedisStore {
             let mut purged = 0;
             for shard in self.keys.shards() {
                 loop {
-                    let mut call = ScriptCall::new(
-                        &SCRIPTS.purge,
-                        &[&shard.all, &shard.running],
-                        3,
-                        shard.tag.len() + 2 * NUMBER,
-                    );
+                    let mut call =
+                        ScriptCall::new(&SCRIPTS.purge, &[&shard.all, &shard.running], 0);
                     call.arg(&shard.tag).arg(now.as_millis()).arg(PURGE_BATCH);
                     let batch: u64 = self.invoke("purge", &call).await?;
                     purged += batch;
@@ -617,7 +589,7 @@ impl Store for RedisStore {
 
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
         Box::pin(async move {
-            let (call, _) = self.on_record(&SCRIPTS.delete, id, 0, 0);
+            let (call, _) = self.on_record(&SCRIPTS.delete, id, 0);
             let deleted: i64 = self.invoke("delete", &call).await?;
             Ok(deleted == 1)
         })

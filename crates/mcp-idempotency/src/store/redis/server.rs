@@ -89,6 +89,13 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     delete: Script::new(DELETE),
 });
 
+/// The bytes of arguments a script call has room for besides what it names as more: a claim's
+/// numbers (at most 20 bytes each), its fingerprint and the store's tag come to about 200.
+pub(super) const ARG_ROOM: usize = 256;
+
+/// The arguments a script call has room for (a claim has the most: 11).
+const ARGS: usize = 12;
+
 /// One run of a script: `EVALSHA` with the script's keys and arguments, written straight into
 /// the command (a `redis::ScriptInvocation` holds each argument apart, then copies it in).
 pub(super) struct ScriptCall {
@@ -97,18 +104,16 @@ pub(super) struct ScriptCall {
 }
 
 impl ScriptCall {
-    /// A run of `script` on `keys`; `args` arguments of about `arg_bytes` bytes in all follow
-    /// with [`ScriptCall::arg`]. The command is sized for them at once: growing it argument by
-    /// argument cost more than writing them.
-    pub(super) fn new(
-        script: &'static Script,
-        keys: &[&str],
-        args: usize,
-        arg_bytes: usize,
-    ) -> Self {
+    /// A run of `script` on `keys`; arguments follow with [`ScriptCall::arg`]. The command is
+    /// sized at once for [`ARG_ROOM`] bytes of arguments and `more_bytes` more (a tool's name, an
+    /// outcome's body): growing it argument by argument cost more than writing them.
+    pub(super) fn new(script: &'static Script, keys: &[&str], more_bytes: usize) -> Self {
         let key_bytes: usize = keys.iter().map(|key| key.len()).sum();
         // EVALSHA, the script's hash and the number of keys: 3 arguments of at most 57 bytes.
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, 57 + key_bytes + arg_bytes);
+        let mut cmd = Cmd::with_capacity(
+            3 + keys.len() + ARGS,
+            57 + key_bytes + ARG_ROOM + more_bytes,
+        );
         cmd.arg("EVALSHA")
             .arg(script.get_hash())
             .arg(keys.len())
@@ -276,14 +281,13 @@ impl RedisStore {
     }
 
     /// A run of `script` on the four keys of `id`'s record (all in the record's shard), with the
-    /// record's member first, and room for `args` more arguments of `arg_bytes` bytes in all
+    /// record's member first and room for `more_bytes` of arguments besides
     /// ([`ScriptCall::new`]); and that shard.
     pub(super) fn on_record(
         &self,
         script: &'static Script,
         id: &RecordId,
-        args: usize,
-        arg_bytes: usize,
+        more_bytes: usize,
     ) -> (ScriptCall, &Shard) {
         let keys = self.keys.of_record(id);
         let mut call = ScriptCall::new(
@@ -294,8 +298,7 @@ impl RedisStore {
                 &keys.shard.all,
                 &keys.shard.running,
             ],
-            1 + args,
-            keys.member.len() + arg_bytes,
+            keys.member.len() + more_bytes,
         );
         call.arg(&keys.member);
         (call, keys.shard)
