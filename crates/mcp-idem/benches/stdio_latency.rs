@@ -23,7 +23,9 @@
 //! - wrap memory, no key (pass-through): diagnostic, the gateway forwards the call untouched, so the
 //!   difference to direct is the extra process hop alone, and exec minus it is the store's share;
 //! - poll relay, no key: the floor for any stdio gateway, a minimal relay process (the bench binary
-//!   itself, `support/relay.rs`: one `poll(2)` loop copying bytes both ways) in front of the server.
+//!   itself, `support/relay.rs`: one `poll(2)` loop copying bytes both ways) in front of the server;
+//! - tokio relay, no key: the same relay on tokio's current-thread runtime, reading and writing
+//!   whole lines as `wrap` does, parsing nothing: the floor of a line gateway on tokio.
 //!
 //! Each row also reports the CPU time per call of the process the client talks to: the server
 //! (direct), or the relay or the gateway (its server not counted), from `/proc/PID/task/*/schedstat`.
@@ -79,14 +81,17 @@ enum Transport {
     Direct,
     /// The minimal relay process in front of the server (`support/relay.rs`).
     Relay,
+    /// The same relay on tokio, line by line, as `wrap` reads (`support/relay.rs`).
+    TokioRelay,
     WrapMemory,
     WrapSqlite,
 }
 
 impl Transport {
-    const ALL: [Transport; 4] = [
+    const ALL: [Transport; 5] = [
         Self::Direct,
         Self::Relay,
+        Self::TokioRelay,
         Self::WrapMemory,
         Self::WrapSqlite,
     ];
@@ -95,6 +100,7 @@ impl Transport {
         match self {
             Self::Direct => "direct",
             Self::Relay => "poll relay",
+            Self::TokioRelay => "tokio relay",
             Self::WrapMemory => "wrap memory",
             Self::WrapSqlite => "wrap sqlite",
         }
@@ -104,6 +110,7 @@ impl Transport {
         match self {
             Self::Direct => "direct",
             Self::Relay => "relay",
+            Self::TokioRelay => "tokio-relay",
             Self::WrapMemory => "memory",
             Self::WrapSqlite => "sqlite",
         }
@@ -206,14 +213,17 @@ fn run() -> Result<(), String> {
             samples: Vec::with_capacity(options.calls),
             cpu_ns: 0,
         });
-        // The floor for any stdio gateway: a process that only copies bytes.
-        configs.push(Config {
-            tool,
-            transport: Transport::Relay,
-            mode: Mode::Plain,
-            samples: Vec::with_capacity(options.calls),
-            cpu_ns: 0,
-        });
+        // The floor for any stdio gateway: a process that only copies bytes; and that process
+        // on tokio, reading lines as `wrap` does, the floor of a gateway on tokio.
+        for transport in [Transport::Relay, Transport::TokioRelay] {
+            configs.push(Config {
+                tool,
+                transport,
+                mode: Mode::Plain,
+                samples: Vec::with_capacity(options.calls),
+                cpu_ns: 0,
+            });
+        }
         // Diagnostic: an unkeyed call through the gateway is forwarded untouched, so this row is
         // the cost of the extra process hop alone, without the store.
         configs.push(Config {
@@ -331,11 +341,15 @@ impl Peer {
         let mut command = Command::new(bin);
         let store = match transport {
             Transport::Direct => None,
-            Transport::Relay => {
+            Transport::Relay | Transport::TokioRelay => {
                 let bench = std::env::current_exe()
                     .map_err(|err| format!("cannot find the bench binary: {err}"))?;
                 command = Command::new(bench);
-                command.arg(relay::RELAY_ARG).arg(bin);
+                let arg = match transport {
+                    Transport::Relay => relay::RELAY_ARG,
+                    _ => relay::TOKIO_RELAY_ARG,
+                };
+                command.arg(arg).arg(bin);
                 None
             }
             Transport::WrapMemory => Some("memory".to_owned()),
@@ -740,6 +754,14 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
             tool.name,
             cpu(Transport::WrapMemory, Mode::Plain) - cpu(Transport::Relay, Mode::Plain),
             cpu(Transport::WrapSqlite, Mode::Execute) - cpu(Transport::WrapMemory, Mode::Plain),
+        );
+        println!(
+            "  {:<15} p50 (CPU per call): tokio relay - poll relay = {:+.1} µs ({:+.1} µs); wrap pass-through - tokio relay = {:+.1} µs ({:+.1} µs)",
+            tool.name,
+            p50(Transport::TokioRelay, Mode::Plain) - relay,
+            cpu(Transport::TokioRelay, Mode::Plain) - cpu(Transport::Relay, Mode::Plain),
+            pass - p50(Transport::TokioRelay, Mode::Plain),
+            cpu(Transport::WrapMemory, Mode::Plain) - cpu(Transport::TokioRelay, Mode::Plain),
         );
         for (label, extra, max) in [
             ("wrap pass-through - poll relay", pass - relay, 5.0),

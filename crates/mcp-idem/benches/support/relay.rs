@@ -1,27 +1,37 @@
-//! The baseline for a stdio gateway: a minimal relay process, the bench binary itself started as
-//! `<bench> --as-poll-relay PROGRAM ARGS...`. It starts the program with piped stdin and stdout and
-//! copies bytes both ways in one `poll(2)` loop (read what is ready, write it all to the other
-//! side), as a 30-line C relay would: no parsing, no buffering beyond one read, no runtime.
+//! The baselines for a stdio gateway: relay processes, the bench binary itself started as
+//! `<bench> --as-poll-relay PROGRAM ARGS...` or `<bench> --as-tokio-relay PROGRAM ARGS...`. Each
+//! starts the program with piped stdin and stdout and copies what comes both ways.
+//! - The poll relay copies bytes in one `poll(2)` loop (read what is ready, write it all to the
+//!   other side), as a 30-line C relay would: no parsing, no buffering beyond one read, no runtime.
+//! - The tokio relay is that relay written as `wrap` is: one thread of tokio's current-thread
+//!   runtime, the client's stdio as non-blocking pipes (`rmcp::transport::stdio_pipes`), and each
+//!   direction read line by line, each line written whole, but nothing parsed. It is the floor of a
+//!   line gateway on tokio: `wrap`'s pass-through minus it is what inspecting each message costs.
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 
-/// The argument that turns the bench binary into the relay.
+/// The argument that turns the bench binary into the poll relay.
 pub(crate) const RELAY_ARG: &str = "--as-poll-relay";
+/// The argument that turns the bench binary into the tokio relay.
+pub(crate) const TOKIO_RELAY_ARG: &str = "--as-tokio-relay";
 
-/// When this process was started as the relay, relays until the program's output ends and
-/// returns its exit code; otherwise `None`.
+/// When this process was started as a relay, relays until the program's output ends and returns
+/// its exit code; otherwise `None`.
 pub(crate) fn run_if_relay() -> Option<std::process::ExitCode> {
     let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref() != Some(RELAY_ARG.as_ref()) {
-        return None;
-    }
+    let first = args.next();
+    let (name, relay): (_, fn(&[OsString]) -> std::io::Result<()>) = match first.as_deref() {
+        Some(arg) if arg == RELAY_ARG => ("poll relay", relay),
+        Some(arg) if arg == TOKIO_RELAY_ARG => ("tokio relay", tokio_relay),
+        _ => return None,
+    };
     let program: Vec<OsString> = args.collect();
     Some(match relay(&program) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("poll relay: {err}");
+            eprintln!("{name}: {err}");
             std::process::ExitCode::FAILURE
         }
     })
@@ -83,4 +93,52 @@ fn relay(program: &[OsString]) -> std::io::Result<()> {
 #[cfg(not(unix))]
 fn relay(_program: &[OsString]) -> std::io::Result<()> {
     Err(std::io::Error::other("the poll relay needs a Unix system"))
+}
+
+fn tokio_relay(program: &[OsString]) -> std::io::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    let (name, args) = program
+        .split_first()
+        .ok_or_else(|| std::io::Error::other("no program to relay to"))?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut child = tokio::process::Command::new(name)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut to_child = child.stdin.take().expect("piped stdin");
+        let from_child = child.stdout.take().expect("piped stdout");
+        let (client_in, mut client_out) = rmcp::transport::stdio_pipes();
+        let up = async {
+            let mut lines = BufReader::new(client_in);
+            let mut line = Vec::new();
+            while lines.read_until(b'\n', &mut line).await? > 0 {
+                to_child.write_all(&line).await?;
+                to_child.flush().await?;
+                line.clear();
+            }
+            // The client's EOF closes the program's input; its output is still relayed.
+            drop(to_child);
+            Ok::<_, std::io::Error>(())
+        };
+        let down = async {
+            let mut lines = BufReader::new(from_child);
+            let mut line = Vec::new();
+            while lines.read_until(b'\n', &mut line).await? > 0 {
+                client_out.write_all(&line).await?;
+                client_out.flush().await?;
+                line.clear();
+            }
+            Ok::<_, std::io::Error>(())
+        };
+        let (up, down) = tokio::join!(up, down);
+        up?;
+        down?;
+        child.wait().await?;
+        Ok(())
+    })
 }

@@ -222,6 +222,7 @@ impl StdioProxy {
             let mut calls_cut_off = None;
             let ended = loop {
                 tokio::select! {
+                    biased;
                     () = &mut client_pump, if !client_done => client_done = true,
                     cut = &mut drain, if calls_cut_off.is_none() => calls_cut_off = Some(cut),
                     ended = &mut server_pump => break ended,
@@ -321,6 +322,11 @@ impl StdioProxy {
     {
         let mut lines = BufReader::new(client_in);
         let mut line = Vec::new();
+        // Waited for beside every read, so made once: a new waiter per line would join and leave
+        // each `Notify`'s list every time.
+        let server_gone = server_gone.notified();
+        let drained = stopping.drained.notified();
+        tokio::pin!(server_gone, drained);
         while !stopping.is_over() {
             if stopping.is_draining() {
                 // A cancellation, or a refused call, may be what the drain waits for.
@@ -329,17 +335,17 @@ impl StdioProxy {
             let read = tokio::select! {
                 biased;
                 // Nobody is left to read what the client sends.
-                () = server_gone.notified() => return Ok(()),
+                () = &mut server_gone => return Ok(()),
                 // The drain is over: nothing more goes to the server.
-                () = stopping.drained.notified() => break,
+                () = &mut drained => break,
                 read = read_line(&mut lines, &mut line, self.max_line_bytes) => read?,
             };
             match read {
                 Line::Eof => {
                     stopping.client_ended.notify_one();
                     tokio::select! {
-                        () = server_gone.notified() => return Ok(()),
-                        () = stopping.drained.notified() => break,
+                        () = &mut server_gone => return Ok(()),
+                        () = &mut drained => break,
                     }
                 }
                 Line::Whole => {}

@@ -41,7 +41,8 @@ pub(super) struct Server {
 /// Starts `command` (program and arguments) with piped stdin and stdout; stderr is `wrap`'s.
 pub(super) fn spawn(command: &[String]) -> anyhow::Result<(Server, ChildStdin, ChildStdout)> {
     let (program, args) = command.split_first().context("no command to run")?;
-    let mut child = launcher(program, args)?;
+    // `_binary` keeps the launcher's descriptor open until the child has been started.
+    let (mut child, _binary) = launcher(program, args)?;
     child
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -59,13 +60,22 @@ pub(super) fn spawn(command: &[String]) -> anyhow::Result<(Server, ChildStdin, C
     Ok((Server { child }, stdin, stdout))
 }
 
-/// The command that runs the server: through `mcp-idem exec-server` on Linux.
+/// The command that runs the server: through `mcp-idem exec-server` on Linux, with the open file
+/// of this binary that the command executes (keep it open until the command has been spawned).
 #[cfg(target_os = "linux")]
-fn launcher(program: &str, args: &[String]) -> anyhow::Result<tokio::process::Command> {
+fn launcher(
+    program: &str,
+    args: &[String],
+) -> anyhow::Result<(tokio::process::Command, std::fs::File)> {
+    use std::os::fd::AsRawFd;
     let path = find_program(program)
         .with_context(|| format!("cannot start {program:?}: no such executable file"))?;
-    // The running binary, even if its file was replaced since.
-    let mut command = tokio::process::Command::new("/proc/self/exe");
+    // The running binary, even if its file was replaced since: opened here and executed through
+    // its descriptor, which the child inherits until its `execve` (the descriptor is close-on-exec).
+    // Executing `/proc/self/exe` in the child would do the same, except under valgrind, where that
+    // path names valgrind's own tool while opening it yields the program being run.
+    let binary = std::fs::File::open("/proc/self/exe").context("cannot open /proc/self/exe")?;
+    let mut command = tokio::process::Command::new(format!("/proc/self/fd/{}", binary.as_raw_fd()));
     command
         .arg("exec-server")
         .arg("--parent")
@@ -75,14 +85,14 @@ fn launcher(program: &str, args: &[String]) -> anyhow::Result<tokio::process::Co
         .arg("--")
         .arg(program)
         .args(args);
-    Ok(command)
+    Ok((command, binary))
 }
 
 #[cfg(not(target_os = "linux"))]
-fn launcher(program: &str, args: &[String]) -> anyhow::Result<tokio::process::Command> {
+fn launcher(program: &str, args: &[String]) -> anyhow::Result<(tokio::process::Command, ())> {
     let mut command = tokio::process::Command::new(program);
     command.args(args);
-    Ok(command)
+    Ok((command, ()))
 }
 
 /// Where `execvp` would find `program`: itself when it names a path, else the first executable
