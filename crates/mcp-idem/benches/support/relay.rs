@@ -17,12 +17,15 @@ pub(crate) const RELAY_ARG: &str = "--as-poll-relay";
 /// The argument that turns the bench binary into the tokio relay.
 pub(crate) const TOKIO_RELAY_ARG: &str = "--as-tokio-relay";
 
+/// A relay: relays to the program and its arguments until the program's output ends.
+type Relay = fn(&[OsString]) -> std::io::Result<()>;
+
 /// When this process was started as a relay, relays until the program's output ends and returns
 /// its exit code; otherwise `None`.
 pub(crate) fn run_if_relay() -> Option<std::process::ExitCode> {
     let mut args = std::env::args_os().skip(1);
     let first = args.next();
-    let (name, relay): (_, fn(&[OsString]) -> std::io::Result<()>) = match first.as_deref() {
+    let (name, relay): (_, Relay) = match first.as_deref() {
         Some(arg) if arg == RELAY_ARG => ("poll relay", relay),
         Some(arg) if arg == TOKIO_RELAY_ARG => ("tokio relay", tokio_relay),
         _ => return None,
