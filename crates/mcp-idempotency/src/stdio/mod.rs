@@ -87,6 +87,26 @@ const CLIENT_QUEUE: usize = 1024;
 /// server line holds it until its last piece is sent.
 type ToClient = tokio::sync::Mutex<mpsc::Sender<Vec<u8>>>;
 
+/// What the tasks of one run share.
+struct Run {
+    proxy: StdioProxy,
+    state: Mutex<Interceptor<RunningClaim>>,
+    to_client: ToClient,
+    /// The server's output has ended.
+    server_gone: Notify,
+    stopping: Stopping,
+}
+
+/// A task's output; `None` if it was cancelled (the runtime is shutting down). A panic in the task
+/// goes on in the caller, as it would have with the task's future awaited in place.
+fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Option<T> {
+    match result {
+        Ok(output) => Some(output),
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        Err(_) => None,
+    }
+}
+
 /// Drives an [`Interceptor`] over stdio-style streams.
 #[derive(Clone, Debug)]
 pub struct StdioProxy {
@@ -153,10 +173,10 @@ impl StdioProxy {
         server_out: SR,
     ) -> io::Result<ProxyExit>
     where
-        CR: AsyncRead + Unpin,
-        CW: AsyncWrite + Unpin,
-        SW: AsyncWrite + Unpin,
-        SR: AsyncRead + Unpin,
+        CR: AsyncRead + Unpin + Send + 'static,
+        CW: AsyncWrite + Unpin + Send + 'static,
+        SW: AsyncWrite + Unpin + Send + 'static,
+        SR: AsyncRead + Unpin + Send + 'static,
     {
         self.run_until(
             client_in,
@@ -180,71 +200,89 @@ impl StdioProxy {
         stop: S,
     ) -> io::Result<ProxyExit>
     where
-        CR: AsyncRead + Unpin,
-        CW: AsyncWrite + Unpin,
-        SW: AsyncWrite + Unpin,
-        SR: AsyncRead + Unpin,
-        S: Future<Output = ()>,
+        CR: AsyncRead + Unpin + Send + 'static,
+        CW: AsyncWrite + Unpin + Send + 'static,
+        SW: AsyncWrite + Unpin + Send + 'static,
+        SR: AsyncRead + Unpin + Send + 'static,
+        S: Future<Output = ()> + Send + 'static,
     {
-        let state = Arc::new(Mutex::new(Interceptor::<RunningClaim>::new(
-            self.config.clone(),
-        )));
         let (to_client, from_proxy) = mpsc::channel::<Vec<u8>>(CLIENT_QUEUE);
-        let write_client = write_lines(from_proxy, client_out);
-        let server_gone = Notify::new();
-        let stopping = Stopping::default();
-
-        let pumps = async {
-            let to_client = ToClient::new(to_client);
-            let client_pump = async {
-                let result = self
+        let run = Arc::new(Run {
+            state: Mutex::new(Interceptor::new(self.config.clone())),
+            to_client: ToClient::new(to_client),
+            server_gone: Notify::new(),
+            stopping: Stopping::default(),
+            proxy: self,
+        });
+        // Each part is a task of its own, so that a wake-up (a line from either side, a line for
+        // the client) polls the part it is for, not every part of the run.
+        let writer = tokio::spawn(write_lines(from_proxy, client_out));
+        let client_pump = tokio::spawn({
+            let run = Arc::clone(&run);
+            async move {
+                let result = run
+                    .proxy
                     .client_to_server(
-                        &state,
+                        &run.state,
                         client_in,
                         server_in,
-                        &to_client,
-                        &server_gone,
-                        &stopping,
+                        &run.to_client,
+                        &run.server_gone,
+                        &run.stopping,
                     )
                     .await;
                 if let Err(err) = result {
                     tracing::debug!(error = %err, "client stream ended with an error");
                 }
-            };
-            let server_pump = self.server_to_client(&state, server_out, &to_client, &stopping);
-            let drain = self.drain(stop, &state, &to_client, &stopping);
-            tokio::pin!(client_pump, server_pump, drain);
-            // The server pump decides when the run is over; the client pump ending (EOF) only
-            // starts the drain, which ends with the server's input closed. Once the server's
-            // output has ended, the client pump stops before its next read (never in the middle
-            // of a message), even if the client keeps its end open.
-            let mut client_done = false;
-            let mut calls_cut_off = None;
-            let ended = loop {
-                tokio::select! {
-                    biased;
-                    () = &mut client_pump, if !client_done => client_done = true,
-                    cut = &mut drain, if calls_cut_off.is_none() => calls_cut_off = Some(cut),
-                    ended = &mut server_pump => break ended,
-                }
-            };
-            server_gone.notify_one();
-            if !client_done {
-                client_pump.await;
             }
-            // Only now is no call on its way to the server: whatever is still in flight (also a
-            // call the client pump claimed but could not deliver) will never be answered.
-            let orphaned_calls = self.orphan_calls_in_flight(&state, &to_client).await;
-            ended.map(|()| ProxyExit {
-                orphaned_calls,
-                calls_cut_off: calls_cut_off.unwrap_or(0),
-            })
+        });
+        let server_pump = tokio::spawn({
+            let run = Arc::clone(&run);
+            async move {
+                run.proxy
+                    .server_to_client(&run.state, server_out, &run.to_client, &run.stopping)
+                    .await
+            }
+        });
+        let drain = tokio::spawn({
+            let run = Arc::clone(&run);
+            async move {
+                run.proxy
+                    .drain(stop, &run.state, &run.to_client, &run.stopping)
+                    .await
+            }
+        });
+        // The server pump decides when the run is over; the client pump ending (EOF) only starts
+        // the drain, which ends with the server's input closed. Once the server's output has
+        // ended, the client pump stops before its next read (never in the middle of a message),
+        // even if the client keeps its end open.
+        let ended = joined(server_pump.await)
+            .unwrap_or_else(|| Err(io::Error::other("the server pump was cancelled")));
+        run.server_gone.notify_one();
+        joined(client_pump.await);
+        // A drain still under way has nothing left to wait for.
+        let calls_cut_off = if drain.is_finished() {
+            joined(drain.await).unwrap_or(0)
+        } else {
+            drain.abort();
+            let _ = drain.await;
+            0
         };
-        let (result, write_result) = tokio::join!(pumps, write_client);
-        if let Err(err) = write_result {
+        // Only now is no call on its way to the server: whatever is still in flight (also a call
+        // the client pump claimed but could not deliver) will never be answered.
+        let orphaned_calls = run
+            .proxy
+            .orphan_calls_in_flight(&run.state, &run.to_client)
+            .await;
+        // The last sender goes with the run: the writer ends once it has written what is queued.
+        drop(run);
+        if let Some(Err(err)) = joined(writer.await) {
             tracing::debug!(error = %err, "client output closed");
         }
-        result
+        ended.map(|()| ProxyExit {
+            orphaned_calls,
+            calls_cut_off,
+        })
     }
 
     /// Waits for `stop` or the client's EOF, then drains (see [Stopping](self#stopping)); returns
