@@ -97,6 +97,17 @@ struct Run {
     stopping: Stopping,
 }
 
+/// Aborts the tasks when dropped (those that ended already are left as they are).
+struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
 /// A task's output; `None` if it was cancelled (the runtime is shutting down). A panic in the task
 /// goes on in the caller, as it would have with the task's future awaited in place.
 fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Option<T> {
@@ -252,6 +263,13 @@ impl StdioProxy {
                     .await
             }
         });
+        // A run whose future is dropped stops its tasks with it, as it did when they were its parts.
+        let _tasks = AbortOnDrop(vec![
+            writer.abort_handle(),
+            client_pump.abort_handle(),
+            server_pump.abort_handle(),
+            drain.abort_handle(),
+        ]);
         // The server pump decides when the run is over; the client pump ending (EOF) only starts
         // the drain, which ends with the server's input closed. Once the server's output has
         // ended, the client pump stops before its next read (never in the middle of a message),

@@ -35,6 +35,23 @@ async fn client_eof_closes_the_server_input() {
     client.from_proxy.expect_eof().await;
 }
 
+/// The proxy's parts are tasks of their own; a run whose future is dropped stops them with it,
+/// so nothing keeps the streams open behind the caller's back.
+#[tokio::test]
+async fn an_aborted_run_lets_go_of_both_sides() {
+    let (dedup, _) = memory_dedup(EngineConfig::default());
+    let (mut client, mut server, run) = start(dedup, InterceptorConfig::default());
+    client
+        .send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#)
+        .await;
+    assert!(server.requests.text().await.is_some());
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    // Neither end was closed by its peer: only the tasks' end lets go of them.
+    server.requests.expect_eof().await;
+    client.from_proxy.expect_eof().await;
+}
+
 #[tokio::test]
 async fn malformed_lines_pass_through_byte_for_byte() {
     let (dedup, _) = memory_dedup(EngineConfig::default());
