@@ -99,8 +99,6 @@ fn relay(_program: &[OsString]) -> std::io::Result<()> {
 }
 
 fn tokio_relay(program: &[OsString]) -> std::io::Result<()> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
     let (name, args) = program
         .split_first()
         .ok_or_else(|| std::io::Error::other("no program to relay to"))?;
@@ -117,31 +115,33 @@ fn tokio_relay(program: &[OsString]) -> std::io::Result<()> {
         let from_child = child.stdout.take().expect("piped stdout");
         let (client_in, mut client_out) = rmcp::transport::stdio_pipes();
         let up = async {
-            let mut lines = BufReader::new(client_in);
-            let mut line = Vec::new();
-            while lines.read_until(b'\n', &mut line).await? > 0 {
-                to_child.write_all(&line).await?;
-                to_child.flush().await?;
-                line.clear();
-            }
+            copy_lines(client_in, &mut to_child).await?;
             // The client's EOF closes the program's input; its output is still relayed.
             drop(to_child);
             Ok::<_, std::io::Error>(())
         };
-        let down = async {
-            let mut lines = BufReader::new(from_child);
-            let mut line = Vec::new();
-            while lines.read_until(b'\n', &mut line).await? > 0 {
-                client_out.write_all(&line).await?;
-                client_out.flush().await?;
-                line.clear();
-            }
-            Ok::<_, std::io::Error>(())
-        };
-        let (up, down) = tokio::join!(up, down);
+        let (up, down) = tokio::join!(up, copy_lines(from_child, &mut client_out));
         up?;
         down?;
         child.wait().await?;
         Ok(())
     })
+}
+
+/// Copies `from` to `to` line by line, each line written whole and flushed, until `from` ends.
+async fn copy_lines<R, W>(from: R, to: &mut W) -> std::io::Result<()>
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+    let mut lines = tokio::io::BufReader::new(from);
+    let mut line = Vec::new();
+    while lines.read_until(b'\n', &mut line).await? > 0 {
+        to.write_all(&line).await?;
+        to.flush().await?;
+        line.clear();
+    }
+    Ok(())
 }

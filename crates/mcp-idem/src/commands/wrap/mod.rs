@@ -127,18 +127,13 @@ impl WrapArgs {
         );
 
         // Before the server starts: from now on SIGTERM and SIGINT start the graceful stop instead
-        // of killing `wrap` at once. What rarely wakes (the signals, the server's exit, the purge)
-        // runs as tasks of its own, so that relaying a message does not poll them too.
-        let signalled = tokio::spawn(super::stop_signal());
-        let (stop, stopped_at) = super::noting_when(async {
-            let _ = signalled.await;
-        });
+        // of killing `wrap` at once.
+        let (stop, stopped_at) = super::noting_when(super::stop_signal());
         let (mut server, child_in, child_out) = server::spawn(&self.command)?;
         let (input_closed, closing) = tokio::sync::oneshot::channel();
         let child_in = server::ServerInput::new(child_in, input_closed);
-        let server_exit = tokio::spawn(async move { server.wait_or_stop(closing).await });
 
-        let purge = tokio::spawn(purge_periodically(dedup.clone()));
+        let purge = purge_periodically(dedup.clone());
         let proxy = StdioProxy::new(dedup.clone(), scope)
             .interceptor_config(
                 InterceptorConfig::default()
@@ -151,10 +146,13 @@ impl WrapArgs {
         // hand-off per message.
         let (client_in, client_out) = rmcp::transport::stdio_pipes();
         let run = proxy.run_until(client_in, client_out, child_in, child_out, stop);
-        // Awaited one after the other: the server's exit is waited for by its own task meanwhile.
-        let proxied = run.await;
-        let status = server_exit.await;
-        purge.abort();
+        let proxied = async {
+            tokio::select! {
+                result = run => result,
+                never = purge => match never {},
+            }
+        };
+        let (proxied, status) = tokio::join!(proxied, server.wait_or_stop(closing));
         super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
         let exit = proxied.context("stdio proxy failed")?;
         if exit.calls_cut_off > 0 {
@@ -163,9 +161,7 @@ impl WrapArgs {
                 "stopped with calls still running after --shutdown-grace; they are recorded as outcome-unknown"
             );
         }
-        let status = status
-            .context("the task waiting for the server failed")?
-            .context("cannot wait for the server")?;
+        let status = status.context("cannot wait for the server")?;
         Ok(exit_code(status))
     }
 }
