@@ -459,7 +459,14 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             return ServerAction::Forward;
         };
         let was_pending = self.pending.remove(&id);
-        if let Some(call) = self.in_flight.remove(&id) {
+        // Most responses answer neither a claimed call nor a discovery request: an empty map is
+        // not hashed into.
+        let claimed = if self.in_flight.is_empty() {
+            None
+        } else {
+            self.in_flight.remove(&id)
+        };
+        if let Some(call) = claimed {
             // Some JSON-RPC libraries send the unused member as `null` next to the used one.
             let is_null = |raw: &RawValue| raw.get() == "null";
             let outcome = match (envelope.get("result"), envelope.get("error")) {
@@ -482,7 +489,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 forward: !call.cancelled,
             };
         }
-        if self.discovery.remove(&id) && !self.store_unusable {
+        if !self.discovery.is_empty() && self.discovery.remove(&id) && !self.store_unusable {
             if let Some(rewritten) = inject_capability(&envelope) {
                 return ServerAction::ForwardRewritten(rewritten);
             }

@@ -18,6 +18,10 @@ pub(crate) enum Line {
     TooLong,
 }
 
+/// Capacity a line buffer keeps from one line to the next: one long message does not hold its
+/// memory for the rest of the run.
+const KEPT_CAPACITY: usize = 64 * 1024;
+
 /// Reads the next line into `line` (cleared first), holding at most `limit` bytes of it.
 pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
     reader: &mut R,
@@ -25,6 +29,7 @@ pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
     limit: usize,
 ) -> io::Result<Line> {
     line.clear();
+    line.shrink_to(KEPT_CAPACITY);
     loop {
         let available = reader.fill_buf().await?;
         if available.is_empty() {
@@ -195,6 +200,25 @@ mod tests {
             Line::Whole
         );
         assert_eq!(line, b"next\n");
+    }
+
+    #[tokio::test]
+    async fn a_long_line_does_not_keep_its_buffer() {
+        let long = vec![b'x'; 4 * KEPT_CAPACITY];
+        let input = [&long[..], b"\nshort\n"].concat();
+        let mut reader = tokio::io::BufReader::new(&input[..]);
+        let mut line = Vec::new();
+        assert_eq!(
+            read_line(&mut reader, &mut line, usize::MAX).await.unwrap(),
+            Line::Whole
+        );
+        assert_eq!(line.len(), long.len() + 1);
+        assert_eq!(
+            read_line(&mut reader, &mut line, usize::MAX).await.unwrap(),
+            Line::Whole
+        );
+        assert_eq!(line, b"short\n");
+        assert!(line.capacity() <= KEPT_CAPACITY, "{}", line.capacity());
     }
 
     #[test]

@@ -48,13 +48,14 @@ mod stopping;
 
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 
 use crate::engine::Decision;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
@@ -80,12 +81,41 @@ const GRACE_ENDED: &str =
 
 /// Buffer between the in-process server and the proxy, per direction.
 const DUPLEX_BUFFER: usize = 256 * 1024;
-/// Responses queued for the client before the proxy waits for it to read.
-const CLIENT_QUEUE: usize = 1024;
 
-/// The client's output, shared by both directions: a message is sent whole, and an over-long
-/// server line holds it until its last piece is sent.
-type ToClient = tokio::sync::Mutex<mpsc::Sender<Vec<u8>>>;
+/// The client's output, shared by every part of a run: whoever holds it writes a message whole,
+/// and an over-long server line holds it until its last piece is written.
+type ToClient = tokio::sync::Mutex<ClientOutput>;
+
+/// The stream to the client. Each part of a run writes to it itself: a queue and a writer task in
+/// between cost a task wake-up per message, and the pipe to the client is a queue already.
+struct ClientOutput {
+    /// `None` once a write failed: the client is gone, and what is sent to it is dropped.
+    out: Option<Pin<Box<dyn AsyncWrite + Send>>>,
+}
+
+impl ClientOutput {
+    fn new(out: impl AsyncWrite + Send + 'static) -> Self {
+        Self {
+            out: Some(Box::pin(out)),
+        }
+    }
+
+    /// Writes `bytes` and flushes them; after a failed write, drops them.
+    async fn write(&mut self, bytes: &[u8]) {
+        let Some(out) = self.out.as_mut() else {
+            tracing::debug!("client output is closed; dropping a message");
+            return;
+        };
+        let written = match out.write_all(bytes).await {
+            Ok(()) => out.flush().await,
+            Err(err) => Err(err),
+        };
+        if let Err(err) = written {
+            tracing::debug!(error = %err, "client output closed; dropping what is sent to it");
+            self.out = None;
+        }
+    }
+}
 
 /// What the tasks of one run share.
 struct Run {
@@ -217,17 +247,15 @@ impl StdioProxy {
         SR: AsyncRead + Unpin + Send + 'static,
         S: Future<Output = ()> + Send + 'static,
     {
-        let (to_client, from_proxy) = mpsc::channel::<Vec<u8>>(CLIENT_QUEUE);
         let run = Arc::new(Run {
             state: Mutex::new(Interceptor::new(self.config.clone())),
-            to_client: ToClient::new(to_client),
+            to_client: ToClient::new(ClientOutput::new(client_out)),
             server_gone: Notify::new(),
             stopping: Stopping::default(),
             proxy: self,
         });
-        // Each part is a task of its own, so that a wake-up (a line from either side, a line for
-        // the client) polls the part it is for, not every part of the run.
-        let writer = tokio::spawn(write_lines(from_proxy, client_out));
+        // Each part is a task of its own, so that a wake-up (a line from either side, the drain's
+        // timer) polls the part it is for, not every part of the run.
         let client_pump = tokio::spawn({
             let run = Arc::clone(&run);
             async move {
@@ -265,7 +293,6 @@ impl StdioProxy {
         });
         // A run whose future is dropped stops its tasks with it, as it did when they were its parts.
         let _tasks = AbortOnDrop(vec![
-            writer.abort_handle(),
             client_pump.abort_handle(),
             server_pump.abort_handle(),
             drain.abort_handle(),
@@ -277,26 +304,18 @@ impl StdioProxy {
         let ended = joined(server_pump.await)
             .unwrap_or_else(|| Err(io::Error::other("the server pump was cancelled")));
         run.server_gone.notify_one();
+        run.stopping.server_ended.notify_one();
         joined(client_pump.await);
-        // A drain still under way has nothing left to wait for.
-        let calls_cut_off = if drain.is_finished() {
-            joined(drain.await).unwrap_or(0)
-        } else {
-            drain.abort();
-            let _ = drain.await;
-            0
-        };
+        // A drain still waiting stops (nothing it waits for can happen now); one cutting calls off
+        // finishes, so that each of them is recorded and answered, and no write to the client is
+        // cut in the middle of a line.
+        let calls_cut_off = joined(drain.await).unwrap_or(0);
         // Only now is no call on its way to the server: whatever is still in flight (also a call
         // the client pump claimed but could not deliver) will never be answered.
         let orphaned_calls = run
             .proxy
             .orphan_calls_in_flight(&run.state, &run.to_client)
             .await;
-        // The last sender goes with the run: the writer ends once it has written what is queued.
-        drop(run);
-        if let Some(Err(err)) = joined(writer.await) {
-            tracing::debug!(error = %err, "client output closed");
-        }
         ended.map(|()| ProxyExit {
             orphaned_calls,
             calls_cut_off,
@@ -312,11 +331,15 @@ impl StdioProxy {
         to_client: &ToClient,
         stopping: &Stopping,
     ) -> usize {
+        // Once the server's output has ended, the run answers what is left in flight itself.
+        let server_ended = stopping.server_ended.notified();
+        tokio::pin!(server_ended);
         tokio::select! {
             () = stop => tracing::info!("stopping: no new keyed calls"),
             () = stopping.client_ended.notified() => {
                 tracing::debug!("the client closed its input; finishing the requests in flight");
             }
+            () = &mut server_ended => return 0,
         }
         stopping.start_draining();
         let grace = tokio::time::sleep(self.shutdown_grace);
@@ -328,6 +351,7 @@ impl StdioProxy {
             }
             tokio::select! {
                 () = progress => {}
+                () = &mut server_ended => break 0,
                 () = &mut grace => break self.cut_off_calls(state, to_client).await,
             }
         };
@@ -357,7 +381,7 @@ impl StdioProxy {
                 .abandon("the gateway shut down while the call ran (its shutdown grace ended)")
                 .await;
             if let Some(response) = orphan.response {
-                send(to_client, response.into_bytes()).await;
+                send(to_client, &mut response.into_bytes()).await;
             }
         }
         cut_off
@@ -421,7 +445,7 @@ impl StdioProxy {
                     );
                     let response =
                         error_response(id.as_deref().unwrap_or("null"), INVALID_REQUEST, &message);
-                    send(to_client, response.into_bytes()).await;
+                    send(to_client, &mut response.into_bytes()).await;
                     continue;
                 }
             }
@@ -430,11 +454,11 @@ impl StdioProxy {
                 None => ClientAction::Forward,
             };
             match action {
-                ClientAction::Forward => {
-                    write_line(&mut server_in, std::mem::take(&mut line)).await?
-                }
+                ClientAction::Forward => write_line(&mut server_in, &mut line).await?,
                 ClientAction::Absorb => {}
-                ClientAction::Respond(response) => send(to_client, response.into_bytes()).await,
+                ClientAction::Respond(response) => {
+                    send(to_client, &mut response.into_bytes()).await
+                }
                 ClientAction::Decide(call) => {
                     let deciding = stopping.enter_decision();
                     let decision = if deciding.refuse {
@@ -463,16 +487,16 @@ impl StdioProxy {
                     drop(deciding);
                     match decided {
                         Decided::Forward(request) => {
-                            write_line(&mut server_in, request.into_bytes()).await?;
+                            write_line(&mut server_in, &mut request.into_bytes()).await?;
                         }
                         Decided::Respond(response) => {
-                            send(to_client, response.into_bytes()).await;
+                            send(to_client, &mut response.into_bytes()).await;
                         }
                     }
                 }
                 ClientAction::RecordThenForward(claim, outcome) => {
                     let _ = claim.finish(outcome).await;
-                    write_line(&mut server_in, std::mem::take(&mut line)).await?;
+                    write_line(&mut server_in, &mut line).await?;
                 }
             }
         }
@@ -511,9 +535,9 @@ impl StdioProxy {
                 None => ServerAction::Forward,
             };
             match action {
-                ServerAction::Forward => send(to_client, std::mem::take(&mut line)).await,
+                ServerAction::Forward => send(to_client, &mut line).await,
                 ServerAction::ForwardRewritten(message) => {
-                    send(to_client, message.into_bytes()).await
+                    send(to_client, &mut message.into_bytes()).await
                 }
                 ServerAction::Record {
                     claim,
@@ -522,7 +546,7 @@ impl StdioProxy {
                 } => {
                     let _ = claim.finish(outcome).await;
                     if forward {
-                        send(to_client, std::mem::take(&mut line)).await;
+                        send(to_client, &mut line).await;
                     }
                 }
             }
@@ -544,7 +568,7 @@ impl StdioProxy {
                 .abandon("the MCP server exited while the call ran")
                 .await;
             if let Some(response) = orphan.response {
-                send(to_client, response.into_bytes()).await;
+                send(to_client, &mut response.into_bytes()).await;
             }
         }
         if orphaned_calls > 0 {
@@ -619,23 +643,23 @@ fn message_text(line: &[u8]) -> Option<&str> {
     (!text.trim().is_empty()).then_some(text)
 }
 
-/// Writes one message as one line, in a single write so the reader gets it whole.
-async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, mut line: Vec<u8>) -> io::Result<()> {
+/// Writes one message as one line, in a single write so the reader gets it whole. The message is
+/// borrowed (its `\n` added in place when missing) so that a line buffer is read into again
+/// rather than given away and grown anew for every line.
+async fn write_line<W: AsyncWrite + Unpin>(out: &mut W, line: &mut Vec<u8>) -> io::Result<()> {
     if !line.ends_with(b"\n") {
         line.push(b'\n');
     }
-    out.write_all(&line).await?;
+    out.write_all(line).await?;
     out.flush().await
 }
 
-/// Sends one message to the client as one line.
-async fn send(to_client: &ToClient, mut message: Vec<u8>) {
+/// Sends one message to the client as one line (as [`write_line`] does).
+async fn send(to_client: &ToClient, message: &mut Vec<u8>) {
     if !message.ends_with(b"\n") {
         message.push(b'\n');
     }
-    if to_client.lock().await.send(message).await.is_err() {
-        tracing::debug!("client output is closed; dropping a message");
-    }
+    to_client.lock().await.write(message).await;
 }
 
 /// Sends a server line longer than [`MAX_SERVER_MESSAGE_BYTES`] to the client piece by piece,
@@ -649,33 +673,16 @@ async fn pass_long_line<R: tokio::io::AsyncBufRead + Unpin>(
         limit = MAX_SERVER_MESSAGE_BYTES,
         "passing a server message longer than the line limit to the client unread; a call it answered is not recorded"
     );
-    let to_client = to_client.lock().await;
+    let mut to_client = to_client.lock().await;
     let mut piece = std::mem::take(line);
-    let mut closed = false;
     loop {
-        if !closed && to_client.send(std::mem::take(&mut piece)).await.is_err() {
-            tracing::debug!("client output is closed; dropping a message");
-            closed = true;
-        }
+        to_client.write(&piece).await;
         if next_piece(server_out, &mut piece).await? {
             if !piece.ends_with(b"\n") {
                 piece.push(b'\n');
             }
-            if !closed {
-                let _ = to_client.send(piece).await;
-            }
+            to_client.write(&piece).await;
             return Ok(());
         }
     }
-}
-
-async fn write_lines<W: AsyncWrite + Unpin>(
-    mut messages: mpsc::Receiver<Vec<u8>>,
-    mut out: W,
-) -> io::Result<()> {
-    while let Some(message) = messages.recv().await {
-        out.write_all(&message).await?;
-        out.flush().await?;
-    }
-    Ok(())
 }

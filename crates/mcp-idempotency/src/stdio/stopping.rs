@@ -29,6 +29,8 @@ pub(super) struct Stopping {
     pub(super) client_ended: Notify,
     /// The drain is over.
     pub(super) drained: Notify,
+    /// The server's output ended: the drain stops waiting.
+    pub(super) server_ended: Notify,
 }
 
 impl Stopping {
