@@ -14,7 +14,10 @@
 //! - **The retry's claim** ([`AmbiguousClaims::on_claim_answer`]): any answer of the store to a
 //!   claim of the same key says whether the token holds the record. If it does (an in-progress
 //!   record under a remembered token), the caller releases it, fenced by the token, and claims
-//!   again ([`AfterClaim::Release`]); otherwise the token holds nothing and is forgotten.
+//!   again ([`AfterClaim::Release`]); otherwise the token holds nothing and is forgotten. An answer
+//!   the store gave before the release task released the token shows the record still held by
+//!   it: a released token is remembered for [`RELEASED_KEPT`], and such an answer is followed by
+//!   the claim sent again ([`AfterClaim::ClaimAgain`]), not by `idempotency_key_in_progress`.
 //! - **The release queue** ([`AmbiguousClaims::poll_release`]): a background task releases each
 //!   remembered token once the store answers again, one at a time, backing off from
 //!   [`MIN_BACKOFF`] to [`MAX_BACKOFF`] while releases fail, and at once when any claim of this
@@ -37,6 +40,10 @@ pub(crate) const MAX_AMBIGUOUS_CLAIMS: usize = 1024;
 pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between two release attempts while the store fails.
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a released token is remembered: longer than any store operation may take (the network
+/// stores give up on one after 10 s), so that the answer to a claim the store read before the
+/// release still finds it.
+pub(crate) const RELEASED_KEPT: Duration = Duration::from_secs(60);
 
 /// The wait after `failures` store writes failed in a row (at least one): [`MIN_BACKOFF`],
 /// doubling at each failure, up to [`MAX_BACKOFF`]. Shared by the release queue and the retries of
@@ -79,12 +86,24 @@ pub(crate) enum AfterClaim {
     /// The record is held by this remembered token, whose call never ran: release it, fenced by
     /// the token, report with [`AmbiguousClaims::on_released`], then send the claim again.
     Release(FencingToken),
+    /// The record was held by a token released since the store read it: send the claim again.
+    ClaimAgain,
+}
+
+/// A token released lately, and until when it is remembered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Released {
+    id: RecordId,
+    owner: FencingToken,
+    until: Timestamp,
 }
 
 /// The ambiguous claims of one deduplicator, and the backoff of their releases.
 #[derive(Debug)]
 pub(crate) struct AmbiguousClaims {
     claims: Vec<Ambiguous>,
+    /// Tokens released in the last [`RELEASED_KEPT`], oldest first, at most `capacity`.
+    released: Vec<Released>,
     capacity: usize,
     /// Releases that failed in a row since the store last answered.
     failures: u32,
@@ -97,6 +116,7 @@ impl AmbiguousClaims {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             claims: Vec::new(),
+            released: Vec::new(),
             capacity,
             failures: 0,
             resume_at: Timestamp::from_millis(0),
@@ -108,9 +128,10 @@ impl AmbiguousClaims {
         self.claims.len()
     }
 
-    /// Whether no claim is remembered.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.claims.is_empty()
+    /// Whether a claim's answer must be read here ([`on_claim_answer`](Self::on_claim_answer)):
+    /// a claim is remembered, or a token was released lately.
+    pub(crate) fn is_watching(&self) -> bool {
+        !self.claims.is_empty() || !self.released.is_empty()
     }
 
     /// Remembers a claim whose answer was lost, to be released from [`MIN_BACKOFF`] after `now`
@@ -134,14 +155,17 @@ impl AmbiguousClaims {
         Remembered::Queued
     }
 
-    /// Reads the store's answer to a claim of `id`: whether a remembered claim of the record holds
-    /// it (release it and claim again), or none does (they are forgotten). An error tells nothing.
+    /// Reads the store's answer at `now` to a claim of `id`: whether a remembered claim of the
+    /// record holds it (release it and claim again), a token released since holds it (claim
+    /// again), or none does (they are forgotten). An error tells nothing.
     pub(crate) fn on_claim_answer(
         &mut self,
         id: &RecordId,
         answer: &Result<ClaimOutcome, StoreError>,
+        now: Timestamp,
     ) -> AfterClaim {
-        if self.claims.is_empty() {
+        self.released.retain(|r| r.until > now);
+        if !self.is_watching() {
             return AfterClaim::Nothing;
         }
         let holder = match answer {
@@ -155,6 +179,14 @@ impl AmbiguousClaims {
         if let Some(owner) = holder {
             if self.claims.iter().any(|c| &c.id == id && c.owner == owner) {
                 return AfterClaim::Release(owner);
+            }
+            // The answer is older than the release: it says nothing of the other tokens either.
+            if self
+                .released
+                .iter()
+                .any(|r| &r.id == id && r.owner == owner)
+            {
+                return AfterClaim::ClaimAgain;
             }
         }
         // One record per key: whoever holds it (if anyone), no other token of ours does.
@@ -188,11 +220,19 @@ impl AmbiguousClaims {
         self.claims.first().cloned()
     }
 
-    /// The store answered a release of `owner`'s claim on `id` (applied or not): it holds the
-    /// record no more.
-    pub(crate) fn on_released(&mut self, id: &RecordId, owner: FencingToken) {
+    /// The store answered at `now` a release of `owner`'s claim on `id` (applied or not): it holds
+    /// the record no more.
+    pub(crate) fn on_released(&mut self, id: &RecordId, owner: FencingToken, now: Timestamp) {
         self.claims.retain(|c| !(&c.id == id && c.owner == owner));
         self.failures = 0;
+        if self.released.len() >= self.capacity {
+            self.released.remove(0);
+        }
+        self.released.push(Released {
+            id: id.clone(),
+            owner,
+            until: now.saturating_add(RELEASED_KEPT),
+        });
     }
 
     /// A release failed at `now`: the store is still away; back off.
@@ -281,25 +321,52 @@ mod tests {
 
         // An error says nothing; another owner's record means ours hold nothing.
         assert_eq!(
-            claims.on_claim_answer(&id("k"), &unavailable()),
+            claims.on_claim_answer(&id("k"), &unavailable(), T0),
             AfterClaim::Nothing
         );
         assert_eq!(
-            claims.on_claim_answer(&id("k"), &running("k", 2)),
+            claims.on_claim_answer(&id("k"), &running("k", 2), T0),
             AfterClaim::Release(FencingToken::from_u64(2))
         );
-        claims.on_released(&id("k"), FencingToken::from_u64(2));
+        claims.on_released(&id("k"), FencingToken::from_u64(2), T0);
         assert_eq!(
-            claims.on_claim_answer(&id("k"), &Ok(ClaimOutcome::Claimed)),
+            claims.on_claim_answer(&id("k"), &Ok(ClaimOutcome::Claimed), T0),
             AfterClaim::Forgotten(1)
         );
         assert_eq!(claims.len(), 1, "the other key is still remembered");
         assert_eq!(
-            claims.on_claim_answer(&id("other"), &running("other", 9)),
+            claims.on_claim_answer(&id("other"), &running("other", 9), T0),
             AfterClaim::Forgotten(1)
         );
-        assert!(claims.is_empty());
+        assert_eq!(claims.len(), 0);
         assert_eq!(claims.next_deadline(), None);
+    }
+
+    #[test]
+    fn an_answer_older_than_the_release_claims_again() {
+        let mut claims = AmbiguousClaims::new(8);
+        let _ = claims.remember(lost("k", 1), T0);
+        // The release task releases the token while a retry's claim is on its way back with the
+        // record as the store read it before: held by that token.
+        claims.on_released(&id("k"), FencingToken::from_u64(1), T0);
+        assert_eq!(claims.len(), 0);
+        assert!(claims.is_watching());
+        assert_eq!(
+            claims.on_claim_answer(&id("k"), &running("k", 1), at(1_000)),
+            AfterClaim::ClaimAgain
+        );
+        // Another token holding the record is somebody else's call, in progress.
+        assert_eq!(
+            claims.on_claim_answer(&id("k"), &running("k", 2), at(1_000)),
+            AfterClaim::Nothing
+        );
+        // Past RELEASED_KEPT no answer can be that old; the released token is forgotten.
+        let later = T0.saturating_add(RELEASED_KEPT);
+        assert_eq!(
+            claims.on_claim_answer(&id("k"), &running("k", 1), later),
+            AfterClaim::Nothing
+        );
+        assert!(!claims.is_watching());
     }
 
     #[test]
@@ -319,7 +386,7 @@ mod tests {
             let mut claims = AmbiguousClaims::new(8);
             let _ = claims.remember(lost("k", 1), T0);
             assert_eq!(
-                claims.on_claim_answer(&id("k"), &answer),
+                claims.on_claim_answer(&id("k"), &answer, T0),
                 AfterClaim::Forgotten(1)
             );
         }
@@ -355,9 +422,9 @@ mod tests {
         // Any answer of the store ends the backoff.
         claims.store_answered(now);
         assert_eq!(claims.poll_release(now, &mut expired), Some(lost("a", 1)));
-        claims.on_released(&first.id, first.owner);
+        claims.on_released(&first.id, first.owner, T0);
         assert_eq!(claims.poll_release(now, &mut expired), Some(lost("b", 2)));
-        claims.on_released(&id("b"), FencingToken::from_u64(2));
+        claims.on_released(&id("b"), FencingToken::from_u64(2), T0);
         assert_eq!(claims.poll_release(now, &mut expired), None);
         assert!(expired.is_empty());
     }

@@ -160,7 +160,8 @@ impl Pending {
         let before = state.claims.len();
         let result = update(&mut state);
         let after = state.claims.len();
-        self.any.store(!state.claims.is_empty(), Ordering::Relaxed);
+        self.any
+            .store(state.claims.is_watching(), Ordering::Relaxed);
         drop(state);
         if before != after {
             #[cfg(feature = "metrics")]
@@ -360,9 +361,10 @@ impl Deduplicator {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let mut answer = self.store.claim(req).await;
         if self.ambiguous.any() {
+            let now = self.clock.now();
             let after = self
                 .ambiguous
-                .update(|pending| pending.claims.on_claim_answer(&req.id, &answer));
+                .update(|pending| pending.claims.on_claim_answer(&req.id, &answer, now));
             match after {
                 AfterClaim::Nothing => {}
                 AfterClaim::Forgotten(n) => {
@@ -374,6 +376,10 @@ impl Deduplicator {
                     if self.release_ambiguous(&req.id, owner, "a retry").await {
                         answer = self.store.claim(req).await;
                     }
+                }
+                AfterClaim::ClaimAgain => {
+                    tracing::debug!(key = %req.id.key, "the key was released after the store read the claim; claiming again");
+                    answer = self.store.claim(req).await;
                 }
             }
         }
@@ -391,7 +397,7 @@ impl Deduplicator {
         match answer {
             Ok(fenced) => {
                 self.ambiguous
-                    .update(|pending| pending.claims.on_released(id, owner));
+                    .update(|pending| pending.claims.on_released(id, owner, now));
                 if fenced == Fenced::Applied {
                     tracing::info!(key = %id.key, by, "released a claim whose answer was lost; its call never ran");
                     count_resolved("released", 1);

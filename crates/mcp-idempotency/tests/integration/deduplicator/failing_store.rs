@@ -18,6 +18,11 @@ pub(super) struct FlakyStore {
     pub(super) fail_complete: AtomicBool,
     /// The next claim is applied, and then its answer is lost.
     lose_claim_answer: AtomicBool,
+    /// The next claim reads the store, then answers only after a release was applied: its answer
+    /// is older than the release.
+    stale_claim_answer: AtomicBool,
+    /// A release was applied.
+    released: tokio::sync::Notify,
 }
 
 fn failure<'a, T: Send + 'a>(what: &str) -> StoreFuture<'a, T> {
@@ -41,6 +46,13 @@ impl Store for FlakyStore {
                     message: "claim failed: connection reset by peer".into(),
                     source: None,
                 })
+            });
+        }
+        if self.stale_claim_answer.swap(false, Ordering::SeqCst) {
+            return Box::pin(async move {
+                let read = self.inner.claim(req).await;
+                self.released.notified().await;
+                read
             });
         }
         self.inner.claim(req)
@@ -76,7 +88,11 @@ impl Store for FlakyStore {
         if self.fail_release.load(Ordering::SeqCst) {
             return failure("release");
         }
-        self.inner.release(id, owner)
+        Box::pin(async move {
+            let released = self.inner.release(id, owner).await;
+            self.released.notify_one();
+            released
+        })
     }
 
     fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
@@ -212,6 +228,32 @@ async fn a_retry_releases_a_claim_whose_answer_was_lost_and_runs_once() {
     // The retry finds the key held by the lost token, releases it and runs the call.
     let claim = execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
     assert_ne!(claim.owner(), lost);
+    assert_eq!(d.pending_releases(), 0);
+    d.complete(&claim, Outcome::Success(RESULT.into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        replay(decide(&d, &scope(), TOOL, ARGS, "k").await),
+        Replay::Result(RESULT.into())
+    );
+    assert_eq!(stats(&store).await.completed, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_whose_answer_predates_the_background_release_runs_once() {
+    let flaky = Arc::new(FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let d = dedup(&store, EngineConfig::default());
+    flaky.lose_claim_answer.store(true, Ordering::SeqCst);
+    reject(
+        decide(&d, &scope(), TOOL, ARGS, "k").await,
+        RejectionKind::StoreUnavailable,
+    );
+    assert_eq!(d.pending_releases(), 1);
+    // The retry's claim finds the key held by the lost token; before its answer arrives, the
+    // release task has released that token. The key is free: the retry runs the call.
+    flaky.stale_claim_answer.store(true, Ordering::SeqCst);
+    let claim = execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
     assert_eq!(d.pending_releases(), 0);
     d.complete(&claim, Outcome::Success(RESULT.into()))
         .await
