@@ -11,9 +11,11 @@ is doing.
 Each row is a process in front of one `mcp-idem demo-server`, spoken to over its stdin and stdout
 with one JSON-RPC message per line, as the stdio_latency bench does: the poll relay of that bench
 (`--as-poll-relay`: one poll(2) loop copying bytes), its tokio relay (`--as-tokio-relay`: lines
-relayed whole on wrap's runtime, nothing parsed; the floor of a gateway on tokio), `mcp-idem wrap` passing calls
-without a key through, and `wrap` on the memory and SQLite stores with a fresh `idempotencyKey` per
-call (each executes and is recorded). After the legacy handshake and 300 uncounted warm-up calls,
+relayed whole on wrap's runtime, nothing parsed; the floor of a gateway on tokio), its reading
+relay (`--as-reading-relay`: the tokio relay handing each message to wrap's interceptor; the floor
+of a gateway that reads every message), `mcp-idem wrap` passing calls without a key through, and
+`wrap` on the memory and SQLite stores with a fresh `idempotencyKey` per call (each executes and is
+recorded). After the legacy handshake and 300 uncounted warm-up calls,
 CALLS sequential `tools/call`s of `noop` are counted: under callgrind with instrumentation off until
 then (`callgrind_control -i on/off`), or with `strace -c -f` attached for them. Only the front
 process is counted (its threads too), never the demo server behind it. Instructions are user-space
@@ -115,6 +117,7 @@ def measure(work, label, keyed, command):
 rows = [
     ("poll relay", False, [bench, "--as-poll-relay"] + server),
     ("tokio relay", False, [bench, "--as-tokio-relay"] + server),
+    ("reading relay", False, [bench, "--as-reading-relay"] + server),
     ("wrap, no key", False, [binary, "wrap", "--store", "memory", "--"] + server),
     ("wrap, memory", True, [binary, "wrap", "--store", "memory", "--"] + server),
     ("wrap, SQLite", True, None),

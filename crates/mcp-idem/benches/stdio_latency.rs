@@ -25,7 +25,9 @@
 //! - poll relay, no key: the floor for any stdio gateway, a minimal relay process (the bench binary
 //!   itself, `support/relay.rs`: one `poll(2)` loop copying bytes both ways) in front of the server;
 //! - tokio relay, no key: the same relay on tokio's current-thread runtime, reading and writing
-//!   whole lines as `wrap` does, parsing nothing: the floor of a line gateway on tokio.
+//!   whole lines as `wrap` does, parsing nothing: the floor of a line gateway on tokio;
+//! - reading relay, no key: the tokio relay handing each message to `wrap`'s interceptor (its id
+//!   tracked until answered): the floor of a gateway that reads every message, as `wrap` must.
 //!
 //! Each row also reports the CPU time per call of the process the client talks to: the server
 //! (direct), or the relay or the gateway (its server not counted), from `/proc/PID/task/*/schedstat`.
@@ -83,15 +85,18 @@ enum Transport {
     Relay,
     /// The same relay on tokio, line by line, as `wrap` reads (`support/relay.rs`).
     TokioRelay,
+    /// The tokio relay reading each message with `wrap`'s interceptor (`support/relay.rs`).
+    ReadingRelay,
     WrapMemory,
     WrapSqlite,
 }
 
 impl Transport {
-    const ALL: [Transport; 5] = [
+    const ALL: [Transport; 6] = [
         Self::Direct,
         Self::Relay,
         Self::TokioRelay,
+        Self::ReadingRelay,
         Self::WrapMemory,
         Self::WrapSqlite,
     ];
@@ -101,6 +106,7 @@ impl Transport {
             Self::Direct => "direct",
             Self::Relay => "poll relay",
             Self::TokioRelay => "tokio relay",
+            Self::ReadingRelay => "reading relay",
             Self::WrapMemory => "wrap memory",
             Self::WrapSqlite => "wrap sqlite",
         }
@@ -111,6 +117,7 @@ impl Transport {
             Self::Direct => "direct",
             Self::Relay => "relay",
             Self::TokioRelay => "tokio-relay",
+            Self::ReadingRelay => "reading-relay",
             Self::WrapMemory => "memory",
             Self::WrapSqlite => "sqlite",
         }
@@ -213,9 +220,14 @@ fn run() -> Result<(), String> {
             samples: Vec::with_capacity(options.calls),
             cpu_ns: 0,
         });
-        // The floor for any stdio gateway: a process that only copies bytes; and that process
-        // on tokio, reading lines as `wrap` does, the floor of a gateway on tokio.
-        for transport in [Transport::Relay, Transport::TokioRelay] {
+        // The floor for any stdio gateway: a process that only copies bytes; that process on
+        // tokio, reading lines as `wrap` does, the floor of a gateway on tokio; and that one
+        // reading each message as `wrap` must.
+        for transport in [
+            Transport::Relay,
+            Transport::TokioRelay,
+            Transport::ReadingRelay,
+        ] {
             configs.push(Config {
                 tool,
                 transport,
@@ -341,13 +353,14 @@ impl Peer {
         let mut command = Command::new(bin);
         let store = match transport {
             Transport::Direct => None,
-            Transport::Relay | Transport::TokioRelay => {
+            Transport::Relay | Transport::TokioRelay | Transport::ReadingRelay => {
                 let bench = std::env::current_exe()
                     .map_err(|err| format!("cannot find the bench binary: {err}"))?;
                 command = Command::new(bench);
                 let arg = match transport {
                     Transport::Relay => relay::RELAY_ARG,
-                    _ => relay::TOKIO_RELAY_ARG,
+                    Transport::TokioRelay => relay::TOKIO_RELAY_ARG,
+                    _ => relay::READING_RELAY_ARG,
                 };
                 command.arg(arg).arg(bin);
                 None
@@ -762,6 +775,14 @@ fn print_table(configs: &mut [Config], elapsed: Duration) {
             cpu(Transport::TokioRelay, Mode::Plain) - cpu(Transport::Relay, Mode::Plain),
             pass - p50(Transport::TokioRelay, Mode::Plain),
             cpu(Transport::WrapMemory, Mode::Plain) - cpu(Transport::TokioRelay, Mode::Plain),
+        );
+        println!(
+            "  {:<15} p50 (CPU per call): reading relay - poll relay = {:+.1} µs ({:+.1} µs); wrap pass-through - reading relay = {:+.1} µs ({:+.1} µs)",
+            tool.name,
+            p50(Transport::ReadingRelay, Mode::Plain) - relay,
+            cpu(Transport::ReadingRelay, Mode::Plain) - cpu(Transport::Relay, Mode::Plain),
+            pass - p50(Transport::ReadingRelay, Mode::Plain),
+            cpu(Transport::WrapMemory, Mode::Plain) - cpu(Transport::ReadingRelay, Mode::Plain),
         );
         for (label, extra, max) in [
             ("wrap pass-through - poll relay", pass - relay, 5.0),
