@@ -7,9 +7,10 @@ use super::*;
 // ---------------------------------------------------------------------------------------------
 // A store that fails on demand: the deduplicator must fail closed
 
-/// A memory store whose claims, completions and take-overs can be made to fail.
+/// A memory store whose claims, completions and take-overs can be made to fail, or to wait (the
+/// one fault-injecting store of the test binary: the stdio tests use it too).
 #[derive(Debug, Default)]
-pub(super) struct FlakyStore {
+pub(crate) struct FlakyStore {
     pub(super) inner: MemoryStore,
     pub(super) fail_claim: AtomicBool,
     fail_take_over: AtomicBool,
@@ -23,6 +24,12 @@ pub(super) struct FlakyStore {
     stale_claim_answer: AtomicBool,
     /// A release was applied.
     released: tokio::sync::Notify,
+    /// Completions wait for `completion_go` (after telling `completion_waiting`).
+    pub(crate) hold_completions: AtomicBool,
+    /// A completion is waiting.
+    pub(crate) completion_waiting: tokio::sync::Notify,
+    /// Lets a waiting completion through.
+    pub(crate) completion_go: tokio::sync::Notify,
 }
 
 fn failure<'a, T: Send + 'a>(what: &str) -> StoreFuture<'a, T> {
@@ -61,6 +68,13 @@ impl Store for FlakyStore {
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         if self.fail_complete.load(Ordering::SeqCst) {
             return failure("complete");
+        }
+        if self.hold_completions.load(Ordering::SeqCst) {
+            return Box::pin(async move {
+                self.completion_waiting.notify_one();
+                self.completion_go.notified().await;
+                self.inner.complete(req).await
+            });
         }
         self.inner.complete(req)
     }

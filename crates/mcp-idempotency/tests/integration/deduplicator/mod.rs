@@ -139,7 +139,7 @@ macro_rules! on_every_store {
     };
 }
 
-mod failing_store;
+pub(crate) mod failing_store;
 mod leases;
 mod lost_completions;
 mod outcomes;

@@ -2,12 +2,9 @@
 //! calls without claiming them, waits for the call in flight, and cuts off (outcome-unknown) what is
 //! still running when the grace ends, even if the server exits meanwhile.
 
-use mcp_idempotency::store::{
-    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, ListFilter, StoreFuture, StoreStats,
-    TakeOverRequest,
-};
-use mcp_idempotency::{FencingToken, Record};
 use tokio::sync::oneshot;
+
+use crate::deduplicator::failing_store::FlakyStore;
 
 use super::*;
 
@@ -149,96 +146,26 @@ async fn a_call_still_running_when_the_grace_ends_is_cut_off() {
     ));
 }
 
-/// A memory store whose completions wait, once `hold` is set, until the test lets them through.
-#[derive(Debug, Default)]
-struct HeldCompletions {
-    inner: MemoryStore,
-    hold: std::sync::atomic::AtomicBool,
-    /// A completion is waiting.
-    waiting: tokio::sync::Notify,
-    /// Lets the waiting completion through.
-    go: tokio::sync::Notify,
-}
-
-impl Store for HeldCompletions {
-    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
-        self.inner.claim(req)
-    }
-
-    fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
-        if !self.hold.load(Ordering::SeqCst) {
-            return self.inner.complete(req);
-        }
-        Box::pin(async move {
-            self.waiting.notify_one();
-            self.go.notified().await;
-            self.inner.complete(req).await
-        })
-    }
-
-    fn take_over<'a>(&'a self, req: &'a TakeOverRequest) -> StoreFuture<'a, Fenced> {
-        self.inner.take_over(req)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        id: &'a RecordId,
-        owner: FencingToken,
-        lease_expires_at: Timestamp,
-    ) -> StoreFuture<'a, Fenced> {
-        self.inner.renew(id, owner, lease_expires_at)
-    }
-
-    fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
-        self.inner.release(id, owner)
-    }
-
-    fn get<'a>(&'a self, id: &'a RecordId, now: Timestamp) -> StoreFuture<'a, Option<Record>> {
-        self.inner.get(id, now)
-    }
-
-    fn purge_expired(&self, now: Timestamp) -> StoreFuture<'_, u64> {
-        self.inner.purge_expired(now)
-    }
-
-    fn stats(&self, now: Timestamp) -> StoreFuture<'_, StoreStats> {
-        self.inner.stats(now)
-    }
-
-    fn list<'a>(
-        &'a self,
-        filter: &'a ListFilter,
-        now: Timestamp,
-        limit: usize,
-    ) -> StoreFuture<'a, Vec<Record>> {
-        self.inner.list(filter, now, limit)
-    }
-
-    fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool> {
-        self.inner.delete(id)
-    }
-}
-
 #[tokio::test]
 async fn a_server_exit_while_the_grace_cuts_calls_off_still_lets_them_be_recorded_and_answered() {
-    let held = Arc::new(HeldCompletions::default());
+    let held = Arc::new(FlakyStore::default());
     let store: Arc<dyn Store> = held.clone();
     let dedup = Deduplicator::new(EngineConfig::default(), Arc::clone(&store));
     let (mut client, mut server, run, _stop, _stopped) =
         start_until(dedup, Duration::from_millis(50));
     client.send(&call(1, "slow", json!({"amount": 1}))).await;
     server.requests.json().await;
-    held.hold.store(true, Ordering::SeqCst);
+    held.hold_completions.store(true, Ordering::SeqCst);
     client.close().await;
 
     // The grace ends: the cut-off call is being recorded when the server's output ends.
-    timeout(PATIENCE, held.waiting.notified())
+    timeout(PATIENCE, held.completion_waiting.notified())
         .await
         .expect("the cut-off call was not recorded");
     let ServerEnds { requests, to_proxy } = server;
     drop(to_proxy);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    held.go.notify_one();
+    held.completion_go.notify_one();
 
     let response = client.recv().await;
     assert_eq!(response["id"], 1);
