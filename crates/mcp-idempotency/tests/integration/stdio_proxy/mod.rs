@@ -156,6 +156,25 @@ fn start(dedup: Deduplicator, config: InterceptorConfig) -> (Client, ServerEnds,
     )
 }
 
+/// Asserts that the record of `key` is completed as outcome-unknown.
+async fn assert_recorded_unknown(store: &dyn Store, key: &str) {
+    let record = store
+        .get(&record_id(key), Timestamp::now())
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no record of {key}"));
+    assert!(
+        matches!(
+            record.state,
+            RecordState::Completed {
+                outcome: Outcome::Unknown { .. },
+                ..
+            }
+        ),
+        "{record:?}"
+    );
+}
+
 async fn finished(run: Run) -> ProxyExit {
     timeout(PATIENCE, run)
         .await

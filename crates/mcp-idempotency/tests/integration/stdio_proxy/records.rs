@@ -189,18 +189,7 @@ async fn orphaned_call_is_not_run_again(
 
     // A new server behind a new proxy over the same records: the retry is refused, not run.
     let store = reopen().await;
-    assert!(matches!(
-        store
-            .get(&record_id("pay-once"), Timestamp::now())
-            .await
-            .unwrap()
-            .unwrap()
-            .state,
-        RecordState::Completed {
-            outcome: Outcome::Unknown { .. },
-            ..
-        }
-    ));
+    assert_recorded_unknown(&*store, "pay-once").await;
     let dedup = Deduplicator::new(EngineConfig::default(), store);
     let (mut client, server, run) = start(dedup, InterceptorConfig::default());
     let (log, server_task) = spawn_echo_server(server);
@@ -275,19 +264,5 @@ async fn claimed_call_that_cannot_reach_the_server_is_outcome_unknown() {
             calls_cut_off: 0
         }
     );
-    let record = store
-        .get(&record_id("undelivered"), Timestamp::now())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        matches!(
-            record.state,
-            RecordState::Completed {
-                outcome: Outcome::Unknown { .. },
-                ..
-            }
-        ),
-        "{record:?}"
-    );
+    assert_recorded_unknown(&*store, "undelivered").await;
 }
