@@ -55,7 +55,6 @@ use std::time::Duration;
 use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
-use tokio::sync::Notify;
 
 use crate::engine::Decision;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
@@ -122,8 +121,6 @@ struct Run {
     proxy: StdioProxy,
     state: Mutex<Interceptor<RunningClaim>>,
     to_client: ToClient,
-    /// The server's output has ended.
-    server_gone: Notify,
     stopping: Stopping,
 }
 
@@ -250,7 +247,6 @@ impl StdioProxy {
         let run = Arc::new(Run {
             state: Mutex::new(Interceptor::new(self.config.clone())),
             to_client: ToClient::new(ClientOutput::new(client_out)),
-            server_gone: Notify::new(),
             stopping: Stopping::default(),
             proxy: self,
         });
@@ -266,7 +262,6 @@ impl StdioProxy {
                         client_in,
                         server_in,
                         &run.to_client,
-                        &run.server_gone,
                         &run.stopping,
                     )
                     .await;
@@ -303,8 +298,7 @@ impl StdioProxy {
         // even if the client keeps its end open.
         let ended = joined(server_pump.await)
             .unwrap_or_else(|| Err(io::Error::other("the server pump was cancelled")));
-        run.server_gone.notify_one();
-        run.stopping.server_ended.notify_one();
+        run.stopping.server_gone();
         joined(client_pump.await);
         // A drain still waiting stops (nothing it waits for can happen now); one cutting calls off
         // finishes, so that each of them is recorded and answered, and no write to the client is
@@ -332,14 +326,14 @@ impl StdioProxy {
         stopping: &Stopping,
     ) -> usize {
         // Once the server's output has ended, the run answers what is left in flight itself.
-        let server_ended = stopping.server_ended.notified();
-        tokio::pin!(server_ended);
+        let server_gone = stopping.server_gone_for_drain.notified();
+        tokio::pin!(server_gone);
         tokio::select! {
             () = stop => tracing::info!("stopping: no new keyed calls"),
             () = stopping.client_ended.notified() => {
                 tracing::debug!("the client closed its input; finishing the requests in flight");
             }
-            () = &mut server_ended => return 0,
+            () = &mut server_gone => return 0,
         }
         stopping.start_draining();
         let grace = tokio::time::sleep(self.shutdown_grace);
@@ -351,7 +345,7 @@ impl StdioProxy {
             }
             tokio::select! {
                 () = progress => {}
-                () = &mut server_ended => break 0,
+                () = &mut server_gone => break 0,
                 () = &mut grace => break self.cut_off_calls(state, to_client).await,
             }
         };
@@ -393,7 +387,6 @@ impl StdioProxy {
         client_in: CR,
         mut server_in: SW,
         to_client: &ToClient,
-        server_gone: &Notify,
         stopping: &Stopping,
     ) -> io::Result<()>
     where
@@ -404,7 +397,7 @@ impl StdioProxy {
         let mut line = Vec::new();
         // Waited for beside every read, so made once: a new waiter per line would join and leave
         // each `Notify`'s list every time.
-        let server_gone = server_gone.notified();
+        let server_gone = stopping.server_gone_for_pump.notified();
         let drained = stopping.drained.notified();
         tokio::pin!(server_gone, drained);
         while !stopping.is_over() {
@@ -674,14 +667,14 @@ async fn pass_long_line<R: tokio::io::AsyncBufRead + Unpin>(
         "passing a server message longer than the line limit to the client unread; a call it answered is not recorded"
     );
     let mut to_client = to_client.lock().await;
-    let mut piece = std::mem::take(line);
+    // `line` holds the start, then each next piece in turn.
     loop {
-        to_client.write(&piece).await;
-        if next_piece(server_out, &mut piece).await? {
-            if !piece.ends_with(b"\n") {
-                piece.push(b'\n');
+        to_client.write(line).await;
+        if next_piece(server_out, line).await? {
+            if !line.ends_with(b"\n") {
+                line.push(b'\n');
             }
-            to_client.write(&piece).await;
+            to_client.write(line).await;
             return Ok(());
         }
     }

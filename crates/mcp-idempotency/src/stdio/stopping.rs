@@ -29,8 +29,11 @@ pub(super) struct Stopping {
     pub(super) client_ended: Notify,
     /// The drain is over.
     pub(super) drained: Notify,
-    /// The server's output ended: the drain stops waiting.
-    pub(super) server_ended: Notify,
+    /// The server's output ended ([`server_gone`](Self::server_gone)), for the client pump, which
+    /// stops reading, and for the drain, which stops waiting: one `Notify` each, as `notify_one`
+    /// keeps its permit for one waiter, which may not be waiting yet.
+    pub(super) server_gone_for_pump: Notify,
+    pub(super) server_gone_for_drain: Notify,
 }
 
 impl Stopping {
@@ -47,6 +50,12 @@ impl Stopping {
     pub(super) fn end_drain(&self) {
         self.over.store(true, Ordering::SeqCst);
         self.drained.notify_one();
+    }
+
+    /// The server's output has ended: nothing the client sends can be answered any more.
+    pub(super) fn server_gone(&self) {
+        self.server_gone_for_pump.notify_one();
+        self.server_gone_for_drain.notify_one();
     }
 
     pub(super) fn is_over(&self) -> bool {

@@ -153,6 +153,9 @@ async fn a_server_exit_while_the_grace_cuts_calls_off_still_lets_them_be_recorde
         .expect("the cut-off call was not recorded");
     let ServerEnds { requests, to_proxy } = server;
     drop(to_proxy);
+    // Time for the run to see the server's output end while the record is still being written
+    // (nothing shows that it has; without the wait the test could pass on a run that aborts the
+    // drain there, never fail on one that does not).
     tokio::time::sleep(Duration::from_millis(50)).await;
     held.completion_go.notify_one();
 
