@@ -238,6 +238,19 @@ impl Deduplicator {
         *self.completions.pending.borrow()
     }
 
+    /// Purges the store's expired records every `every`, forever (the gateways run this beside
+    /// their traffic; the first purge is at once).
+    pub async fn purge_periodically(&self, every: Duration) -> std::convert::Infallible {
+        let mut ticks = tokio::time::interval(every);
+        loop {
+            ticks.tick().await;
+            match self.store.purge_expired(self.clock.now()).await {
+                Ok(purged) => tracing::debug!(purged, "purged expired records"),
+                Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
+            }
+        }
+    }
+
     /// Waits until no completion is being sent again in the background: each one was recorded,
     /// or given up (see "Lost completions"). Graceful shutdown waits for this, within its grace.
     pub async fn completions_settled(&self) {

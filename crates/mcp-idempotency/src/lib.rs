@@ -30,11 +30,14 @@
 //!   with their key; `http_client` (feature `http-client`): its HTTP client over rustls, also the
 //!   upstream client of `mcp-idem proxy`.
 //!
+//! - `embedded` (feature `embedded`): the same decisions one message at a time, inside a server
+//!   whose transport is another SDK's (the Python and TypeScript bindings).
+//!
 //! - `metrics` (feature `metrics`): counters of every decision and a store decorator that times
 //!   each operation, through the `metrics` facade.
 //!
 //! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `http-client`, `client`,
-//! `bridge`, `metrics`.
+//! `bridge`, `embedded`, `metrics`.
 //!
 //! # Example
 //!
@@ -72,6 +75,8 @@ pub mod client;
 mod completion;
 mod config;
 mod deduplicator;
+#[cfg(feature = "embedded")]
+pub mod embedded;
 mod engine;
 pub mod fingerprint;
 #[cfg(feature = "http")]

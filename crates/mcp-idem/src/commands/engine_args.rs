@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::store::{self, Store, StoreUrl};
-use mcp_idempotency::{AfterCrash, Deduplicator, EngineConfig, Timestamp};
+use mcp_idempotency::{AfterCrash, Deduplicator, EngineConfig};
 
 /// How often expired records are purged.
 const PURGE_EVERY: Duration = Duration::from_secs(600);
@@ -90,21 +90,15 @@ impl EngineArgs {
     }
 }
 
-/// The store `wrap` and `inspect` use without `--store`.
+/// The store `wrap` and `inspect` use without `--store`: the library's
+/// [`default_sqlite_path`](mcp_idempotency::embedded::default_sqlite_path), the same file as the
+/// Python and TypeScript bindings'.
 pub(crate) fn default_sqlite_path() -> anyhow::Result<PathBuf> {
-    let data =
-        dirs::data_local_dir().context("cannot find the user's data directory; pass --store")?;
-    Ok(data.join("mcp-idem").join("records.sqlite3"))
+    mcp_idempotency::embedded::default_sqlite_path()
+        .map_err(|_| anyhow::anyhow!("cannot find the user's data directory; pass --store"))
 }
 
 /// Purges expired records every [`PURGE_EVERY`], forever.
 pub(crate) async fn purge_periodically(dedup: Deduplicator) -> std::convert::Infallible {
-    let mut ticks = tokio::time::interval(PURGE_EVERY);
-    loop {
-        ticks.tick().await;
-        match dedup.store().purge_expired(Timestamp::now()).await {
-            Ok(purged) => tracing::debug!(purged, "purged expired records"),
-            Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
-        }
-    }
+    dedup.purge_periodically(PURGE_EVERY).await
 }

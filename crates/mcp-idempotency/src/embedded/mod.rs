@@ -1,0 +1,275 @@
+//! SEP-3182 inside a server whose transport is not this crate's: one message at a time, for the
+//! Python and TypeScript bindings.
+//!
+//! The host SDK keeps its own transport (stdio, Streamable HTTP) and its own message loop. For
+//! each connection it asks [`Embedded::connect`] for a [`Connection`], hands every message from
+//! the client to [`Connection::from_client`] and every message from the server to
+//! [`Connection::from_server`], and does what each answer says. Every decision is the
+//! [`Interceptor`]'s and the [`Deduplicator`]'s, exactly as under `mcp-idem wrap`: the same
+//! replays, rejections, capability injection and `_meta` key; a binding only carries messages.
+//!
+//! ```
+//! use mcp_idempotency::embedded::{FromClient, FromServer, Settings};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut settings = Settings::new("embedded:docs");
+//! settings.set("store", "memory")?;
+//! let gateway = settings.open().await?;
+//! let connection = gateway.connect(None);
+//! let call = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge","arguments":{"amount":5},"idempotencyKey":"k-1"}}"#;
+//! // Claimed: the call goes to the server, the key moved to `_meta`.
+//! let FromClient::ForwardRewritten(to_server) = connection.from_client(call).await else { panic!() };
+//! assert!(to_server.contains("mcp-idem/idempotencyKey"));
+//! // The server's answer is recorded, then passed on.
+//! let answer = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":"ch_1"}]}}"#;
+//! assert!(matches!(connection.from_server(answer).await, FromServer::Forward));
+//! // The retry, with a new id, is answered from the record.
+//! let retry = call.replace(r#""id":1"#, r#""id":2"#);
+//! let FromClient::Respond(replayed) = connection.from_client(&retry).await else { panic!() };
+//! assert!(replayed.contains("ch_1"));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Ending a connection ([`Connection::close`]) records the claimed calls still running as
+//! outcome-unknown, answers them `idempotency_outcome_unknown`, and refuses later keyed calls with
+//! `idempotency_shutting_down`, as `wrap` does when its server exits.
+
+mod settings;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::engine::Decision;
+use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
+use crate::record::Scope;
+use crate::rejection::Rejection;
+use crate::{Deduplicator, RunningClaim};
+
+pub use settings::{default_sqlite_path, Settings, SetupError, OPTIONS};
+
+/// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's
+/// settings, shared by every [`Connection`]. Cheap to clone. Expired records are purged every
+/// 10 minutes while a clone is alive (as `wrap` does).
+#[derive(Clone, Debug)]
+pub struct Embedded {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dedup: Deduplicator,
+    scope: Scope,
+    config: InterceptorConfig,
+    purge: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(purge) = self.purge.take() {
+            purge.abort();
+        }
+    }
+}
+
+impl Embedded {
+    /// A gateway deciding with `dedup`, recording under `scope`. Started on a tokio runtime, it
+    /// purges expired records on it.
+    pub fn new(dedup: Deduplicator, scope: Scope, config: InterceptorConfig) -> Self {
+        let purge = tokio::runtime::Handle::try_current().ok().map(|runtime| {
+            let dedup = dedup.clone();
+            let purge = async move { dedup.purge_periodically(settings::PURGE_EVERY).await };
+            runtime.spawn(purge).abort_handle()
+        });
+        Self {
+            inner: Arc::new(Inner {
+                dedup,
+                scope,
+                config,
+                purge,
+            }),
+        }
+    }
+
+    /// A new connection (one stdio session, one HTTP session or stateless request): its own
+    /// request ids and calls in flight, this gateway's records. `principal` overrides the
+    /// gateway's for this connection's records (the authenticated caller of an HTTP request).
+    pub fn connect(&self, principal: Option<&str>) -> Connection {
+        let scope = match principal {
+            Some(principal) => Scope::new(self.inner.scope.namespace(), principal),
+            None => self.inner.scope.clone(),
+        };
+        Connection {
+            dedup: self.inner.dedup.clone(),
+            scope,
+            state: Mutex::new(Interceptor::new(self.inner.config.clone())),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// The scope records are kept under by default.
+    pub fn scope(&self) -> &Scope {
+        &self.inner.scope
+    }
+
+    /// The deduplicator.
+    pub fn deduplicator(&self) -> &Deduplicator {
+        &self.inner.dedup
+    }
+
+    /// Waits up to `grace` for the outcomes the store failed to take and that are being sent again
+    /// in the background (call it before the process exits); returns how many are still pending.
+    pub async fn settle(&self, grace: Duration) -> usize {
+        let dedup = &self.inner.dedup;
+        if dedup.pending_completions() > 0 {
+            let _ = tokio::time::timeout(grace, dedup.completions_settled()).await;
+        }
+        dedup.pending_completions()
+    }
+}
+
+/// What to do with a message from the client.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub enum FromClient {
+    /// Give the message to the server as it is.
+    Forward,
+    /// Give this message to the server instead (a claimed call: key moved to `_meta`).
+    ForwardRewritten(String),
+    /// Send this message (a response) back to the client; nothing reaches the server.
+    Respond(String),
+    /// Drop the message (an absorbed cancellation).
+    Drop,
+}
+
+/// What to do with a message from the server.
+#[must_use]
+#[derive(Debug, PartialEq, Eq)]
+pub enum FromServer {
+    /// Send the message to the client as it is.
+    Forward,
+    /// Send this message to the client instead (a discovery result with the capability added).
+    ForwardRewritten(String),
+    /// Drop the message (the answer to a call the client cancelled; its outcome is recorded).
+    Drop,
+}
+
+/// One connection's interceptor state. Messages of one direction must be handed over in the
+/// order they travel; the two directions may be handed over concurrently.
+#[derive(Debug)]
+pub struct Connection {
+    dedup: Deduplicator,
+    scope: Scope,
+    state: Mutex<Interceptor<RunningClaim>>,
+    closed: AtomicBool,
+}
+
+impl Connection {
+    /// Decides on a message from the client: a keyed `tools/call` is claimed, replayed or
+    /// rejected here; everything else passes.
+    pub async fn from_client(&self, message: &str) -> FromClient {
+        let action = self.lock().on_client_message(message);
+        match action {
+            ClientAction::Forward => FromClient::Forward,
+            ClientAction::Absorb => FromClient::Drop,
+            ClientAction::Respond(response) => FromClient::Respond(response),
+            ClientAction::RecordThenForward(claim, outcome) => {
+                let _ = claim.finish(outcome).await;
+                FromClient::Forward
+            }
+            ClientAction::Decide(call) => {
+                let decision = if self.is_closed() {
+                    self.refuse(&call)
+                } else {
+                    match self.dedup.begin(&self.scope, &call.tool_call()).await {
+                        // Closed while the key was being claimed: the call is not sent.
+                        Decision::Execute(claim) if self.is_closed() => {
+                            claim
+                                .release("the server stopped before the call was forwarded")
+                                .await;
+                            self.refuse(&call)
+                        }
+                        decision => decision,
+                    }
+                };
+                match self.lock().on_decision(call, decision) {
+                    Decided::Forward(request) => FromClient::ForwardRewritten(request),
+                    Decided::Respond(response) => FromClient::Respond(response),
+                }
+            }
+        }
+    }
+
+    /// Handles a message from the server: the answer to a claimed call is recorded before it is
+    /// passed on; discovery results get `capabilities.tools.idempotency`.
+    pub async fn from_server(&self, message: &str) -> FromServer {
+        let action = {
+            let mut interceptor = self.lock();
+            interceptor.set_store_usable(self.dedup.store_usable());
+            interceptor.on_server_message(message)
+        };
+        match action {
+            ServerAction::Forward => FromServer::Forward,
+            ServerAction::ForwardRewritten(message) => FromServer::ForwardRewritten(message),
+            ServerAction::Record {
+                claim,
+                outcome,
+                forward,
+            } => {
+                let _ = claim.finish(outcome).await;
+                if forward {
+                    FromServer::Forward
+                } else {
+                    FromServer::Drop
+                }
+            }
+        }
+    }
+
+    /// The connection ended (the server stopped, the transport closed): every claimed call still
+    /// unanswered is recorded as outcome-unknown, and the responses to send the client for them
+    /// are returned (for calls it did not cancel). Keyed calls after this are refused with
+    /// `idempotency_shutting_down`.
+    pub async fn close(&self) -> Vec<String> {
+        self.closed.store(true, Ordering::SeqCst);
+        let orphans = self.lock().on_server_gone(CLOSED);
+        if !orphans.is_empty() {
+            tracing::warn!(
+                calls = orphans.len(),
+                "the connection closed with calls in flight; recording them as outcome-unknown"
+            );
+        }
+        let mut responses = Vec::with_capacity(orphans.len());
+        for orphan in orphans {
+            orphan.claim.abandon(CLOSED).await;
+            responses.extend(orphan.response);
+        }
+        responses
+    }
+
+    /// Whether a call of this connection is waiting for the server's answer.
+    pub fn has_calls_in_flight(&self) -> bool {
+        self.lock().has_calls_in_flight()
+    }
+
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    fn refuse(&self, call: &crate::interceptor::KeyedCall) -> Decision<RunningClaim> {
+        let refusal = Decision::Reject(Rejection::shutting_down(call.tool_call().idempotency_key));
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_decision(&refusal);
+        refusal
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Interceptor<RunningClaim>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Why a call still running at [`Connection::close`] is outcome-unknown (the interceptor adds
+/// "before answering; the call may or may not have taken effect").
+const CLOSED: &str = "the MCP server's connection closed";

@@ -1,0 +1,247 @@
+//! [`Settings`]: the options of an embedded gateway, by the names and in the spelling of
+//! `mcp-idem wrap`'s flags, parsed once here for every binding.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::interceptor::{CancelPolicy, InterceptorConfig};
+use crate::stdio::local_user;
+use crate::store::{self, StoreError, StoreUrl};
+use crate::{AfterCrash, Deduplicator, EngineConfig, Scope};
+
+use super::Embedded;
+
+/// Why an embedded gateway could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// An option the gateway does not know.
+    #[error("unknown option {name:?}; expected one of: {}", OPTIONS.join(", "))]
+    UnknownOption {
+        /// The option as given.
+        name: String,
+    },
+    /// An option whose value does not parse.
+    #[error("invalid value {value:?} for option {name:?}: {reason}")]
+    InvalidValue {
+        /// The option.
+        name: String,
+        /// The value as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No store URL was given and the user's data directory, where the default SQLite file
+    /// lives, cannot be found.
+    #[error("cannot find the user's data directory; pass the store option")]
+    NoDataDirectory,
+    /// The store URL does not parse, or the store cannot be opened: the same words as
+    /// `mcp-idem wrap` (`cannot open the record store URL: why`).
+    #[error("{}", store_message(.url, .source))]
+    Store {
+        /// The store URL (password redacted), or `None` when the URL itself did not parse.
+        url: Option<String>,
+        /// What the store said.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// `wrap`'s words for a store error: its message and each of its causes, `: ` between them.
+fn store_message(url: &Option<String>, source: &StoreError) -> String {
+    let mut message = match url {
+        Some(url) => format!("cannot open the record store {url}: {source}"),
+        None => source.to_string(),
+    };
+    let mut cause = std::error::Error::source(source);
+    while let Some(err) = cause {
+        message.push_str(": ");
+        message.push_str(&err.to_string());
+        cause = err.source();
+    }
+    message
+}
+
+/// Every option [`Settings::set`] takes.
+pub const OPTIONS: &[&str] = &[
+    "store",
+    "namespace",
+    "principal",
+    "retention",
+    "lease",
+    "after-crash",
+    "forward-key",
+    "cancel",
+    "max-key-bytes",
+    "max-argument-bytes",
+    "max-outcome-bytes",
+    "max-records-per-scope",
+    "max-records-total",
+];
+
+/// The options of an [`Embedded`] gateway: the store, the scope of its records, the engine's
+/// limits and the interceptor's settings. Names and values are those of `mcp-idem wrap`'s flags
+/// (`retention` takes `24h`, `after-crash` takes `reject` or `reexecute`, …), so a server moved
+/// from `wrap` into process keeps its configuration; `_` may stand for `-`.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    store: Option<String>,
+    namespace: String,
+    principal: Option<String>,
+    engine: EngineConfig,
+    interceptor: InterceptorConfig,
+}
+
+impl Settings {
+    /// Defaults (the SQLite file in the user's data directory, the local user as principal,
+    /// `wrap`'s limits), with records kept under `namespace`.
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self {
+            store: None,
+            namespace: namespace.into(),
+            principal: None,
+            engine: EngineConfig::default(),
+            interceptor: InterceptorConfig::default(),
+        }
+    }
+
+    /// Sets the option `name` to `value` (see [`OPTIONS`]). `forward-key` takes `true` or
+    /// `false`; the `max-*` options take a positive whole number.
+    pub fn set(&mut self, name: &str, value: &str) -> Result<(), SetupError> {
+        let option = name.replace('_', "-");
+        let invalid = |reason: String| SetupError::InvalidValue {
+            name: option.clone(),
+            value: value.to_owned(),
+            reason,
+        };
+        let duration = || humantime::parse_duration(value).map_err(|err| invalid(err.to_string()));
+        let count = || {
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| invalid("expected a positive whole number".into()))
+        };
+        let size = || count().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+        let engine = self.engine.clone();
+        match option.as_str() {
+            "store" => self.store = Some(value.to_owned()),
+            "namespace" => self.namespace = non_empty(value).map_err(invalid)?,
+            "principal" => self.principal = Some(non_empty(value).map_err(invalid)?),
+            "retention" => self.engine = engine.with_retention(duration()?),
+            "lease" => self.engine = engine.with_lease(duration()?),
+            "after-crash" => {
+                self.engine = engine.with_after_crash(value.parse::<AfterCrash>().map_err(invalid)?)
+            }
+            "forward-key" => {
+                let forward = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => return Err(invalid("expected true or false".into())),
+                };
+                self.interceptor = self.interceptor.clone().forward_key(forward);
+            }
+            "cancel" => {
+                let policy = value.parse::<CancelPolicy>().map_err(invalid)?;
+                self.interceptor = self.interceptor.clone().cancel_policy(policy);
+            }
+            "max-key-bytes" => self.engine = engine.with_max_key_bytes(size()?),
+            "max-argument-bytes" => self.engine = engine.with_max_argument_bytes(size()?),
+            "max-outcome-bytes" => self.engine = engine.with_max_outcome_bytes(size()?),
+            "max-records-per-scope" => self.engine = engine.with_max_records_per_scope(count()?),
+            "max-records-total" => self.engine = engine.with_max_records_total(count()?),
+            _ => return Err(SetupError::UnknownOption { name: name.into() }),
+        }
+        Ok(())
+    }
+
+    /// The store URL, with the default SQLite file when none was set.
+    pub fn store_url(&self) -> Result<StoreUrl, SetupError> {
+        match &self.store {
+            Some(url) => url
+                .parse()
+                .map_err(|source| SetupError::Store { url: None, source }),
+            None => Ok(StoreUrl::Sqlite(default_sqlite_path()?)),
+        }
+    }
+
+    /// Opens the store and starts the gateway (on the current tokio runtime): a malformed URL or
+    /// an unreachable store is an error here, as it is when `wrap` starts.
+    pub async fn open(self) -> Result<Embedded, SetupError> {
+        let url = self.store_url()?;
+        let store = store::open(&url)
+            .await
+            .map_err(|source| SetupError::Store {
+                url: Some(url.to_string()),
+                source,
+            })?;
+        let principal = self.principal.unwrap_or_else(local_user);
+        Ok(Embedded::new(
+            Deduplicator::new(self.engine, store),
+            Scope::new(self.namespace, principal),
+            self.interceptor,
+        ))
+    }
+}
+
+fn non_empty(value: &str) -> Result<String, String> {
+    if value.is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(value.to_owned())
+    }
+}
+
+/// The SQLite file every gateway uses when no store is given (`mcp-idem wrap` and `inspect`
+/// too): `mcp-idem/records.sqlite3` in the user's data directory, e.g.
+/// `~/.local/share/mcp-idem/records.sqlite3`.
+pub fn default_sqlite_path() -> Result<PathBuf, SetupError> {
+    let data = dirs::data_local_dir().ok_or(SetupError::NoDataDirectory)?;
+    Ok(data.join("mcp-idem").join("records.sqlite3"))
+}
+
+/// How often an embedded gateway purges expired records (as `wrap` does).
+pub(super) const PURGE_EVERY: Duration = Duration::from_secs(600);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_take_wraps_spellings() {
+        let mut settings = Settings::new("n");
+        settings.set("retention", "2h").unwrap();
+        settings.set("after_crash", "reexecute").unwrap();
+        settings.set("max-key-bytes", "16").unwrap();
+        settings.set("forward-key", "true").unwrap();
+        assert_eq!(settings.engine.retention(), Duration::from_secs(7200));
+        assert_eq!(settings.engine.after_crash(), AfterCrash::Reexecute);
+    }
+
+    #[test]
+    fn bad_options_say_what_is_wrong() {
+        let mut settings = Settings::new("n");
+        let unknown = settings.set("retension", "2h").unwrap_err().to_string();
+        assert!(
+            unknown.starts_with("unknown option \"retension\""),
+            "{unknown}"
+        );
+        let bad = settings.set("lease", "soon").unwrap_err().to_string();
+        assert!(
+            bad.starts_with("invalid value \"soon\" for option \"lease\""),
+            "{bad}"
+        );
+        assert!(settings.set("max-key-bytes", "0").is_err());
+        assert!(settings.set("forward-key", "yes").is_err());
+        assert!(settings.set("namespace", "").is_err());
+    }
+
+    #[test]
+    fn a_store_url_that_does_not_parse_is_refused_with_the_stores_words() {
+        let mut settings = Settings::new("n");
+        settings.set("store", "mysql://db").unwrap();
+        let err = settings.store_url().unwrap_err().to_string();
+        let direct = "mysql://db".parse::<StoreUrl>().unwrap_err().to_string();
+        assert_eq!(err, direct);
+    }
+}
