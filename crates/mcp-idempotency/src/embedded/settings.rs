@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::interceptor::{CancelPolicy, InterceptorConfig};
 use crate::stdio::local_user;
 use crate::store::{self, StoreError, StoreUrl};
-use crate::{AfterCrash, Deduplicator, EngineConfig, Scope};
+use crate::{AfterCrash, Deduplicator, EngineConfig, RejectionKind, Scope};
 
 use super::Embedded;
 
@@ -45,6 +45,32 @@ pub enum SetupError {
         #[source]
         source: StoreError,
     },
+}
+
+impl SetupError {
+    /// The error's stable type, as the bindings' exceptions carry it: the SEP's
+    /// `idempotency_store_unavailable` for a store that cannot be opened,
+    /// `idempotency_invalid_store_url` and `idempotency_invalid_option` for bad configuration.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::UnknownOption { .. } | Self::InvalidValue { .. } => "idempotency_invalid_option",
+            Self::Store { url: None, .. } => "idempotency_invalid_store_url",
+            Self::Store { url: Some(_), .. } | Self::NoDataDirectory => {
+                RejectionKind::StoreUnavailable.as_str()
+            }
+        }
+    }
+
+    /// The JSON-RPC error code of the same failure on the wire: `-32602` (invalid params) for bad
+    /// configuration, the store-unavailable rejection's code (`-32603`) otherwise.
+    pub fn code(&self) -> i64 {
+        match self {
+            Self::Store { url: Some(_), .. } | Self::NoDataDirectory => {
+                RejectionKind::StoreUnavailable.code()
+            }
+            _ => crate::jsonrpc::INVALID_PARAMS,
+        }
+    }
 }
 
 /// `wrap`'s words for a store error: its message and each of its causes, `: ` between them.
@@ -243,5 +269,9 @@ mod tests {
         let err = settings.store_url().unwrap_err().to_string();
         let direct = "mysql://db".parse::<StoreUrl>().unwrap_err().to_string();
         assert_eq!(err, direct);
+        assert_eq!(
+            settings.store_url().unwrap_err().error_type(),
+            "idempotency_invalid_store_url"
+        );
     }
 }
