@@ -42,7 +42,7 @@ fn charge_id<'a>(step: &'a Value, report: &Value) -> &'a str {
 }
 
 /// Checks a `dedup` report (see the scenario in `interop/ts-client.mjs`) against the ledger.
-fn assert_dedup(report: &Value, ledger: &std::path::Path) {
+pub(crate) fn assert_dedup(report: &Value, ledger: &std::path::Path) {
     assert_advertises_idempotency(&report["discover"]);
     let steps = &report["steps"];
 
