@@ -15,6 +15,8 @@ mod counter_server;
 #[cfg(feature = "client")]
 mod client_retry;
 mod deduplicator;
+#[cfg(feature = "embedded")]
+mod embedded;
 mod engine;
 mod fingerprint_props;
 #[cfg(feature = "http")]

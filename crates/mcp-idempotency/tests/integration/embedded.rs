@@ -1,0 +1,205 @@
+//! `embedded`: the message-at-a-time driver the Python and TypeScript bindings carry messages
+//! through. The same decisions as `mcp-idem wrap`, one connection per transport, records shared
+//! by every connection of a gateway.
+
+use std::time::Duration;
+
+use mcp_idempotency::embedded::{Embedded, FromClient, FromServer, Settings, SetupError};
+use serde_json::{json, Value};
+
+async fn gateway(options: &[(&str, &str)]) -> Embedded {
+    let mut settings = Settings::new("embedded:test");
+    settings.set("store", "memory").unwrap();
+    for (name, value) in options {
+        settings.set(name, value).unwrap();
+    }
+    settings.open().await.unwrap()
+}
+
+fn call(id: u64, key: &str, amount: u64) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+           "params": {"name": "charge", "arguments": {"amount": amount}, "idempotencyKey": key}})
+    .to_string()
+}
+
+fn answer(id: u64, text: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}})
+        .to_string()
+}
+
+fn parse(text: &str) -> Value {
+    serde_json::from_str(text).unwrap()
+}
+
+fn forwarded(route: FromClient) -> Value {
+    match route {
+        FromClient::ForwardRewritten(message) => parse(&message),
+        other => panic!("expected the call forwarded, got {other:?}"),
+    }
+}
+
+fn responded(route: FromClient) -> Value {
+    match route {
+        FromClient::Respond(message) => parse(&message),
+        other => panic!("expected an answer to the client, got {other:?}"),
+    }
+}
+
+fn error_type(response: &Value) -> &str {
+    response["error"]["data"]["type"]
+        .as_str()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_claimed_call_is_recorded_and_replayed_on_another_connection() {
+    let gateway = gateway(&[]).await;
+    let first = gateway.connect(None);
+    let to_server = forwarded(first.from_client(&call(1, "k", 5)).await);
+    assert_eq!(to_server["params"]["_meta"]["mcp-idem/idempotencyKey"], "k");
+    assert!(to_server["params"].get("idempotencyKey").is_none());
+    assert_eq!(
+        first.from_server(&answer(1, "ch_1")).await,
+        FromServer::Forward
+    );
+
+    // A stateless HTTP retry arrives on a connection of its own.
+    let retry = gateway.connect(None);
+    let replay = responded(retry.from_client(&call(9, "k", 5)).await);
+    assert_eq!(replay["id"], 9);
+    assert_eq!(replay["result"]["content"][0]["text"], "ch_1");
+
+    let conflict = responded(retry.from_client(&call(10, "k", 6)).await);
+    assert_eq!(error_type(&conflict), "idempotency_key_conflict");
+    assert_eq!(conflict["error"]["code"], -32602);
+}
+
+#[tokio::test]
+async fn a_duplicate_of_a_running_call_is_rejected_at_once() {
+    let gateway = gateway(&[]).await;
+    let a = gateway.connect(None);
+    let b = gateway.connect(None);
+    let _ = forwarded(a.from_client(&call(1, "k", 5)).await);
+    let busy = responded(b.from_client(&call(1, "k", 5)).await);
+    assert_eq!(error_type(&busy), "idempotency_key_in_progress");
+    assert!(a.has_calls_in_flight());
+}
+
+#[tokio::test]
+async fn closing_with_a_call_in_flight_records_it_as_outcome_unknown() {
+    let gateway = gateway(&[]).await;
+    let connection = gateway.connect(None);
+    let _ = forwarded(connection.from_client(&call(3, "k", 5)).await);
+    let answers = connection.close().await;
+    assert_eq!(answers.len(), 1);
+    let orphan = parse(&answers[0]);
+    assert_eq!(orphan["id"], 3);
+    assert_eq!(error_type(&orphan), "idempotency_outcome_unknown");
+
+    // Nothing new is claimed on a closed connection, and nothing reaches the server.
+    let refused = responded(connection.from_client(&call(4, "k2", 5)).await);
+    assert_eq!(error_type(&refused), "idempotency_shutting_down");
+
+    // The retry is told the truth, never executed a second time.
+    let retry = gateway.connect(None);
+    let unknown = responded(retry.from_client(&call(5, "k", 5)).await);
+    assert_eq!(error_type(&unknown), "idempotency_outcome_unknown");
+}
+
+#[tokio::test]
+async fn a_connection_dropped_with_a_call_in_flight_abandons_its_claim() {
+    let gateway = gateway(&[]).await;
+    let connection = gateway.connect(None);
+    let _ = forwarded(connection.from_client(&call(3, "k", 5)).await);
+    drop(connection);
+    let retry = gateway.connect(None);
+    for _ in 0..100 {
+        let answer = responded(retry.from_client(&call(4, "k", 5)).await);
+        match error_type(&answer) {
+            "idempotency_key_in_progress" => tokio::time::sleep(Duration::from_millis(10)).await,
+            kind => return assert_eq!(kind, "idempotency_outcome_unknown"),
+        }
+    }
+    panic!("the dropped claim was never abandoned");
+}
+
+#[tokio::test]
+async fn discovery_results_advertise_the_capability_and_other_messages_pass() {
+    let gateway = gateway(&[]).await;
+    let connection = gateway.connect(None);
+    let discover = r#"{"jsonrpc":"2.0","id":"d","method":"server/discover","params":{}}"#;
+    assert_eq!(connection.from_client(discover).await, FromClient::Forward);
+    let result = json!({"jsonrpc": "2.0", "id": "d", "result": {"capabilities": {"tools": {}}}});
+    let FromServer::ForwardRewritten(rewritten) = connection.from_server(&result.to_string()).await
+    else {
+        panic!("the discovery result was not rewritten")
+    };
+    assert_eq!(
+        parse(&rewritten)["result"]["capabilities"]["tools"]["idempotency"],
+        json!({})
+    );
+    let unkeyed = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"x"}}"#;
+    assert_eq!(connection.from_client(unkeyed).await, FromClient::Forward);
+    assert_eq!(
+        connection.from_server(&answer(2, "x")).await,
+        FromServer::Forward
+    );
+}
+
+#[tokio::test]
+async fn an_absorbed_cancellation_still_records_the_outcome() {
+    let gateway = gateway(&[]).await;
+    let connection = gateway.connect(None);
+    let _ = forwarded(connection.from_client(&call(7, "k", 5)).await);
+    let cancel = r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":7}}"#;
+    assert_eq!(connection.from_client(cancel).await, FromClient::Drop);
+    assert_eq!(
+        connection.from_server(&answer(7, "ch_7")).await,
+        FromServer::Drop
+    );
+    let replay = responded(connection.from_client(&call(8, "k", 5)).await);
+    assert_eq!(replay["result"]["content"][0]["text"], "ch_7");
+}
+
+#[tokio::test]
+async fn principals_keep_their_records_apart() {
+    let gateway = gateway(&[]).await;
+    let alice = gateway.connect(Some("alice"));
+    let _ = forwarded(alice.from_client(&call(1, "k", 5)).await);
+    let _ = alice.from_server(&answer(1, "alice's")).await;
+    let bob = gateway.connect(Some("bob"));
+    let _ = forwarded(bob.from_client(&call(1, "k", 6)).await);
+}
+
+#[tokio::test]
+async fn limits_come_from_wraps_option_names() {
+    let gateway = gateway(&[("max-key-bytes", "4"), ("max_argument_bytes", "16")]).await;
+    let connection = gateway.connect(None);
+    let long_key = responded(connection.from_client(&call(1, "12345", 5)).await);
+    assert_eq!(error_type(&long_key), "idempotency_key_invalid");
+    let big = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"name": "charge", "arguments": {"memo": "x".repeat(64)}, "idempotencyKey": "k"}});
+    let too_large = responded(connection.from_client(&big.to_string()).await);
+    assert_eq!(error_type(&too_large), "idempotency_arguments_too_large");
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test]
+async fn a_store_that_is_down_at_start_is_a_setup_error() {
+    let mut settings = Settings::new("embedded:test");
+    settings
+        .set("store", "postgres://postgres@127.0.0.1:1/test")
+        .unwrap();
+    let err = settings.open().await.unwrap_err();
+    assert!(
+        matches!(err, SetupError::Store { url: Some(_), .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.error_type(), "idempotency_store_unavailable");
+    assert_eq!(err.code(), -32603);
+    assert!(
+        err.to_string()
+            .starts_with("cannot open the record store postgres://postgres@127.0.0.1:1/test: "),
+        "{err}"
+    );
+}
