@@ -35,7 +35,7 @@ const CHECKS: [&str; 17] = [
 
 /// The witness options for the demo server's `charge_payment` (and the Python servers', which
 /// take the same arguments), observed with `get_balance`.
-fn witness_options() -> Vec<String> {
+pub(crate) fn witness_options() -> Vec<String> {
     [
         "--tool",
         "charge_payment",
@@ -54,13 +54,13 @@ fn witness_options() -> Vec<String> {
 }
 
 /// A finished `mcp-idem check --json` run.
-struct Run {
+pub(crate) struct Run {
     output: Output,
-    report: Value,
+    pub(crate) report: Value,
 }
 
 impl Run {
-    fn new(options: &[String], target: &[&str]) -> Self {
+    pub(crate) fn new(options: &[String], target: &[&str]) -> Self {
         let output = Command::new(EXE)
             .arg("check")
             .args(options)
@@ -93,13 +93,13 @@ impl Run {
         self.report["checks"].as_array().expect("checks")
     }
 
-    fn code(&self) -> Option<i32> {
+    pub(crate) fn code(&self) -> Option<i32> {
         self.output.status.code()
     }
 
     /// Asserts that every check ran, in order, and that exactly `failed` failed and `skipped`
     /// were skipped; every skip says why.
-    fn assert_outcome(&self, failed: &[&str], skipped: &[&str]) {
+    pub(crate) fn assert_outcome(&self, failed: &[&str], skipped: &[&str]) {
         let names: Vec<&str> = self
             .checks()
             .iter()

@@ -22,7 +22,7 @@ use crate::common::{meta_2026, TIMEOUT};
 
 /// A child process killed on drop; its stderr is drained into [`Spawned::stderr`] (and echoed
 /// with a prefix, which the test harness shows for failing tests).
-struct Spawned {
+pub(crate) struct Spawned {
     child: Child,
     log: Arc<Mutex<String>>,
 }
@@ -30,7 +30,7 @@ struct Spawned {
 impl Spawned {
     /// Spawns `command` and waits for the stderr line starting with `ready`; returns the process
     /// and the rest of that line.
-    fn spawn(mut command: Command, name: &str, ready: &str) -> (Self, String) {
+    pub(crate) fn spawn(mut command: Command, name: &str, ready: &str) -> (Self, String) {
         // Warnings and errors, unless the caller chose what to log.
         if !command.get_envs().any(|(name, _)| name == "MCP_IDEM_LOG") {
             command.env("MCP_IDEM_LOG", "warn");
@@ -72,8 +72,14 @@ impl Spawned {
         }
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Kills the process with SIGKILL and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Waits (polling, without blocking the runtime) for the process to exit; panics after

@@ -34,6 +34,8 @@ mod bad_input_http;
 mod bad_input_stdio;
 #[cfg(unix)]
 mod batches;
+#[cfg(unix)]
+mod binding_scenarios;
 mod bridge_retries;
 #[cfg(unix)]
 mod bridge_sdk_clients;

@@ -1,0 +1,416 @@
+//! The SEP-3182 scenarios against servers that carry the library in process through a binding:
+//! the Python SDK's `MCPServer` with the `mcp-idempotency` wheel (`bindings/python`) and the
+//! TypeScript SDK's `McpServer` with the `mcp-idempotency` npm package (`bindings/node`). Each
+//! binding's payments server (`bindings/python/tests/payments_server.py`,
+//! `bindings/node/test/payments-server.mjs`) takes the demo server's tools and ledger, so every
+//! scenario here is the one `wrap` and `proxy` pass:
+//!
+//! - `mcp-idem check` passes, over stdio and over Streamable HTTP;
+//! - the official clients (Python `mcp` 2.x, TypeScript SDK v2), unmodified, run the dedup
+//!   scenario of `interop_clients` (replay, conflict, in-progress, replay after it) over stdio and
+//!   Streamable HTTP, with one ledger line per key;
+//! - two server processes on one Redis take a storm of 200 duplicates and execute it once;
+//! - a server SIGKILLed while a keyed call runs leaves a claim that a restarted server answers
+//!   `idempotency_outcome_unknown`, never a second execution.
+//!
+//! The bindings are built and installed by `bindings/python/install.sh` and
+//! `bindings/node/install.sh` (`.ci/run` runs both). Without them the tests print a note and pass,
+//! except under `CI=true`, where they fail.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::check::{witness_options, Run};
+use crate::common::ledger_lines;
+use crate::http_support::{unique_namespace, Answer, Raw, SharedStore, Spawned};
+use crate::interop_clients::assert_dedup;
+use crate::interop_support::{run_report, script, Toolchain};
+use crate::wrap_support::Sandbox;
+
+/// A language binding of the library, with its payments server.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Binding {
+    /// `pip install mcp-idempotency` (bindings/python), on the Python SDK `mcp` 2.x.
+    Python,
+    /// `npm install mcp-idempotency` (bindings/node), on the TypeScript SDK v2.
+    Node,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|ci| ci.eq_ignore_ascii_case("true") || ci == "1")
+}
+
+impl Binding {
+    /// The interpreter and SDK the binding's server runs on.
+    pub(crate) fn toolchain(self) -> Toolchain {
+        match self {
+            Self::Python => Toolchain::Python,
+            Self::Node => Toolchain::Node,
+        }
+    }
+
+    /// The binding's payments server script.
+    pub(crate) fn payments_server(self) -> PathBuf {
+        match self {
+            Self::Python => repo().join("bindings/python/tests/payments_server.py"),
+            Self::Node => repo().join("bindings/node/test/payments-server.mjs"),
+        }
+    }
+
+    /// Why the binding cannot be loaded, or `None` when it can.
+    fn missing(self) -> Option<String> {
+        let (program, probe, install) = match self {
+            Self::Python => (
+                "python3",
+                vec!["-c".to_owned(), "import mcp_idempotency".to_owned()],
+                "bindings/python/install.sh",
+            ),
+            Self::Node => {
+                let index = repo().join("bindings/node/index.js");
+                let code = format!("import({:?}).then(() => {{}})", index.display().to_string());
+                (
+                    "node",
+                    vec!["-e".to_owned(), code],
+                    "bindings/node/install.sh",
+                )
+            }
+        };
+        match Command::new(program).args(&probe).output() {
+            Ok(output) if output.status.success() => None,
+            Ok(output) => Some(format!(
+                "the {self:?} binding does not load ({}): run {install}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )),
+            Err(err) => Some(format!("`{program}` cannot be started: {err}")),
+        }
+    }
+
+    /// `true` when the binding's server can run. When it cannot: panics under `CI=true`, else
+    /// prints a note and returns `false` (the test then ends without checking anything).
+    pub(crate) fn require(self) -> bool {
+        if !self.toolchain().require() {
+            return false;
+        }
+        let Some(why) = self.missing() else {
+            return true;
+        };
+        assert!(!in_ci(), "CI=true but {why}");
+        eprintln!("NOTE: skipping a {self:?} binding test: {why} (set CI=true to fail instead)");
+        false
+    }
+
+    /// `[program, payments server, --ledger, LEDGER, extra…]`: the command line of the bound
+    /// server over stdio.
+    pub(crate) fn stdio_command(self, ledger: &Path, extra: &[&str]) -> Vec<OsString> {
+        let mut command: Vec<OsString> = vec![
+            self.toolchain().program().into(),
+            self.payments_server().into(),
+            "--ledger".into(),
+            ledger.into(),
+        ];
+        command.extend(extra.iter().map(OsString::from));
+        command
+    }
+
+    /// The bound server over stateless Streamable HTTP on a free port.
+    pub(crate) fn spawn_http(self, ledger: &Path, extra: &[&str]) -> BoundHttp {
+        let mut argv = self.stdio_command(ledger, extra);
+        argv.push("--http".into());
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]).env("PYTHONDONTWRITEBYTECODE", "1");
+        let name = format!("{self:?} payments server");
+        let (process, rest) = Spawned::spawn(command, &name, "listening on ");
+        BoundHttp {
+            process,
+            url: rest.trim().to_owned(),
+        }
+    }
+}
+
+/// A bound payments server over HTTP, killed on drop.
+pub(crate) struct BoundHttp {
+    pub(crate) process: Spawned,
+    /// `http://127.0.0.1:PORT/mcp`.
+    pub(crate) url: String,
+}
+
+fn check_over_stdio(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let ledger = sandbox.ledger();
+    let store = sandbox.store();
+    let server = binding.stdio_command(&ledger, &["--store", &store]);
+    let mut target: Vec<&str> = vec!["--"];
+    target.extend(server.iter().map(|arg| arg.to_str().unwrap()));
+    let run = Run::new(&witness_options(), &target);
+    run.assert_outcome(&[], &["mrtr.continuation"]);
+    assert_eq!(run.code(), Some(0));
+    // As for `wrap` around the demo server: two unkeyed calls, then one per key that ran.
+    assert_eq!(ledger_lines(&ledger).len(), 9, "{:#}", run.report);
+}
+
+fn check_over_http(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let ledger = sandbox.ledger();
+    let server = binding.spawn_http(&ledger, &["--store", "memory"]);
+    let run = Run::new(&witness_options(), &["--url", &server.url]);
+    run.assert_outcome(&[], &["mrtr.continuation"]);
+    assert_eq!(run.code(), Some(0));
+    assert_eq!(ledger_lines(&ledger).len(), 9, "{:#}", run.report);
+}
+
+/// An official client (`client`: `py_client.py` or `ts-client.mjs` on `toolchain`) runs the
+/// dedup scenario against the bound server over stdio.
+fn sdk_client_over_stdio(binding: Binding, toolchain: Toolchain, client: &str) {
+    if !binding.require() || !toolchain.require() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let store = sandbox.store();
+    let mut args: Vec<OsString> = vec![script(client).into(), "dedup".into(), "stdio".into()];
+    args.push("--".into());
+    args.extend(binding.stdio_command(&sandbox.ledger(), &["--store", &store]));
+    let report = run_report(toolchain.program(), &args, &sandbox.path("client.stderr"));
+    assert_dedup(&report, &sandbox.ledger());
+}
+
+fn sdk_client_over_http(binding: Binding, toolchain: Toolchain, client: &str) {
+    if !binding.require() || !toolchain.require() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let store = sandbox.store();
+    let server = binding.spawn_http(&sandbox.ledger(), &["--store", &store]);
+    let args: Vec<OsString> = vec![
+        script(client).into(),
+        "dedup".into(),
+        "http".into(),
+        server.url.clone().into(),
+    ];
+    let report = run_report(toolchain.program(), &args, &sandbox.path("client.stderr"));
+    assert_dedup(&report, &sandbox.ledger());
+}
+
+/// A keyed `charge_payment` of 100 EUR that takes `delay_ms`.
+fn keyed_charge(id: u64, key: &str, delay_ms: u64) -> Value {
+    crate::http_support::tool_call(
+        id,
+        "charge_payment",
+        json!({"amount": 100, "currency": "eur", "delay_ms": delay_ms}),
+        Some(key),
+    )
+}
+
+fn charge_id(answer: &Answer) -> Option<String> {
+    answer.json()["result"]["structuredContent"]["chargeId"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// How many duplicates the storm sends.
+const STORM: usize = 200;
+
+/// Two bound servers on one Redis, `STORM` duplicates of one keyed call spread over both, all
+/// at once: one execution, every other answer the replay of its result or "in progress".
+async fn storm_on_one_redis(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let Some(redis) = SharedStore::Redis.url() else {
+        return;
+    };
+    let sandbox = Sandbox::new();
+    let ledger = sandbox.ledger();
+    let namespace = unique_namespace("binding-storm");
+    let options = ["--store", redis.as_str(), "--namespace", namespace.as_str()];
+    let servers = [
+        binding.spawn_http(&ledger, &options),
+        binding.spawn_http(&ledger, &options),
+    ];
+    let clients: Vec<Raw> = servers.iter().map(|server| Raw::new(&server.url)).collect();
+    let clients = std::sync::Arc::new(clients);
+    let mut calls = tokio::task::JoinSet::new();
+    for n in 0..STORM {
+        let clients = std::sync::Arc::clone(&clients);
+        calls.spawn(async move {
+            let answer = clients[n % 2]
+                .call(keyed_charge(n as u64 + 1, "storm-key", 300))
+                .await;
+            (answer.charge_id_or_error(), answer.json())
+        });
+    }
+    let mut executed = Vec::new();
+    let mut in_progress = 0;
+    while let Some(joined) = calls.join_next().await {
+        let (outcome, answer) = joined.expect("a storm call panicked");
+        match outcome {
+            Ok(charge) => executed.push(charge),
+            Err(kind) if kind == "idempotency_key_in_progress" => in_progress += 1,
+            Err(kind) => panic!("unexpected answer {kind}: {answer}"),
+        }
+    }
+    let lines = ledger_lines(&ledger);
+    assert_eq!(
+        lines.len(),
+        1,
+        "{STORM} duplicates ran more than once: {lines:?}"
+    );
+    let charged = lines[0]["chargeId"].as_str().unwrap().to_owned();
+    assert!(
+        executed.iter().all(|charge| *charge == charged),
+        "{executed:?}"
+    );
+    assert_eq!(executed.len() + in_progress, STORM);
+    // Once it is recorded, every retry on either server is its replay.
+    for client in clients.iter() {
+        let replay = client.call(keyed_charge(1000, "storm-key", 300)).await;
+        assert_eq!(
+            charge_id(&replay).as_deref(),
+            Some(charged.as_str()),
+            "{}",
+            replay.json()
+        );
+    }
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+}
+
+trait StormAnswer {
+    /// The charge id of a result, or the `error.data.type` of an error.
+    fn charge_id_or_error(&self) -> Result<String, String>;
+}
+
+impl StormAnswer for Answer {
+    fn charge_id_or_error(&self) -> Result<String, String> {
+        charge_id(self).ok_or_else(|| self.error_type().unwrap_or_else(|| self.json().to_string()))
+    }
+}
+
+/// A bound server SIGKILLed while a keyed call runs: a server started again on the same store
+/// answers the retry `idempotency_outcome_unknown` once the dead claim's lease ran out, and the
+/// tool never runs a second time.
+async fn sigkill_leaves_outcome_unknown(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let ledger = sandbox.ledger();
+    let store = sandbox.store();
+    let options = ["--store", store.as_str(), "--lease", "1s"];
+    let mut first = binding.spawn_http(&ledger, &options);
+    let client = Raw::new(&first.url);
+    let running = {
+        let client = Raw::new(&first.url);
+        tokio::spawn(async move {
+            client
+                .hang_up_after(&keyed_charge(1, "killed", 60_000), Duration::from_secs(60))
+                .await
+        })
+    };
+    // The call is claimed once a duplicate is told it is in progress.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let duplicate = client.call(keyed_charge(2, "killed", 60_000)).await;
+        if duplicate.error_type().as_deref() == Some("idempotency_key_in_progress") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the call was never claimed: {}",
+            duplicate.json()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    first.process.kill();
+    running.abort();
+
+    let second = binding.spawn_http(&ledger, &options);
+    let retry_client = Raw::new(&second.url);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let answer = loop {
+        let answer = retry_client.call(keyed_charge(3, "killed", 0)).await;
+        match answer.error_type().as_deref() {
+            // The dead owner's lease (1 s) has not run out yet.
+            Some("idempotency_key_in_progress") if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            _ => break answer,
+        }
+    };
+    assert_eq!(
+        answer.error_type().as_deref(),
+        Some("idempotency_outcome_unknown"),
+        "{}",
+        answer.json()
+    );
+    // The killed call never finished, and the retry did not run it again.
+    assert_eq!(
+        ledger_lines(&ledger).len(),
+        0,
+        "{:?}",
+        ledger_lines(&ledger)
+    );
+}
+
+macro_rules! scenarios {
+    ($module:ident, $binding:expr) => {
+        mod $module {
+            use super::*;
+
+            #[test]
+            fn check_passes_over_stdio() {
+                check_over_stdio($binding);
+            }
+
+            #[test]
+            fn check_passes_over_http() {
+                check_over_http($binding);
+            }
+
+            #[test]
+            fn the_python_sdk_client_dedups_over_stdio() {
+                sdk_client_over_stdio($binding, Toolchain::Python, "py_client.py");
+            }
+
+            #[test]
+            fn the_python_sdk_client_dedups_over_http() {
+                sdk_client_over_http($binding, Toolchain::Python, "py_client.py");
+            }
+
+            #[test]
+            fn the_typescript_sdk_client_dedups_over_stdio() {
+                sdk_client_over_stdio($binding, Toolchain::Node, "ts-client.mjs");
+            }
+
+            #[test]
+            fn the_typescript_sdk_client_dedups_over_http() {
+                sdk_client_over_http($binding, Toolchain::Node, "ts-client.mjs");
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_servers_on_one_redis_run_a_storm_of_duplicates_once() {
+                storm_on_one_redis($binding).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_sigkilled_servers_claim_ends_outcome_unknown() {
+                sigkill_leaves_outcome_unknown($binding).await;
+            }
+        }
+    };
+}
+
+scenarios!(python, Binding::Python);
+scenarios!(node, Binding::Node);
