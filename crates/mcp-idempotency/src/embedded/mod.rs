@@ -38,8 +38,11 @@
 
 mod settings;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::engine::Decision;
@@ -267,6 +270,38 @@ impl Connection {
 
     fn lock(&self) -> MutexGuard<'_, Interceptor<RunningClaim>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// An answer that is ready at once, or a future that still waits on the store.
+pub enum Answer<T> {
+    /// The answer, decided without waiting (every message but a keyed call on a network store).
+    Ready(T),
+    /// Still waiting (a store round trip): poll it on the runtime that [`now_or_later`] ran in.
+    Pending(Pin<Box<dyn Future<Output = T> + Send>>),
+}
+
+impl<T> std::fmt::Debug for Answer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Ready(_) => "Answer::Ready",
+            Self::Pending(_) => "Answer::Pending",
+        })
+    }
+}
+
+/// Polls `answer` once, in the tokio runtime the caller entered: most messages are decided
+/// without waiting, and a binding hands those back to its language synchronously instead of
+/// through a promise, which costs a wake-up of the host's event loop. The rest is returned to be
+/// awaited (polling it once more is harmless: every future here may be polled with a new waker).
+pub fn now_or_later<F>(answer: F) -> Answer<F::Output>
+where
+    F: Future + Send + 'static,
+{
+    let mut answer = Box::pin(answer);
+    match answer.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => Answer::Ready(output),
+        Poll::Pending => Answer::Pending(answer),
     }
 }
 

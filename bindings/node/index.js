@@ -1,0 +1,210 @@
+// SEP-3182 request idempotency in process, for MCP servers on the official TypeScript SDK v2
+// (`@modelcontextprotocol/server`).
+//
+//     import { idempotent } from 'mcp-idempotency';
+//     idempotent(server);          // an McpServer or a low-level Server, before it is connected
+//
+// The server then advertises `capabilities.tools.idempotency`, and a `tools/call` carrying an
+// `idempotencyKey` is deduplicated exactly as `mcp-idem wrap` does it: the retry of a recorded
+// call gets the recorded outcome (success or error) without running the tool again, the key
+// reused with other arguments is refused (`idempotency_key_conflict`), a duplicate of a call still
+// running is refused at once (`idempotency_key_in_progress`), and a call whose server died
+// mid-call answers `idempotency_outcome_unknown`. Every decision, the equivalence of arguments and
+// the stores are the Rust library's (the native addon); this file only carries the messages of
+// every transport the server is connected to (stdio, Streamable HTTP per request or per session)
+// to it. Tools run on Node's event loop; store I/O runs on the addon's tokio runtime.
+'use strict';
+
+const native = loadNative();
+
+/** Where a claimed call's key reaches the tool: `params._meta['mcp-idem/idempotencyKey']`. */
+const META_KEY = 'mcp-idem/idempotencyKey';
+
+/** Every option `idempotent` takes besides `store`, `namespace` and `principal`, by `wrap`'s names. */
+const OPTIONS = native.options();
+
+/** A gateway that cannot be set up: `type` is the error's stable type, `code` its JSON-RPC code. */
+class IdempotencyError extends Error {
+    constructor(message, type, code) {
+        super(message);
+        this.name = 'IdempotencyError';
+        this.type = type;
+        this.code = code;
+    }
+}
+
+/** Gateways by namespace and options: a server factory called per request opens its store once. */
+const gateways = new Map();
+
+/**
+ * Gives `server` SEP-3182 and returns it. Call it before `connect` (inside the factory that
+ * `createMcpHandler` or `serveStdio` takes, if you use one).
+ *
+ * - `store`: a store URL as `mcp-idem wrap --store` takes it (`memory`, `sqlite:PATH`,
+ *   `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
+ *   `mcp-idem/records.sqlite3` in the user's data directory.
+ * - `namespace`: separates this server's records in a shared store (default `mcp-server:NAME`).
+ * - `principal`: scopes records to a caller: a string, or a function of the first message's
+ *   `extra` (`{ authInfo, request }`) returning one; by default the authenticated client
+ *   (`authInfo.clientId`) of an HTTP request, else the local user.
+ * - every other option of `wrap`, camelCase or kebab-case: `retention: '24h'`, `lease: '5m'`,
+ *   `afterCrash: 'reject'`, `forwardKey: false`, `cancel: 'absorb'`, `maxKeyBytes: 256`, ...
+ *
+ * The store is opened here: a bad option, a store URL that does not parse or a store that cannot
+ * be reached throws an `IdempotencyError` at once.
+ */
+function idempotent(server, options = {}) {
+    const lowlevel = server?.server ?? server;
+    if (typeof lowlevel?.connect !== 'function') {
+        throw new TypeError('idempotent() takes an McpServer or a low-level Server of @modelcontextprotocol/server');
+    }
+    const { store, namespace, principal, ...rest } = options;
+    const settings = {};
+    if (store !== undefined) settings.store = optionText('store', store);
+    if (typeof principal === 'string') settings.principal = principal;
+    for (const [name, value] of Object.entries(rest)) {
+        settings[name.replace(/[A-Z]/g, (upper) => `-${upper.toLowerCase()}`).replaceAll('_', '-')] = optionText(name, value);
+    }
+    const gateway = openGateway(namespace ?? `mcp-server:${lowlevel._serverInfo?.name ?? 'unnamed'}`, settings);
+    const principalOf = typeof principal === 'function' ? principal : authenticatedClient;
+    const connect = lowlevel.connect.bind(lowlevel);
+    lowlevel.connect = (transport) => connect(carry(transport, (extra) => gateway.connect(principalOf(extra) ?? undefined)));
+    return server;
+}
+
+/** The idempotency key of the call a tool runs for (`undefined` without one), from its `ctx`. */
+function idempotencyKey(ctx) {
+    const key = (ctx?.mcpReq ?? ctx)?._meta?.[META_KEY];
+    return typeof key === 'string' ? key : undefined;
+}
+
+function openGateway(namespace, settings) {
+    const cacheKey = JSON.stringify([namespace, Object.entries(settings).sort()]);
+    let gateway = gateways.get(cacheKey);
+    if (gateway === undefined) {
+        const opened = native.open(namespace, settings);
+        if (!(opened instanceof native.Gateway)) throw new IdempotencyError(opened.message, opened.type, opened.code);
+        gateway = opened;
+        gateways.set(cacheKey, gateway);
+    }
+    return gateway;
+}
+
+function authenticatedClient(extra) {
+    const client = extra?.authInfo?.clientId;
+    return typeof client === 'string' ? `client:${client}` : undefined;
+}
+
+function optionText(name, value) {
+    if (typeof value === 'boolean') return value ? 'true' : 'false';
+    if (typeof value === 'string' || (typeof value === 'number' && Number.isFinite(value))) return String(value);
+    throw new IdempotencyError(
+        `invalid value ${JSON.stringify(value) ?? String(value)} for option "${name}": expected a string, a number or a boolean`,
+        'idempotency_invalid_option',
+        -32602
+    );
+}
+
+/**
+ * `transport`, as the server sees it: every message from the client goes to the connection
+ * before the server (in the order it came), every message from the server goes to it before the
+ * client. The connection is opened at the first message, whose `extra` names the caller.
+ */
+function carry(transport, open) {
+    let connection;
+    let serverOnMessage;
+    let serverOnClose;
+    // Messages whose decision waits on the store, and those after them, are delivered in order.
+    let queue = Promise.resolve();
+    let queued = 0;
+    const report = (error) => transport.onerror?.(error instanceof Error ? error : new Error(String(error)));
+
+    const deliver = (step, message, extra) => {
+        switch (step.action) {
+            case 'forward':
+                serverOnMessage?.(message, extra);
+                break;
+            case 'rewritten':
+                serverOnMessage?.(JSON.parse(step.message), extra);
+                break;
+            case 'respond':
+                transport.send(JSON.parse(step.message)).catch(report);
+                break;
+            default: // 'drop'
+        }
+    };
+
+    const onmessage = (message, extra) => {
+        connection ??= open(extra);
+        const step = connection.fromClient(JSON.stringify(message));
+        if (queued === 0 && !(step instanceof Promise)) {
+            deliver(step, message, extra);
+            return;
+        }
+        queued += 1;
+        queue = queue
+            .then(() => step)
+            .then((settled) => deliver(settled, message, extra))
+            .catch(report)
+            .finally(() => {
+                queued -= 1;
+            });
+    };
+
+    const send = async (message, options) => {
+        if (connection === undefined) return transport.send(message, options);
+        let step = connection.fromServer(JSON.stringify(message));
+        if (step instanceof Promise) step = await step;
+        if (step.action === 'drop') return;
+        return transport.send(step.action === 'rewritten' ? JSON.parse(step.message) : message, options);
+    };
+
+    const onclose = () => {
+        // Calls still running are recorded outcome-unknown; their answers cannot be sent any more.
+        connection?.close().catch(report);
+        serverOnClose?.();
+    };
+
+    return new Proxy(transport, {
+        get(target, property) {
+            if (property === 'send') return send;
+            if (property === 'onmessage') return serverOnMessage;
+            if (property === 'onclose') return serverOnClose;
+            const value = Reflect.get(target, property, target);
+            return typeof value === 'function' ? value.bind(target) : value;
+        },
+        set(target, property, value) {
+            if (property === 'onmessage') {
+                serverOnMessage = value;
+                target.onmessage = value === undefined ? undefined : onmessage;
+                return true;
+            }
+            if (property === 'onclose') {
+                serverOnClose = value;
+                target.onclose = onclose;
+                return true;
+            }
+            return Reflect.set(target, property, value, target);
+        }
+    });
+}
+
+function loadNative() {
+    const { existsSync } = require('node:fs');
+    const { join } = require('node:path');
+    const triple = require('./triple.js').platformTriple();
+    // Built in place (`npm run build`, or the prebuilt file the package ships), then the
+    // per-platform package.
+    const local = join(__dirname, `mcp-idempotency.${triple}.node`);
+    if (existsSync(local)) return require(local);
+    try {
+        return require(`mcp-idempotency-${triple}`);
+    } catch (error) {
+        throw new Error(
+            `mcp-idempotency has no native addon for ${triple}: build it from source with \`npm run build\` ` +
+                `in ${__dirname} (needs a Rust toolchain) (${error.message})`
+        );
+    }
+}
+
+module.exports = { idempotent, idempotencyKey, IdempotencyError, META_KEY, OPTIONS };

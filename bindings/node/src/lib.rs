@@ -1,0 +1,204 @@
+//! The native half of the `mcp-idempotency` npm package: the Node.js face of
+//! [`mcp_idempotency::embedded`].
+//!
+//! Thin on purpose: a [`Gateway`] is an [`Embedded`] gateway opened from `wrap`'s option names,
+//! a [`Connection`] hands JSON-RPC messages (as text) to the library and answers with what to do
+//! (`{action: "forward" | "rewritten" | "respond" | "drop", message?}`). Every decision, the
+//! fingerprint and the store are the Rust crate's; `index.js` only carries messages between the
+//! SDK's transport and here.
+//!
+//! A decision that needs no store round trip comes back at once; one that waits on the store
+//! comes back as a promise whose I/O runs on napi's tokio runtime, never on Node's event loop.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use mcp_idempotency::embedded::{
+    self, now_or_later, Answer, Embedded, FromClient, FromServer, Settings, SetupError,
+};
+use napi::bindgen_prelude::{block_on, within_runtime_if_available, Either, PromiseRaw};
+use napi::{Env, Result};
+use napi_derive::napi;
+
+/// What to do with a message.
+#[napi(object)]
+pub struct Step {
+    /// `forward`, `rewritten` (send `message` instead), `respond` (send `message` back to the
+    /// client; nothing reaches the server) or `drop`.
+    pub action: String,
+    /// The message to send, for `rewritten` and `respond`.
+    pub message: Option<String>,
+}
+
+impl Step {
+    fn new(action: &str, message: Option<String>) -> Self {
+        Self {
+            action: action.to_owned(),
+            message,
+        }
+    }
+}
+
+fn client_step(action: FromClient) -> Step {
+    match action {
+        FromClient::Forward => Step::new("forward", None),
+        FromClient::ForwardRewritten(message) => Step::new("rewritten", Some(message)),
+        FromClient::Respond(message) => Step::new("respond", Some(message)),
+        FromClient::Drop => Step::new("drop", None),
+    }
+}
+
+fn server_step(action: FromServer) -> Step {
+    match action {
+        FromServer::Forward => Step::new("forward", None),
+        FromServer::ForwardRewritten(message) => Step::new("rewritten", Some(message)),
+        FromServer::Drop => Step::new("drop", None),
+    }
+}
+
+/// Why a gateway could not be set up; `index.js` throws it as an `IdempotencyError`.
+#[napi(object)]
+pub struct SetupFailure {
+    /// The error's stable type (`idempotency_invalid_option`, `idempotency_invalid_store_url`,
+    /// `idempotency_store_unavailable`).
+    pub r#type: String,
+    /// The JSON-RPC code of the same failure on the wire.
+    pub code: i32,
+    /// What is wrong, in `wrap`'s words.
+    pub message: String,
+}
+
+impl From<SetupError> for SetupFailure {
+    fn from(err: SetupError) -> Self {
+        Self {
+            r#type: err.error_type().to_owned(),
+            code: i32::try_from(err.code()).unwrap_or(i32::MIN),
+            message: err.to_string(),
+        }
+    }
+}
+
+/// The answer now when it is ready, else a promise of it run on the tokio runtime.
+fn answer<T>(
+    env: &Env,
+    future: impl std::future::Future<Output = T> + Send + 'static,
+) -> Result<Either<T, PromiseRaw<'_, T>>>
+where
+    T: napi::bindgen_prelude::ToNapiValue + Send + 'static,
+{
+    match within_runtime_if_available(|| now_or_later(future)) {
+        Answer::Ready(value) => Ok(Either::A(value)),
+        Answer::Pending(future) => Ok(Either::B(
+            env.spawn_future(async move { Ok(future.await) })?,
+        )),
+    }
+}
+
+/// A gateway in process: the store, the scope of its records and the interceptor's settings,
+/// shared by every connection.
+#[napi]
+pub struct Gateway {
+    inner: Embedded,
+}
+
+/// Opens the store and starts a gateway: `options` by `wrap`'s option names (`store`,
+/// `retention`, `lease`, …). Blocks until the store answers; a gateway, or why it cannot be set up.
+#[napi]
+pub fn open(namespace: String, options: HashMap<String, String>) -> Either<Gateway, SetupFailure> {
+    let mut settings = Settings::new(namespace);
+    let mut names: Vec<_> = options.iter().collect();
+    names.sort();
+    for (name, value) in names {
+        if let Err(err) = settings.set(name, value) {
+            return Either::B(err.into());
+        }
+    }
+    match block_on(settings.open()) {
+        Ok(inner) => Either::A(Gateway { inner }),
+        Err(err) => Either::B(err.into()),
+    }
+}
+
+#[napi]
+impl Gateway {
+    /// A new connection (one transport the SDK connected): `principal` overrides the gateway's
+    /// for its records.
+    #[napi]
+    pub fn connect(&self, principal: Option<String>) -> Connection {
+        Connection {
+            inner: Arc::new(self.inner.connect(principal.as_deref())),
+        }
+    }
+
+    /// The namespace records are kept under.
+    #[napi(getter)]
+    pub fn namespace(&self) -> String {
+        self.inner.scope().namespace().to_owned()
+    }
+
+    /// The principal records are kept under when a connection names none.
+    #[napi(getter)]
+    pub fn principal(&self) -> String {
+        self.inner.scope().principal().to_owned()
+    }
+
+    /// Waits up to `graceMs` for outcomes still being sent to the store in the background (call
+    /// it before the process exits); resolves to how many are still pending.
+    #[napi]
+    pub async fn settle(&self, grace_ms: u32) -> u32 {
+        let pending = self
+            .inner
+            .settle(Duration::from_millis(u64::from(grace_ms)))
+            .await;
+        u32::try_from(pending).unwrap_or(u32::MAX)
+    }
+}
+
+/// One connection's interceptor state (see `mcp_idempotency::embedded::Connection`).
+#[napi]
+pub struct Connection {
+    inner: Arc<embedded::Connection>,
+}
+
+#[napi]
+impl Connection {
+    /// What to do with a message from the client: the step, or a promise of it.
+    #[napi(ts_return_type = "Step | Promise<Step>")]
+    pub fn from_client<'env>(
+        &self,
+        env: &'env Env,
+        message: String,
+    ) -> Result<Either<Step, PromiseRaw<'env, Step>>> {
+        let connection = Arc::clone(&self.inner);
+        answer(env, async move {
+            client_step(connection.from_client(&message).await)
+        })
+    }
+
+    /// What to do with a message from the server: the step, or a promise of it.
+    #[napi(ts_return_type = "Step | Promise<Step>")]
+    pub fn from_server<'env>(
+        &self,
+        env: &'env Env,
+        message: String,
+    ) -> Result<Either<Step, PromiseRaw<'env, Step>>> {
+        let connection = Arc::clone(&self.inner);
+        answer(env, async move {
+            server_step(connection.from_server(&message).await)
+        })
+    }
+
+    /// Ends the connection: calls still running are recorded outcome-unknown. Resolves to the
+    /// responses owed to the client for them.
+    #[napi]
+    pub async fn close(&self) -> Vec<String> {
+        self.inner.close().await
+    }
+}
+
+/// Every option `open` takes.
+#[napi]
+pub fn options() -> Vec<String> {
+    embedded::OPTIONS.iter().map(|&name| name.to_owned()).collect()
+}

@@ -1,0 +1,141 @@
+// The payments server of the binding's tests: `mcp-idem demo-server`'s tools and ledger on the
+// TypeScript SDK v2's `McpServer`, with SEP-3182 in process through `idempotent` of this package.
+//
+//   node payments-server.mjs --ledger FILE [--store S] [--namespace N] [--lease D] [--option NAME=VALUE ...]
+//   node payments-server.mjs --ledger FILE ... --http   stateless Streamable HTTP on 127.0.0.1, a free
+//                                                      port; the first stderr line is
+//                                                      "listening on http://127.0.0.1:PORT/mcp"
+//   node payments-server.mjs --ledger FILE --plain     the same server without the binding
+//
+// Tools (as the demo server's):
+// - charge_payment {amount, currency, delay_ms?, fail_after_charge?}: sleeps delay_ms, appends one
+//   JSON line {chargeId, amount, currency, pid, unixMs, key} to the ledger (one write on an O_APPEND
+//   descriptor, so servers may share it), answers {chargeId, amount, currency}; with
+//   fail_after_charge it charges, then fails with a JSON-RPC internal error naming the charge.
+// - get_balance: the number of charges in the ledger and the sum per currency.
+// - noop, work_1ms: no ledger write; answer at once, or after 1 ms.
+import { closeSync, openSync, readFileSync, writeSync } from 'node:fs';
+import { createServer } from 'node:http';
+import { randomBytes } from 'node:crypto';
+import { parseArgs } from 'node:util';
+
+import { McpServer, ProtocolError, createMcpHandler } from '@modelcontextprotocol/server';
+import { serveStdio } from '@modelcontextprotocol/server/stdio';
+import * as z from 'zod';
+
+import { idempotencyKey, idempotent } from '../index.js';
+
+const { values: args } = parseArgs({
+    options: {
+        ledger: { type: 'string' },
+        store: { type: 'string' },
+        namespace: { type: 'string' },
+        lease: { type: 'string' },
+        option: { type: 'string', multiple: true, default: [] },
+        http: { type: 'boolean', default: false },
+        plain: { type: 'boolean', default: false }
+    }
+});
+if (!args.ledger) {
+    process.stderr.write('usage: payments-server.mjs --ledger FILE [--store S] [--http] [--plain]\n');
+    process.exit(2);
+}
+
+const ledger = openSync(args.ledger, 'a');
+process.on('exit', () => closeSync(ledger));
+
+const options = Object.fromEntries(args.option.map((option) => option.split(/=(.*)/s, 2)));
+if (args.store !== undefined) options.store = args.store;
+if (args.namespace !== undefined) options.namespace = args.namespace;
+if (args.lease !== undefined) options.lease = args.lease;
+
+function structured(text, content) {
+    return { content: [{ type: 'text', text }], structuredContent: content };
+}
+
+function buildServer() {
+    const server = new McpServer({ name: 'payments', version: '1.0.0' }, { capabilities: { tools: {} } });
+
+    server.registerTool(
+        'charge_payment',
+        {
+            description: 'Charge a payment: appends one line to the ledger and returns its chargeId.',
+            inputSchema: z.object({
+                amount: z.number(),
+                currency: z.string(),
+                delay_ms: z.number().int().nonnegative().optional(),
+                fail_after_charge: z.boolean().optional()
+            })
+        },
+        async ({ amount, currency, delay_ms: delay = 0, fail_after_charge: fail = false }, ctx) => {
+            if (delay > 0) await new Promise((resolve) => setTimeout(resolve, delay));
+            const chargeId = `ch_${randomBytes(16).toString('hex')}`;
+            const line = { chargeId, amount, currency, pid: process.pid, unixMs: Date.now(), key: idempotencyKey(ctx) ?? null };
+            writeSync(ledger, `${JSON.stringify(line)}\n`);
+            if (fail) {
+                throw new ProtocolError(-32603, `charge ${chargeId} was recorded, then the call failed (fail_after_charge)`, {
+                    chargeId
+                });
+            }
+            return structured(`charged ${amount} ${currency}: ${chargeId}`, { chargeId, amount, currency });
+        }
+    );
+
+    server.registerTool('get_balance', { description: 'Number of charges in the ledger and the sum per currency.' }, async () => {
+        const sums = {};
+        let charges = 0;
+        for (const line of readFileSync(args.ledger, 'utf8').split('\n').slice(0, -1)) {
+            const charge = JSON.parse(line);
+            charges += 1;
+            sums[charge.currency] = (sums[charge.currency] ?? 0) + charge.amount;
+        }
+        return structured(`${charges} charges`, { charges, sums });
+    });
+
+    server.registerTool('noop', { description: 'Do nothing and answer at once (no ledger write).' }, async () => ({
+        content: [{ type: 'text', text: 'ok' }]
+    }));
+
+    server.registerTool('work_1ms', { description: 'Wait on a 1 ms timer, then answer (no ledger write).' }, async () => {
+        await new Promise((resolve) => setTimeout(resolve, 1));
+        return { content: [{ type: 'text', text: 'ok' }] };
+    });
+
+    return args.plain ? server : idempotent(server, options);
+}
+
+if (args.http) {
+    const handler = createMcpHandler(buildServer);
+    const http = createServer(async (req, res) => {
+        try {
+            const chunks = [];
+            for await (const chunk of req) chunks.push(chunk);
+            const headers = new Headers();
+            for (const [name, value] of Object.entries(req.headers)) {
+                if (value !== undefined) headers.set(name, Array.isArray(value) ? value.join(', ') : value);
+            }
+            const request = new Request(`http://${req.headers.host ?? '127.0.0.1'}${req.url}`, {
+                method: req.method,
+                headers,
+                body: req.method === 'GET' || req.method === 'HEAD' ? undefined : Buffer.concat(chunks)
+            });
+            const response = await handler.fetch(request);
+            res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
+            if (response.body) {
+                for await (const chunk of response.body) res.write(chunk);
+            }
+            res.end();
+        } catch (error) {
+            process.stderr.write(`request failed: ${error?.stack ?? error}\n`);
+            if (!res.headersSent) res.writeHead(500);
+            res.end();
+        }
+    });
+    http.listen(0, '127.0.0.1', 511, () => {
+        process.stderr.write(`listening on http://127.0.0.1:${http.address().port}/mcp\n`);
+    });
+} else {
+    // A bad option or an unreachable store fails here, before the first message.
+    buildServer();
+    serveStdio(buildServer);
+}

@@ -1,0 +1,212 @@
+"""SEP-3182 request idempotency in process, for MCP servers on the official Python SDK (`mcp` 2.x).
+
+    from mcp_idempotency import idempotent
+    idempotent(server)          # an MCPServer or a low-level Server
+
+The server then advertises `capabilities.tools.idempotency`, and a `tools/call` carrying an
+`idempotencyKey` is deduplicated exactly as `mcp-idem wrap` does it: the retry of a recorded call
+gets the recorded outcome (success or error) without running the tool again, the key reused with
+other arguments is refused (`idempotency_key_conflict`), a duplicate of a call still running is
+refused at once (`idempotency_key_in_progress`), and a call whose server died mid-call answers
+`idempotency_outcome_unknown`. Every decision, the equivalence of arguments and the stores are the
+Rust library's (`mcp-idempotency`); this module only carries the SDK's messages to it, in the
+SDK's own middleware chain, so stdio and Streamable HTTP (JSON or SSE, sessions or not) are covered
+alike. Tools run on the server's event loop; store I/O runs on the library's tokio runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import anyio
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
+from pydantic import ValidationError
+
+from ._native import OPTIONS, Connection, Gateway, IdempotencyError
+
+__all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempotent"]
+
+META_KEY = "mcp-idem/idempotencyKey"
+"""Where a claimed call's key reaches the tool: `params._meta["mcp-idem/idempotencyKey"]`."""
+
+Server = TypeVar("Server")
+
+
+def idempotent(
+    server: Server,
+    *,
+    store: str | None = None,
+    namespace: str | None = None,
+    principal: str | Callable[[Any], str | None] | None = None,
+    **options: Any,
+) -> Server:
+    """Give `server` SEP-3182 and return it.
+
+    `store` is a store URL as `mcp-idem wrap --store` takes it (`memory`, `sqlite:PATH`,
+    `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
+    `mcp-idem/records.sqlite3` in the user's data directory. `namespace` separates this server's
+    records from others' in a shared store (default: `mcp-server:` and the server's name).
+    `principal` scopes records to a caller: a string, or a function of the request context that
+    returns one (or None); by default the authenticated client of an HTTP request (the SDK's
+    access token), else the local user. Every other option of `wrap` is taken by its name, `_` for
+    `-`: `retention="24h"`, `lease="5m"`, `after_crash="reject"`, `forward_key=False`,
+    `cancel="absorb"`, `max_key_bytes=256`, `max_argument_bytes=...`, ...
+
+    The store is opened here: a bad option, a store URL that does not parse or a store that
+    cannot be reached raises `IdempotencyError` (with `.type` and `.code`) at once.
+    """
+    lowlevel = getattr(server, "_lowlevel_server", server)
+    if not hasattr(lowlevel, "middleware"):
+        raise TypeError(f"idempotent() takes an MCPServer or a low-level mcp Server, not {type(server).__name__}")
+    settings: dict[str, str] = {}
+    if store is not None:
+        settings["store"] = _option_text("store", store)
+    if isinstance(principal, str):
+        settings["principal"] = principal
+    for name, value in options.items():
+        settings[name.replace("_", "-")] = _option_text(name, value)
+    gateway = Gateway.open(namespace or f"mcp-server:{lowlevel.name}", list(settings.items()))
+    resolve = principal if callable(principal) else _authenticated_client
+    lowlevel.middleware.append(
+        IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=settings.get("cancel", "absorb") == "absorb")
+    )
+    return server
+
+
+def idempotency_key(context: Any) -> str | None:
+    """The idempotency key of the call a tool is running for (`None` without one).
+
+    Takes an `MCPServer` tool's `Context` or a low-level handler's request context.
+    """
+    request_context = getattr(context, "request_context", context)
+    params = getattr(request_context, "params", None) or {}
+    meta = params.get("_meta") if isinstance(params, Mapping) else None
+    key = meta.get(META_KEY) if isinstance(meta, Mapping) else None
+    return key if isinstance(key, str) else None
+
+
+class IdempotencyMiddleware:
+    """The SDK middleware that hands each request and its answer to the gateway.
+
+    Each request is a connection of its own to the library: its claim lives in the store, so
+    duplicates on other requests, sessions or processes sharing the store see it.
+    """
+
+    def __init__(self, gateway: Gateway, *, principal: Callable[[Any], str | None], absorb_cancel: bool):
+        self.gateway = gateway
+        self._principal = principal
+        self._absorb_cancel = absorb_cancel
+
+    async def __call__(self, ctx: Any, call_next: Callable[[Any], Any]) -> Any:
+        request_id = ctx.request_id if ctx.request_id is not None else 0
+        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": ctx.method}
+        if ctx.params is not None:
+            request["params"] = ctx.params
+        connection = self.gateway.connect(self._principal(ctx))
+        action, message = await _settled(connection.from_client(_dumps(request)))
+        if action == "respond":
+            return _result_or_raise(json.loads(message))
+        if action == "rewritten":
+            params = json.loads(message).get("params")
+            ctx = dataclasses.replace(ctx, params=params, meta=_meta_of(params))
+        try:
+            if self._absorb_cancel and action == "rewritten":
+                # A claimed call runs to its end and is recorded even if the client cancels it
+                # (`cancel=absorb`, as `wrap` does): the retry that follows gets its outcome.
+                with anyio.CancelScope(shield=True):
+                    result, error = await _outcome(call_next, ctx)
+            else:
+                result, error = await _outcome(call_next, ctx)
+        except BaseException:
+            # Cancelled (the client with `cancel=forward`, or the server shutting down): the
+            # call may or may not have taken effect.
+            with anyio.CancelScope(shield=True):
+                await _settled(connection.close())
+            raise
+        if error is not None:
+            answer = {"jsonrpc": "2.0", "id": request_id, "error": _error_body(error)}
+        else:
+            answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
+        action, message = await _settled(connection.from_server(_dumps(answer)))
+        if error is not None:
+            raise error
+        if action == "rewritten":
+            return json.loads(message)["result"]
+        return result
+
+
+async def _outcome(call_next: Callable[[Any], Any], ctx: Any) -> tuple[Any, MCPError | None]:
+    """The handler's wire result, or the error the client is sent (the same for the replay)."""
+    try:
+        result = await call_next(ctx)
+    except MCPError as error:
+        return None, error
+    except ValidationError:
+        return None, MCPError(code=INVALID_PARAMS, message="Invalid request parameters", data="")
+    except Exception as error:  # noqa: BLE001 - recorded and sent as the internal error it is
+        return None, MCPError(code=INTERNAL_ERROR, message=str(error))
+    if result is None:
+        return {}, None
+    if hasattr(result, "model_dump"):
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True), None
+    return dict(result), None
+
+
+async def _settled(step: Any) -> Any:
+    """A step from the library: ready at once, or awaited while the store answers."""
+    if isinstance(step, (tuple, list)):
+        return step
+    return await step
+
+
+def _result_or_raise(response: Mapping[str, Any]) -> dict[str, Any]:
+    error = response.get("error")
+    if error is not None:
+        raise MCPError(code=error.get("code", INTERNAL_ERROR), message=error.get("message", ""), data=error.get("data"))
+    return response.get("result", {})
+
+
+def _error_body(error: MCPError) -> dict[str, Any]:
+    return error.error.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def _meta_of(params: Any) -> Any:
+    if not isinstance(params, Mapping) or "_meta" not in params:
+        return None
+    try:
+        return RequestParams.model_validate(params, by_name=False).meta
+    except ValidationError:
+        return None
+
+
+def _authenticated_client(ctx: Any) -> str | None:
+    """The client of an authenticated HTTP request (the SDK's access token), else None."""
+    try:
+        from mcp.server.auth.middleware.auth_context import get_access_token
+    except ImportError:  # pragma: no cover - an SDK without its auth module
+        return None
+    token = get_access_token()
+    return None if token is None else f"client:{token.client_id}"
+
+
+def _dumps(message: Mapping[str, Any]) -> str:
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+
+
+def _option_text(name: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, str)):
+        return str(value)
+    if isinstance(value, datetime.timedelta):
+        return f"{int(value.total_seconds() * 1000)}ms"
+    error = IdempotencyError(
+        f"invalid value {value!r} for option {name!r}: expected a string, a number, a bool or a timedelta"
+    )
+    error.type, error.code = "idempotency_invalid_option", INVALID_PARAMS
+    raise error

@@ -1,0 +1,138 @@
+"""The payments server of the binding's tests: `mcp-idem demo-server`'s tools and ledger on the
+Python SDK's `MCPServer`, with SEP-3182 in process through `mcp_idempotency.idempotent`.
+
+    python3 payments_server.py --ledger FILE [--store S] [--namespace N] [--lease D] [--option NAME=VALUE ...]
+    python3 payments_server.py --ledger FILE ... --http    stateless Streamable HTTP on 127.0.0.1, a
+                                                          free port; the first stderr line is
+                                                          "listening on http://127.0.0.1:PORT/mcp"
+    python3 payments_server.py --ledger FILE --plain       the same server without the binding
+
+Tools (as the demo server's):
+- charge_payment {amount, currency, delay_ms?, fail_after_charge?}: sleeps delay_ms, appends one
+  JSON line {chargeId, amount, currency, pid, unixMs, key} to the ledger (one write on an O_APPEND
+  descriptor, so servers may share it), answers {chargeId, amount, currency}; with
+  fail_after_charge it charges, then fails with a JSON-RPC internal error naming the charge.
+- get_balance: the number of charges in the ledger and the sum per currency.
+- noop, work_1ms: no ledger write; answer at once, or after 1 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from typing import Any
+
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp.types import INTERNAL_ERROR
+
+from mcp_idempotency import idempotency_key, idempotent
+
+
+def build(ledger: str) -> MCPServer:
+    server = MCPServer("payments")
+    descriptor = os.open(ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def append(charge: dict[str, Any]) -> None:
+        os.write(descriptor, (json.dumps(charge) + "\n").encode())
+
+    @server.tool()
+    async def charge_payment(
+        amount: int | float, currency: str, ctx: Context, delay_ms: int = 0, fail_after_charge: bool = False
+    ) -> dict[str, Any]:
+        """Charge a payment: appends one line to the ledger and returns its chargeId."""
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        charge_id = "ch_" + uuid.uuid4().hex
+        append(
+            {
+                "chargeId": charge_id,
+                "amount": amount,
+                "currency": currency,
+                "pid": os.getpid(),
+                "unixMs": int(time.time() * 1000),
+                "key": idempotency_key(ctx),
+            }
+        )
+        if fail_after_charge:
+            raise MCPError(
+                code=INTERNAL_ERROR,
+                message=f"charge {charge_id} was recorded, then the call failed (fail_after_charge)",
+                data={"chargeId": charge_id},
+            )
+        return {"chargeId": charge_id, "amount": amount, "currency": currency}
+
+    @server.tool()
+    def get_balance() -> dict[str, Any]:
+        """Number of charges in the ledger and the sum per currency."""
+        sums: dict[str, float] = {}
+        charges = 0
+        with open(ledger, encoding="utf-8") as file:
+            for line in file:
+                if not line.endswith("\n"):
+                    continue
+                charge = json.loads(line)
+                charges += 1
+                sums[charge["currency"]] = sums.get(charge["currency"], 0) + charge["amount"]
+        return {"charges": charges, "sums": sums}
+
+    @server.tool()
+    def noop() -> str:
+        """Do nothing and answer at once (no ledger write)."""
+        return "ok"
+
+    @server.tool()
+    async def work_1ms() -> str:
+        """Wait on a 1 ms timer, then answer (no ledger write)."""
+        await asyncio.sleep(0.001)
+        return "ok"
+
+    return server
+
+
+async def serve_http(server: MCPServer) -> None:
+    import uvicorn
+
+    app = server.streamable_http_app(stateless_http=True, json_response=True)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    # Listen before saying so: a client connecting between the line and uvicorn's start-up
+    # would otherwise be refused.
+    listener.listen(512)
+    port = listener.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", backlog=512)
+    print(f"listening on http://127.0.0.1:{port}/mcp", file=sys.stderr, flush=True)
+    await uvicorn.Server(config).serve(sockets=[listener])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ledger", required=True)
+    parser.add_argument("--store")
+    parser.add_argument("--namespace")
+    parser.add_argument("--lease")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--http", action="store_true")
+    parser.add_argument("--plain", action="store_true", help="without the binding (the bench's baseline)")
+    args = parser.parse_args()
+    server = build(args.ledger)
+    if not args.plain:
+        options = dict(option.split("=", 1) for option in args.option)
+        if args.lease:
+            options["lease"] = args.lease
+        idempotent(server, store=args.store, namespace=args.namespace, **options)
+    if args.http:
+        asyncio.run(serve_http(server))
+    else:
+        server.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Bad input gets the error `mcp-idem wrap` gives, and nothing executes."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from mcp.server.mcpserver import MCPServer
+
+from conftest import free_port, ledger_lines, mcp_idem_binary
+from mcp_idempotency import IdempotencyError, idempotent
+
+
+def wrap_refusal(*options: str) -> str:
+    """What `mcp-idem wrap` prints when it refuses to start with these options."""
+    run = subprocess.run([mcp_idem_binary(), "wrap", *options, "--", "true"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0, run
+    return run.stderr
+
+
+def refused(**options) -> IdempotencyError:
+    with pytest.raises(IdempotencyError) as refusal:
+        idempotent(MCPServer("bad-input"), **options)
+    return refusal.value
+
+
+def test_a_store_url_that_does_not_parse_is_refused_at_once_with_wraps_words():
+    error = refused(store="mysql://db")
+    assert error.type == "idempotency_invalid_store_url"
+    assert error.code == -32602
+    assert str(error) in wrap_refusal("--store", "mysql://db")
+
+
+def test_a_store_that_is_down_at_start_is_refused_at_once_with_wraps_words():
+    url = f"redis://127.0.0.1:{free_port()}"
+    error = refused(store=url)
+    assert error.type == "idempotency_store_unavailable"
+    assert error.code == -32603
+    assert str(error).startswith(f"cannot open the record store {url}"), error
+    assert str(error) in wrap_refusal("--store", url)
+
+
+def test_unknown_options_and_bad_values_are_refused():
+    assert refused(store="memory", retension="2h").type == "idempotency_invalid_option"
+    bad_lease = refused(store="memory", lease="soon")
+    assert bad_lease.type == "idempotency_invalid_option" and bad_lease.code == -32602
+    assert str(bad_lease).startswith('invalid value "soon" for option "lease"'), bad_lease
+    assert refused(store="memory", max_key_bytes=0).type == "idempotency_invalid_option"
+    assert refused(store="memory", max_key_bytes=[1]).type == "idempotency_invalid_option"
+    assert refused(store="memory", after_crash="retry").type == "idempotency_invalid_option"
+
+
+def test_a_server_that_is_not_an_mcp_server_is_a_type_error():
+    with pytest.raises(TypeError):
+        idempotent(object(), store="memory")
+
+
+# Each case: (arguments, key); sent with the key in `idempotencyKey`.
+BAD_CALLS = {
+    "a number as key": ({"amount": 5, "currency": "eur"}, 12345),
+    "null as key": ({"amount": 5, "currency": "eur"}, None),
+    "an object as key": ({"amount": 5, "currency": "eur"}, {"k": 1}),
+    "an empty key": ({"amount": 5, "currency": "eur"}, ""),
+    "a 300-byte key": ({"amount": 5, "currency": "eur"}, "k" * 300),
+    "2 kB of arguments": ({"amount": 5, "currency": "eur", "note": "x" * 2000}, "big-arguments"),
+    "arguments that are not an object": ([5, "eur"], "array-arguments"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CALLS)
+def test_bad_keys_and_arguments_get_wraps_answer_and_nothing_runs(case, bound, wrapped, tmp_path):
+    arguments, key = BAD_CALLS[case]
+    in_process = bound("--store", "memory", "--option", "max-argument-bytes=1024")
+    behind_wrap = wrapped("--store", "memory", "--max-argument-bytes", "1024")
+    ours = in_process.call("charge_payment", arguments, key)
+    theirs = behind_wrap.call("charge_payment", arguments, key)
+    assert "error" in ours, ours
+    if case == "2 kB of arguments":
+        # The SDK hands the middleware parsed arguments, measured as compact JSON; `wrap` measures
+        # the client's own text (here with spaces): the same refusal, a few bytes apart.
+        assert ours["error"]["message"].endswith("bytes, more than the limit of 1024 bytes"), ours
+        ours["error"]["message"] = theirs["error"]["message"]
+    assert ours["error"] == theirs["error"]
+    assert ledger_lines(tmp_path / "ledger.jsonl") == []
+    assert ledger_lines(tmp_path / "wrapped-ledger.jsonl") == []
+
+
+def test_the_key_reaches_the_tool_in_meta(bound, tmp_path):
+    peer = bound("--store", "memory")
+    answer = peer.call("charge_payment", {"amount": 5, "currency": "eur"}, "key-for-the-tool")
+    assert "result" in answer, answer
+    [line] = ledger_lines(tmp_path / "ledger.jsonl")
+    assert line["key"] == "key-for-the-tool"
+    assert answer["result"]["structuredContent"]["chargeId"] == line["chargeId"]
