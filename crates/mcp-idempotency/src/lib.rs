@@ -96,6 +96,8 @@ mod running_claim;
 pub mod sse;
 #[cfg(not(fuzzing))]
 #[allow(unreachable_pub)]
+// The event writer and the overflow check serve the HTTP relay and the bridge only.
+#[cfg_attr(not(any(feature = "http", feature = "bridge")), allow(dead_code))]
 mod sse;
 pub mod stdio;
 pub mod store;

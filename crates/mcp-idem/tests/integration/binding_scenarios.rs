@@ -13,6 +13,11 @@
 //! - a server SIGKILLed while a keyed call runs leaves a claim that a restarted server answers
 //!   `idempotency_outcome_unknown`, never a second execution.
 //!
+//! - the binding's own tests pass (`bindings/python/tests` with pytest, `bindings/node/test` with
+//!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
+//!   run side by side), and a store that goes down mid-run refuses keyed calls and loses no
+//!   outcome.
+//!
 //! The bindings are built and installed by `bindings/python/install.sh` and
 //! `bindings/node/install.sh` (`.ci/run` runs both). Without them the tests print a note and pass,
 //! except under `CI=true`, where they fail.
@@ -369,6 +374,40 @@ async fn sigkill_leaves_outcome_unknown(binding: Binding) {
     );
 }
 
+/// Runs the binding's own test suite against this build of `mcp-idem` (for the side-by-side
+/// comparisons with `wrap`); fails with its output when a test fails.
+fn own_tests(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let (program, args, directory): (&str, &[&str], PathBuf) = match binding {
+        Binding::Python => (
+            "python3",
+            &["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+            repo().join("bindings/python"),
+        ),
+        Binding::Node => (
+            "node",
+            &["--test", "--test-reporter=dot", "test/binding.test.mjs"],
+            repo().join("bindings/node"),
+        ),
+    };
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(&directory)
+        .env("MCP_IDEM_BIN", env!("CARGO_BIN_EXE_mcp-idem"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap_or_else(|err| panic!("cannot start {program}: {err}"));
+    assert!(
+        output.status.success(),
+        "the {binding:?} binding's tests failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
 macro_rules! scenarios {
     ($module:ident, $binding:expr) => {
         mod $module {
@@ -412,6 +451,11 @@ macro_rules! scenarios {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_sigkilled_servers_claim_ends_outcome_unknown() {
                 sigkill_leaves_outcome_unknown($binding).await;
+            }
+
+            #[test]
+            fn the_bindings_own_tests_pass() {
+                own_tests($binding);
             }
         }
     };

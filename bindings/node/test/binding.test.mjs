@@ -1,0 +1,137 @@
+// Bad input gets the error `mcp-idem wrap` gives and nothing executes; a store that goes down
+// mid-run refuses keyed calls while it is down and loses no outcome.
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { test } from 'node:test';
+
+import { McpServer } from '@modelcontextprotocol/server';
+
+import { IdempotencyError, idempotent } from '../index.js';
+import { OwnRedis, bound, chargeId, errorType, freePort, ledgerLines, sandbox, wrapRefusal, wrapped } from './support.mjs';
+
+function refused(options) {
+    const server = new McpServer({ name: 'bad-input', version: '0' });
+    try {
+        idempotent(server, options);
+    } catch (error) {
+        assert.ok(error instanceof IdempotencyError, error);
+        return error;
+    }
+    assert.fail(`idempotent() accepted ${JSON.stringify(options)}`);
+}
+
+test('a store URL that does not parse is refused at once with the words of wrap', () => {
+    const error = refused({ store: 'mysql://db' });
+    assert.equal(error.type, 'idempotency_invalid_store_url');
+    assert.equal(error.code, -32602);
+    assert.ok(wrapRefusal('--store', 'mysql://db').includes(error.message), error.message);
+});
+
+test('a store that is down at start is refused at once with the words of wrap', async () => {
+    const url = `redis://127.0.0.1:${await freePort()}`;
+    const error = refused({ store: url });
+    assert.equal(error.type, 'idempotency_store_unavailable');
+    assert.equal(error.code, -32603);
+    assert.ok(error.message.startsWith(`cannot open the record store ${url}`), error.message);
+    assert.ok(wrapRefusal('--store', url).includes(error.message), error.message);
+});
+
+test('unknown options and bad values are refused', () => {
+    assert.equal(refused({ store: 'memory', retension: '2h' }).type, 'idempotency_invalid_option');
+    const badLease = refused({ store: 'memory', lease: 'soon' });
+    assert.equal(badLease.code, -32602);
+    assert.ok(badLease.message.startsWith('invalid value "soon" for option "lease"'), badLease.message);
+    assert.equal(refused({ store: 'memory', maxKeyBytes: 0 }).type, 'idempotency_invalid_option');
+    assert.equal(refused({ store: 'memory', maxKeyBytes: [1] }).type, 'idempotency_invalid_option');
+    assert.equal(refused({ store: 'memory', afterCrash: 'retry' }).type, 'idempotency_invalid_option');
+    assert.throws(() => idempotent({}, { store: 'memory' }), TypeError);
+});
+
+const CHARGE = { amount: 5, currency: 'eur' };
+const BAD_CALLS = {
+    'a number as key': [CHARGE, 12345],
+    'null as key': [CHARGE, null],
+    'an object as key': [CHARGE, { k: 1 }],
+    'an empty key': [CHARGE, ''],
+    'a 300-byte key': [CHARGE, 'k'.repeat(300)],
+    '2 kB of arguments': [{ ...CHARGE, note: 'x'.repeat(2000) }, 'big-arguments'],
+    'arguments that are not an object': [[5, 'eur'], 'array-arguments']
+};
+
+test('bad keys and arguments get the answer of wrap, and nothing runs', async () => {
+    const directory = sandbox();
+    const ours = await bound(join(directory, 'ledger.jsonl'), '--store', 'memory', '--option', 'max-argument-bytes=1024');
+    const theirs = await wrapped(join(directory, 'wrapped.jsonl'), '--store', 'memory', '--max-argument-bytes', '1024');
+    try {
+        for (const [name, [args, key]] of Object.entries(BAD_CALLS)) {
+            const [mine, wraps] = await Promise.all([ours.call('charge_payment', args, key), theirs.call('charge_payment', args, key)]);
+            assert.ok(mine.error, `${name}: ${JSON.stringify(mine)}`);
+            assert.deepEqual(mine.error, wraps.error, name);
+        }
+        assert.deepEqual(ledgerLines(join(directory, 'ledger.jsonl')), []);
+        assert.deepEqual(ledgerLines(join(directory, 'wrapped.jsonl')), []);
+    } finally {
+        await Promise.all([ours.close(), theirs.close()]);
+    }
+});
+
+test('the key reaches the tool in _meta', async () => {
+    const ledger = join(sandbox(), 'ledger.jsonl');
+    const peer = await bound(ledger, '--store', 'memory');
+    try {
+        const answer = await peer.call('charge_payment', CHARGE, 'key-for-the-tool');
+        const [line] = ledgerLines(ledger);
+        assert.equal(line.key, 'key-for-the-tool');
+        assert.equal(chargeId(answer), line.chargeId);
+    } finally {
+        await peer.close();
+    }
+});
+
+test('a store down mid-run refuses new keyed calls and loses no outcome', async () => {
+    const directory = sandbox();
+    const ledger = join(directory, 'ledger.jsonl');
+    const redis = await OwnRedis.start(directory);
+    const peer = await bound(ledger, '--store', redis.url, '--namespace', 'store-down');
+    try {
+        const before = chargeId(await peer.call('charge_payment', CHARGE, 'before'));
+
+        // A call that runs while the store goes down: the tool finishes, the client gets its answer.
+        const slow = { ...CHARGE, delay_ms: 1500 };
+        const running = peer.call('charge_payment', slow, 'during');
+        await new Promise((resolve) => setTimeout(resolve, 500));
+        await redis.stop();
+        const during = chargeId(await running);
+
+        // While the store is down a keyed call is refused, as wrap refuses it, and does not run.
+        const refusal = await peer.call('charge_payment', CHARGE, 'while-down');
+        assert.equal(errorType(refusal), 'idempotency_store_unavailable', JSON.stringify(refusal));
+        assert.equal(refusal.error.code, -32603);
+        assert.equal(ledgerLines(ledger).length, 2);
+
+        // Once the store is back, the outcome of the call that ran while it was down is replayed
+        // (it was held and sent again), and so is the one recorded before.
+        await redis.start();
+        const deadline = Date.now() + 30_000;
+        let retry;
+        for (;;) {
+            retry = await peer.call('charge_payment', slow, 'during');
+            if (retry.result || Date.now() > deadline) break;
+            assert.ok(['idempotency_key_in_progress', 'idempotency_store_unavailable'].includes(errorType(retry)), JSON.stringify(retry));
+            await new Promise((resolve) => setTimeout(resolve, 200));
+        }
+        assert.equal(chargeId(retry), during);
+        assert.equal(chargeId(await peer.call('charge_payment', CHARGE, 'before')), before);
+
+        // The refused call never ran: with the store back it runs, once.
+        const after = chargeId(await peer.call('charge_payment', CHARGE, 'while-down'));
+        assert.equal(chargeId(await peer.call('charge_payment', CHARGE, 'while-down')), after);
+        assert.deepEqual(
+            ledgerLines(ledger).map((line) => line.key),
+            ['before', 'during', 'while-down']
+        );
+    } finally {
+        await peer.close();
+        await redis.stop();
+    }
+});

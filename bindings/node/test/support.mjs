@@ -1,0 +1,174 @@
+// What the binding's tests share: the payments server over stdio, spoken to line by line, the same
+// server behind `mcp-idem wrap` to compare with, and a Redis of the test's own that it can stop.
+import { spawn, spawnSync } from 'node:child_process';
+import { accessSync, constants, existsSync, mkdtempSync, readFileSync } from 'node:fs';
+import { createConnection, createServer } from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const SERVER = join(here, 'payments-server.mjs');
+const REPO = join(here, '..', '..', '..');
+export const IN_CI = ['true', '1'].includes((process.env.CI ?? '').toLowerCase());
+
+export function sandbox() {
+    return mkdtempSync(join(tmpdir(), 'mcp-idempotency-node-'));
+}
+
+/** The `mcp-idem` binary (`MCP_IDEM_BIN`, else the workspace's debug or release build). */
+export function mcpIdemBinary() {
+    for (const candidate of [process.env.MCP_IDEM_BIN, join(REPO, 'target/debug/mcp-idem'), join(REPO, 'target/release/mcp-idem')]) {
+        if (!candidate) continue;
+        try {
+            accessSync(candidate, constants.X_OK);
+            return candidate;
+        } catch {}
+    }
+    throw new Error('no mcp-idem binary: cargo build -p mcp-idem');
+}
+
+/** What `mcp-idem wrap` prints when it refuses to start with these options. */
+export function wrapRefusal(...options) {
+    const run = spawnSync(mcpIdemBinary(), ['wrap', ...options, '--', 'true'], { encoding: 'utf8', timeout: 60_000 });
+    if (run.status === 0) throw new Error(`wrap started with ${options.join(' ')}`);
+    return run.stderr;
+}
+
+/** An MCP server over stdio, spoken to with one JSON-RPC message per line (2025-11-25 handshake). */
+export class Peer {
+    static async start(command, args) {
+        const peer = new Peer(command, args);
+        await peer.request('initialize', {
+            protocolVersion: '2025-11-25',
+            capabilities: {},
+            clientInfo: { name: 'binding-tests', version: '0' }
+        });
+        peer.send({ jsonrpc: '2.0', method: 'notifications/initialized' });
+        return peer;
+    }
+
+    constructor(command, args) {
+        this.process = spawn(command, args, { stdio: ['pipe', 'pipe', 'inherit'] });
+        this.nextId = 0;
+        this.waiting = new Map();
+        createInterface({ input: this.process.stdout }).on('line', (line) => {
+            const message = JSON.parse(line);
+            const resolve = this.waiting.get(message.id);
+            if (resolve) {
+                this.waiting.delete(message.id);
+                resolve(message);
+            }
+        });
+    }
+
+    send(message) {
+        this.process.stdin.write(`${JSON.stringify(message)}\n`);
+    }
+
+    /** Sends a request; resolves to its answer. */
+    request(method, params) {
+        this.nextId += 1;
+        const id = this.nextId;
+        const answer = new Promise((resolve) => this.waiting.set(id, resolve));
+        this.send({ jsonrpc: '2.0', id, method, params });
+        return answer;
+    }
+
+    call(name, args, key) {
+        return this.request('tools/call', { name, arguments: args, idempotencyKey: key });
+    }
+
+    async close() {
+        const exited = new Promise((resolve) => this.process.once('exit', resolve));
+        this.process.stdin.end();
+        const timer = setTimeout(() => this.process.kill('SIGKILL'), 10_000);
+        await exited;
+        clearTimeout(timer);
+    }
+}
+
+/** The payments server with the binding, over stdio. */
+export function bound(ledger, ...options) {
+    return Peer.start('node', [SERVER, '--ledger', ledger, ...options]);
+}
+
+/** The plain payments server behind `mcp-idem wrap`, over stdio. */
+export function wrapped(ledger, ...wrapOptions) {
+    return Peer.start(mcpIdemBinary(), ['wrap', ...wrapOptions, '--', 'node', SERVER, '--ledger', ledger, '--plain']);
+}
+
+export function ledgerLines(ledger) {
+    if (!existsSync(ledger)) return [];
+    return readFileSync(ledger, 'utf8')
+        .split('\n')
+        .filter((line) => line !== '')
+        .map((line) => JSON.parse(line));
+}
+
+export function freePort() {
+    return new Promise((resolve, reject) => {
+        const probe = createServer();
+        probe.once('error', reject);
+        probe.listen(0, '127.0.0.1', () => {
+            const { port } = probe.address();
+            probe.close(() => resolve(port));
+        });
+    });
+}
+
+function redisAnswers(port) {
+    return new Promise((resolve) => {
+        const socket = createConnection({ host: '127.0.0.1', port }, () => socket.write('PING\r\n'));
+        socket.once('data', (data) => {
+            socket.destroy();
+            resolve(data.toString().startsWith('+PONG'));
+        });
+        socket.once('error', () => resolve(false));
+    });
+}
+
+/** A redis-server of the test's own on a free loopback port, with an append-only file fsynced at
+ * every write, so a restart keeps every record. */
+export class OwnRedis {
+    static async start(directory) {
+        const redis = new OwnRedis(directory, await freePort());
+        await redis.start();
+        return redis;
+    }
+
+    constructor(directory, port) {
+        this.directory = directory;
+        this.port = port;
+        this.url = `redis://127.0.0.1:${port}`;
+    }
+
+    async start() {
+        const args = ['--bind', '127.0.0.1', '--port', String(this.port), '--dir', this.directory, '--appendonly', 'yes', '--appendfsync', 'always', '--save', ''];
+        this.process = spawn('redis-server', args, { stdio: 'ignore' });
+        const deadline = Date.now() + 10_000;
+        while (Date.now() < deadline) {
+            if (await redisAnswers(this.port)) return;
+            await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+        throw new Error(`redis-server did not come up on port ${this.port}`);
+    }
+
+    async stop() {
+        if (!this.process) return;
+        const exited = new Promise((resolve) => this.process.once('exit', resolve));
+        this.process.kill('SIGKILL');
+        await exited;
+        this.process = undefined;
+    }
+}
+
+export function chargeId(answer) {
+    if (!answer.result) throw new Error(`not a result: ${JSON.stringify(answer)}`);
+    return answer.result.structuredContent.chargeId;
+}
+
+export function errorType(answer) {
+    return answer.error?.data?.type;
+}

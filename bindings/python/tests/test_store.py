@@ -1,0 +1,62 @@
+"""A store that goes down mid-run: keyed calls are refused while it is down (nothing runs), a call
+that ran while it went down is answered and its outcome reaches the store once it is back, and
+nothing recorded is lost."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import ledger_lines
+
+CHARGE = {"amount": 7, "currency": "eur"}
+
+
+def charge_id(answer: dict) -> str:
+    assert "result" in answer, answer
+    return answer["result"]["structuredContent"]["chargeId"]
+
+
+def error_type(answer: dict) -> str | None:
+    return (answer.get("error") or {}).get("data", {}).get("type")
+
+
+def test_a_store_down_mid_run_refuses_new_calls_and_loses_no_outcome(bound, own_redis, tmp_path):
+    ledger = tmp_path / "ledger.jsonl"
+    peer = bound("--store", own_redis.url, "--namespace", "store-down")
+
+    before = charge_id(peer.call("charge_payment", CHARGE, "before"))
+
+    # A call that runs while the store goes down: the tool finishes and the client gets its answer.
+    slow = dict(CHARGE, delay_ms=1500)
+    peer.next_id += 1
+    running_id = peer.next_id
+    peer.send({"jsonrpc": "2.0", "id": running_id, "method": "tools/call",
+               "params": {"name": "charge_payment", "arguments": slow, "idempotencyKey": "during"}})
+    time.sleep(0.5)
+    own_redis.stop()
+    during = charge_id(peer.answer(running_id))
+
+    # While the store is down a keyed call is refused, as `wrap` refuses it, and does not run.
+    refused = peer.call("charge_payment", CHARGE, "while-down")
+    assert error_type(refused) == "idempotency_store_unavailable", refused
+    assert refused["error"]["code"] == -32603
+    assert len(ledger_lines(ledger)) == 2
+
+    own_redis.start()
+
+    # Once the store is back, the outcome of the call that ran while it was down is replayed
+    # (it was held and sent again), and so is the one recorded before.
+    deadline = time.monotonic() + 30
+    while True:
+        retry = peer.call("charge_payment", slow, "during")
+        if "result" in retry or time.monotonic() > deadline:
+            break
+        assert error_type(retry) in ("idempotency_key_in_progress", "idempotency_store_unavailable"), retry
+        time.sleep(0.2)
+    assert charge_id(retry) == during
+    assert charge_id(peer.call("charge_payment", CHARGE, "before")) == before
+
+    # The refused call never ran: with the store back it runs, once.
+    after = charge_id(peer.call("charge_payment", CHARGE, "while-down"))
+    assert charge_id(peer.call("charge_payment", CHARGE, "while-down")) == after
+    assert [line["key"] for line in ledger_lines(ledger)] == ["before", "during", "while-down"]
