@@ -200,5 +200,8 @@ impl Connection {
 /// Every option `open` takes.
 #[napi]
 pub fn options() -> Vec<String> {
-    embedded::OPTIONS.iter().map(|&name| name.to_owned()).collect()
+    embedded::OPTIONS
+        .iter()
+        .map(|&name| name.to_owned())
+        .collect()
 }

@@ -92,7 +92,9 @@ impl Gateway {
     fn open(py: Python<'_>, namespace: String, options: Vec<(String, String)>) -> PyResult<Self> {
         let mut settings = Settings::new(namespace);
         for (name, value) in &options {
-            settings.set(name, value).map_err(|err| setup_error(py, err))?;
+            settings
+                .set(name, value)
+                .map_err(|err| setup_error(py, err))?;
         }
         let runtime = pyo3_async_runtimes::tokio::get_runtime();
         match py.detach(|| runtime.block_on(settings.open())) {

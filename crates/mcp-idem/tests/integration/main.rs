@@ -101,8 +101,10 @@ mod proxy_scope;
 mod proxy_shutdown;
 #[cfg(unix)]
 mod proxy_store_outage;
+// The README's Python and TypeScript snippets, run with the bindings.
 #[cfg(unix)]
 mod proxy_upstream;
+mod readme_bindings;
 #[cfg(target_os = "linux")]
 mod store_faults;
 #[cfg(unix)]

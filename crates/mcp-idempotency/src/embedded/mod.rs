@@ -299,7 +299,10 @@ where
     F: Future + Send + 'static,
 {
     let mut answer = Box::pin(answer);
-    match answer.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+    match answer
+        .as_mut()
+        .poll(&mut Context::from_waker(Waker::noop()))
+    {
         Poll::Ready(output) => Answer::Ready(output),
         Poll::Pending => Answer::Pending(answer),
     }
