@@ -10,6 +10,7 @@ use crate::completion::MAX_PENDING_COMPLETIONS;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::record::{FencingToken, Outcome, RecordId, Scope};
 use crate::rejection::RejectionKind;
+use crate::renewals::Renewals;
 use crate::running_claim::RunningClaim;
 use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, Store, StoreError};
 use crate::time::{Clock, SystemClock};
@@ -88,6 +89,8 @@ pub struct Deduplicator {
     ambiguous: Arc<Pending>,
     /// Completions being retried by their running claims.
     completions: Arc<Completions>,
+    /// The running claims whose leases the one renewing task keeps alive.
+    renewals: Arc<Renewals>,
 }
 
 /// The completions being retried in the background (see "Lost completions").
@@ -185,7 +188,13 @@ impl Deduplicator {
             store_usable: Arc::new(AtomicBool::new(true)),
             ambiguous: Arc::default(),
             completions: Arc::default(),
+            renewals: Arc::default(),
         }
+    }
+
+    /// The running claims whose leases are renewed.
+    pub(crate) fn renewals(&self) -> &Renewals {
+        &self.renewals
     }
 
     /// Reads the time from `clock` instead of the system clock (a [`ManualClock`](crate::ManualClock)

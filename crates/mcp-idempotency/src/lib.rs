@@ -90,6 +90,7 @@ mod key;
 pub mod metrics;
 mod record;
 mod rejection;
+mod renewals;
 mod running_claim;
 // Public only to the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`).
 #[cfg(fuzzing)]

@@ -1,7 +1,8 @@
 //! [`RunningClaim`]: the claim of an executed call, from the execute decision to its outcome.
 //!
-//! This is the one claim lifecycle every transport uses: the handle renews its lease on the
-//! engine's schedule ([`Engine::renewal_due`](crate::Engine::renewal_due)) while the call runs,
+//! This is the one claim lifecycle every transport uses: the handle's lease is renewed on the
+//! engine's schedule ([`Engine::renewal_due`](crate::Engine::renewal_due)) while the call runs
+//! (by the deduplicator's one renewing task, see `renewals.rs`),
 //! and ends in exactly one of three ways, each logged here:
 //!
 //! - [`finish`](RunningClaim::finish): the call answered; its outcome is recorded (fenced). If
@@ -17,18 +18,12 @@
 //! A handle dropped without any of these (its task was cancelled) is abandoned in the background,
 //! so that no claim is left without an owner until its lease runs out.
 
-use std::time::Duration;
-
-use tokio::task::JoinHandle;
-
 use crate::completion::{CompletionRetry, Next, Settled};
 use crate::deduplicator::{CompletionSlot, Deduplicator};
 use crate::engine::Claim;
 use crate::record::Outcome;
+use crate::renewals::{self, Registration, Renewals};
 use crate::store::{CompleteRequest, Fenced, StoreError};
-
-/// Shortest wait between two renewals (a lease of a few milliseconds in tests).
-const MIN_RENEWAL_WAIT: Duration = Duration::from_millis(10);
 
 /// An executed call's claim, renewing its own lease until it is finished, abandoned or released.
 /// Returned by [`Deduplicator::begin`] inside [`Decision::Execute`](crate::Decision::Execute).
@@ -40,15 +35,13 @@ const MIN_RENEWAL_WAIT: Duration = Duration::from_millis(10);
 pub struct RunningClaim {
     claim: Claim,
     dedup: Deduplicator,
-    renewal: Option<JoinHandle<()>>,
+    renewal: Option<Registration>,
     ended: bool,
 }
 
 impl RunningClaim {
     pub(crate) fn start(dedup: Deduplicator, claim: Claim) -> Self {
-        let renewal = tokio::runtime::Handle::try_current()
-            .ok()
-            .map(|runtime| runtime.spawn(renew_until_stopped(dedup.clone(), claim.clone())));
+        let renewal = Renewals::add(&dedup, claim.clone());
         Self {
             claim,
             dedup,
@@ -65,7 +58,7 @@ impl RunningClaim {
     fn end(&mut self) {
         self.ended = true;
         if let Some(renewal) = self.renewal.take() {
-            renewal.abort();
+            self.dedup.renewals().remove(renewal);
         }
     }
 
@@ -193,7 +186,7 @@ async fn retry_completion(
     mut retry: CompletionRetry,
     slot: CompletionSlot,
 ) {
-    let renew_retry = renewal_retry_wait(&dedup);
+    let renew_retry = renewals::tick(&dedup);
     let mut renew_at = dedup.engine().renewal_due(&claim);
     let mut attempts = 1u32;
     let settled = loop {
@@ -260,33 +253,4 @@ async fn retry_completion(
 
 fn error_text(error: Option<StoreError>) -> String {
     error.map(|e| e.to_string()).unwrap_or_default()
-}
-
-/// How long to wait after a renewal failed: a sixth of the lease, at least [`MIN_RENEWAL_WAIT`].
-fn renewal_retry_wait(dedup: &Deduplicator) -> Duration {
-    (dedup.engine().config().lease() / 6).max(MIN_RENEWAL_WAIT)
-}
-
-/// Renews the lease whenever the engine says it is due, until the task is aborted or the claim is
-/// lost to another owner.
-async fn renew_until_stopped(dedup: Deduplicator, mut claim: Claim) {
-    let retry = renewal_retry_wait(&dedup);
-    loop {
-        let due = dedup.engine().renewal_due(&claim);
-        let wait = due
-            .saturating_since(dedup.clock().now())
-            .max(MIN_RENEWAL_WAIT);
-        tokio::time::sleep(wait).await;
-        match dedup.renew(&mut claim).await {
-            Ok(Fenced::Applied) => {}
-            Ok(Fenced::NotOwner) => {
-                tracing::warn!(key = %claim.id().key, "lost the lease of a running call: it was taken over");
-                return;
-            }
-            Err(error) => {
-                tracing::warn!(key = %claim.id().key, %error, "cannot renew a lease");
-                tokio::time::sleep(retry).await;
-            }
-        }
-    }
 }

@@ -1,0 +1,122 @@
+//! [`Renewals`]: the leases of a deduplicator's running claims, renewed by one task.
+//!
+//! A [`RunningClaim`](crate::RunningClaim) registers its claim when its call starts and takes it
+//! out when the call ends. One task per deduplicator wakes every sixth of the lease and renews
+//! the claims that are due ([`Engine::renewal_due`](crate::Engine::renewal_due): a third of the
+//! lease after the last renewal), so a lease is renewed at most half a lease after it was taken.
+//!
+//! Registering is a map insert: a call that ends before its first renewal (almost every call)
+//! spawns no task and wakes no runtime thread. That matters most to the Python and TypeScript
+//! bindings, whose calls arrive on the host language's thread: a task spawned from there wakes a
+//! worker of the runtime, twice per call (spawn and abort). The task ends at the first tick that
+//! finds no claim, and the next registration starts it again.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::deduplicator::Deduplicator;
+use crate::engine::Claim;
+use crate::store::Fenced;
+
+/// Shortest wait between two ticks (a lease of a few milliseconds in tests).
+const MIN_TICK: Duration = Duration::from_millis(10);
+
+/// The running claims of one deduplicator (shared by its clones).
+#[derive(Debug, Default)]
+pub(crate) struct Renewals {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    claims: HashMap<u64, Claim>,
+    next_id: u64,
+    /// Whether the renewing task runs.
+    task: bool,
+}
+
+/// A registered claim, to take out with [`Renewals::remove`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Registration(u64);
+
+impl Renewals {
+    /// Keeps `claim`'s lease alive until it is removed; starts the task on the current tokio
+    /// runtime if none runs. Outside a runtime the claim is not renewed (`None`).
+    pub(crate) fn add(dedup: &Deduplicator, claim: Claim) -> Option<Registration> {
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let mut state = dedup.renewals().lock();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.claims.insert(id, claim);
+        if !state.task {
+            state.task = true;
+            runtime.spawn(renew_while_claimed(dedup.clone()));
+        }
+        Some(Registration(id))
+    }
+
+    /// Stops renewing a claim (its call ended).
+    pub(crate) fn remove(&self, registration: Registration) {
+        self.lock().claims.remove(&registration.0);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Every sixth of the lease, renews the claims that are due; ends at a tick with no claim.
+async fn renew_while_claimed(dedup: Deduplicator) {
+    // Dropped with the task (also when its runtime shuts down): the next claim starts another.
+    let _running = Running(dedup.clone());
+    let tick = tick(&dedup);
+    loop {
+        tokio::time::sleep(tick).await;
+        let now = dedup.clock().now();
+        let due: Vec<(u64, Claim)> = {
+            let state = dedup.renewals().lock();
+            if state.claims.is_empty() {
+                return;
+            }
+            state
+                .claims
+                .iter()
+                .filter(|(_, claim)| dedup.engine().renewal_due(claim) <= now)
+                .map(|(&id, claim)| (id, claim.clone()))
+                .collect()
+        };
+        for (id, mut claim) in due {
+            let renewed = dedup.renew(&mut claim).await;
+            let mut state = dedup.renewals().lock();
+            // A call that ended meanwhile is not renewed any more, whatever the store said.
+            let Some(registered) = state.claims.get_mut(&id) else {
+                continue;
+            };
+            match renewed {
+                Ok(Fenced::Applied) => *registered = claim,
+                Ok(Fenced::NotOwner) => {
+                    state.claims.remove(&id);
+                    tracing::warn!(key = %claim.id().key, "lost the lease of a running call: it was taken over");
+                }
+                // Tried again at the next tick, a sixth of the lease later.
+                Err(error) => {
+                    tracing::warn!(key = %claim.id().key, %error, "cannot renew a lease");
+                }
+            }
+        }
+    }
+}
+
+struct Running(Deduplicator);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.renewals().lock().task = false;
+    }
+}
+
+/// A sixth of the lease, at least [`MIN_TICK`] (also the wait after a failed renewal).
+pub(crate) fn tick(dedup: &Deduplicator) -> Duration {
+    (dedup.engine().config().lease() / 6).max(MIN_TICK)
+}
