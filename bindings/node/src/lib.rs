@@ -161,6 +161,8 @@ pub struct Connection {
     inner: Arc<embedded::Connection>,
 }
 
+// The names of the library's `Connection` methods, which these carry.
+#[allow(clippy::wrong_self_convention)]
 #[napi]
 impl Connection {
     /// What to do with a message from the client: the step, or a promise of it.

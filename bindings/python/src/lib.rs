@@ -139,6 +139,8 @@ struct Connection {
     inner: Arc<embedded::Connection>,
 }
 
+// The names of the library's `Connection` methods, which these carry.
+#[allow(clippy::wrong_self_convention)]
 #[pymethods]
 impl Connection {
     /// What to do with a message from the client: `(action, message)`, or an awaitable of it.
