@@ -15,8 +15,8 @@
 //!
 //! - the binding's own tests pass (`bindings/python/tests` with pytest, `bindings/node/test` with
 //!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
-//!   run side by side), and a store that goes down mid-run refuses keyed calls and loses no
-//!   outcome.
+//!   run side by side), a store that goes down mid-run refuses keyed calls and loses no
+//!   outcome, and the npm package installs with its prebuilt addon.
 //!
 //! The bindings are built and installed by `bindings/python/install.sh` and
 //! `bindings/node/install.sh` (`.ci/run` runs both). Without them the tests print a note and pass,
@@ -388,7 +388,12 @@ fn own_tests(binding: Binding) {
         ),
         Binding::Node => (
             "node",
-            &["--test", "--test-reporter=dot", "test/binding.test.mjs"],
+            &[
+                "--test",
+                "--test-reporter=dot",
+                "test/binding.test.mjs",
+                "test/package.test.mjs",
+            ],
             repo().join("bindings/node"),
         ),
     };
