@@ -13,6 +13,7 @@
 //! - a server SIGKILLed while a keyed call runs leaves a claim that a restarted server answers
 //!   `idempotency_outcome_unknown`, never a second execution.
 //!
+//! - every shared store works by URL (Redis, PostgreSQL, Redis Cluster, both over TLS);
 //! - the binding's own tests pass (`bindings/python/tests` with pytest, `bindings/node/test` with
 //!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
 //!   run side by side), a store that goes down mid-run refuses keyed calls and loses no
@@ -30,11 +31,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::check::{witness_options, Run};
-use crate::common::ledger_lines;
+use crate::common::{ledger_lines, StdioPeer};
 use crate::http_support::{unique_namespace, Answer, Raw, SharedStore, Spawned};
 use crate::interop_clients::assert_dedup;
 use crate::interop_support::{run_report, script, Toolchain};
-use crate::wrap_support::Sandbox;
+use crate::wrap_support::{charge, discover, Sandbox};
 
 /// A language binding of the library, with its payments server.
 #[derive(Clone, Copy, Debug)]
@@ -374,6 +375,47 @@ async fn sigkill_leaves_outcome_unknown(binding: Binding) {
     );
 }
 
+/// The binding on every shared store by URL, as `wrap --store` takes them (Redis, PostgreSQL,
+/// Redis Cluster, and Redis and Redis Cluster over TLS with a CA file): a retry replays the first
+/// charge, one ledger line.
+fn every_store_by_url(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let stores = [
+        SharedStore::Redis,
+        SharedStore::Postgres,
+        SharedStore::RedisCluster,
+        SharedStore::RedisTls,
+        SharedStore::RedisTlsCluster,
+    ];
+    for store in stores {
+        let Some(url) = store.url() else {
+            continue;
+        };
+        let sandbox = Sandbox::new();
+        let ledger = sandbox.ledger();
+        let namespace = unique_namespace("binding-store");
+        let options = ["--store", url.as_str(), "--namespace", namespace.as_str()];
+        let argv = binding.stdio_command(&ledger, &options);
+        let mut command = Command::new(&argv[0]);
+        command.args(&argv[1..]).env("PYTHONDONTWRITEBYTECODE", "1");
+        let mut peer = StdioPeer::spawn(command, &sandbox.path("server.stderr"));
+        let discovered = peer.request(discover(1));
+        assert!(
+            discovered["result"]["capabilities"]["tools"]["idempotency"].is_object(),
+            "{store:?}: {discovered}"
+        );
+        let arguments = json!({"amount": 3, "currency": "eur"});
+        let first = peer.request(charge(2, arguments.clone(), "store-key"));
+        let retry = peer.request(charge(3, arguments, "store-key"));
+        let charged = |answer: &Value| answer["result"]["structuredContent"]["chargeId"].clone();
+        assert!(charged(&first).is_string(), "{store:?}: {first}");
+        assert_eq!(charged(&first), charged(&retry), "{store:?}: {retry}");
+        assert_eq!(ledger_lines(&ledger).len(), 1, "{store:?}");
+    }
+}
+
 /// Runs the binding's own test suite against this build of `mcp-idem` (for the side-by-side
 /// comparisons with `wrap`); fails with its output when a test fails.
 fn own_tests(binding: Binding) {
@@ -456,6 +498,11 @@ macro_rules! scenarios {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_sigkilled_servers_claim_ends_outcome_unknown() {
                 sigkill_leaves_outcome_unknown($binding).await;
+            }
+
+            #[test]
+            fn every_store_by_url_replays() {
+                every_store_by_url($binding);
             }
 
             #[test]
