@@ -135,3 +135,30 @@ test('a store down mid-run refuses new keyed calls and loses no outcome', async 
         await redis.stop();
     }
 });
+
+test('a cancelled keyed call still runs once and its retry replays it', async () => {
+    // `cancel: 'absorb'` (the default, as wrap's): clients cancel on a timeout, which is how a lost
+    // answer looks, so the call runs to its end and the retry that follows gets its outcome.
+    const ledger = join(sandbox(), 'ledger.jsonl');
+    const peer = await bound(ledger, '--store', 'memory');
+    try {
+        const slow = { ...CHARGE, delay_ms: 500 };
+        void peer.call('charge_payment', slow, 'cancelled');
+        const cancelledId = peer.nextId;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        peer.send({ jsonrpc: '2.0', method: 'notifications/cancelled', params: { requestId: cancelledId, reason: 'timed out' } });
+        const deadline = Date.now() + 20_000;
+        let retry;
+        for (;;) {
+            retry = await peer.call('charge_payment', slow, 'cancelled');
+            if (retry.result || Date.now() > deadline) break;
+            assert.equal(errorType(retry), 'idempotency_key_in_progress', JSON.stringify(retry));
+            await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+        const lines = ledgerLines(ledger);
+        assert.equal(lines.length, 1);
+        assert.equal(chargeId(retry), lines[0].chargeId);
+    } finally {
+        await peer.close();
+    }
+});

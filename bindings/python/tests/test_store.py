@@ -60,3 +60,26 @@ def test_a_store_down_mid_run_refuses_new_calls_and_loses_no_outcome(bound, own_
     after = charge_id(peer.call("charge_payment", CHARGE, "while-down"))
     assert charge_id(peer.call("charge_payment", CHARGE, "while-down")) == after
     assert [line["key"] for line in ledger_lines(ledger)] == ["before", "during", "while-down"]
+
+
+def test_a_cancelled_keyed_call_still_runs_once_and_its_retry_replays_it(bound, tmp_path):
+    """`cancel=absorb` (the default, as `wrap`'s): clients cancel on a timeout, which is how a lost
+    answer looks, so the call runs to its end and the retry that follows gets its outcome."""
+    peer = bound("--store", "memory")
+    slow = dict(CHARGE, delay_ms=500)
+    peer.next_id += 1
+    cancelled_id = peer.next_id
+    peer.send({"jsonrpc": "2.0", "id": cancelled_id, "method": "tools/call",
+               "params": {"name": "charge_payment", "arguments": slow, "idempotencyKey": "cancelled"}})
+    time.sleep(0.1)
+    peer.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+               "params": {"requestId": cancelled_id, "reason": "timed out"}})
+    deadline = time.monotonic() + 20
+    while True:
+        retry = peer.call("charge_payment", slow, "cancelled")
+        if "result" in retry or time.monotonic() > deadline:
+            break
+        assert error_type(retry) == "idempotency_key_in_progress", retry
+        time.sleep(0.1)
+    [line] = ledger_lines(tmp_path / "ledger.jsonl")
+    assert charge_id(retry) == line["chargeId"]
