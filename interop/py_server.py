@@ -42,6 +42,8 @@ def build(executions: str) -> MCPServer:
 
 
 async def serve_http(server: MCPServer) -> None:
+    """Serves `server` over stateless Streamable HTTP (JSON answers) on 127.0.0.1, a free port.
+    Also the HTTP side of the Python binding's payments server (bindings/python/tests)."""
     import uvicorn
 
     app = server.streamable_http_app(stateless_http=True, json_response=True)
@@ -50,7 +52,7 @@ async def serve_http(server: MCPServer) -> None:
     listener.bind(("127.0.0.1", 0))
     # Listen before saying so: a client connecting between the line and uvicorn's start-up would
     # otherwise be refused.
-    listener.listen(128)
+    listener.listen(512)
     port = listener.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning")
     print(f"listening on http://127.0.0.1:{port}/mcp", file=sys.stderr, flush=True)

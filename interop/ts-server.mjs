@@ -16,13 +16,14 @@
 //   answers input_required with requestState "confirm:<amount>"; with one it appends
 //   {phase:"executed", requestState, ...} and completes with {executionId}.
 import { appendFileSync } from 'node:fs';
-import { createServer } from 'node:http';
 import { randomUUID } from 'node:crypto';
 import { parseArgs } from 'node:util';
 
 import { McpServer, acceptedContent, createMcpHandler, inputRequired } from '@modelcontextprotocol/server';
 import { serveStdio } from '@modelcontextprotocol/server/stdio';
 import * as z from 'zod';
+
+import { serveFetchHandler } from './serve-fetch.mjs';
 
 const { values: options } = parseArgs({
     options: { executions: { type: 'string' }, http: { type: 'boolean', default: false } }
@@ -99,37 +100,7 @@ function buildServer() {
 }
 
 if (options.http) {
-    const handler = createMcpHandler(buildServer);
-    const http = createServer(async (req, res) => {
-        try {
-            const chunks = [];
-            for await (const chunk of req) chunks.push(chunk);
-            const body = Buffer.concat(chunks);
-            const headers = new Headers();
-            for (const [name, value] of Object.entries(req.headers)) {
-                if (value !== undefined) headers.set(name, Array.isArray(value) ? value.join(', ') : value);
-            }
-            const request = new Request(`http://${req.headers.host ?? '127.0.0.1'}${req.url}`, {
-                method: req.method,
-                headers,
-                body: req.method === 'GET' || req.method === 'HEAD' ? undefined : body
-            });
-            const response = await handler.fetch(request);
-            res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
-            if (response.body) {
-                for await (const chunk of response.body) res.write(chunk);
-            }
-            res.end();
-        } catch (error) {
-            process.stderr.write(`request failed: ${error?.stack ?? error}\n`);
-            if (!res.headersSent) res.writeHead(500);
-            res.end();
-        }
-    });
-    http.listen(0, '127.0.0.1', () => {
-        const { port } = http.address();
-        process.stderr.write(`listening on http://127.0.0.1:${port}/mcp\n`);
-    });
+    serveFetchHandler(createMcpHandler(buildServer));
 } else {
     serveStdio(buildServer);
 }

@@ -15,7 +15,6 @@
 // - get_balance: the number of charges in the ledger and the sum per currency.
 // - noop, work_1ms: no ledger write; answer at once, or after 1 ms.
 import { closeSync, openSync, readFileSync, writeSync } from 'node:fs';
-import { createServer } from 'node:http';
 import { randomBytes } from 'node:crypto';
 import { parseArgs } from 'node:util';
 
@@ -23,6 +22,7 @@ import { McpServer, ProtocolError, createMcpHandler } from '@modelcontextprotoco
 import { serveStdio } from '@modelcontextprotocol/server/stdio';
 import * as z from 'zod';
 
+import { serveFetchHandler } from '../../../interop/serve-fetch.mjs';
 import { idempotencyKey, idempotent } from '../index.js';
 
 const { values: args } = parseArgs({
@@ -105,35 +105,7 @@ function buildServer() {
 }
 
 if (args.http) {
-    const handler = createMcpHandler(buildServer);
-    const http = createServer(async (req, res) => {
-        try {
-            const chunks = [];
-            for await (const chunk of req) chunks.push(chunk);
-            const headers = new Headers();
-            for (const [name, value] of Object.entries(req.headers)) {
-                if (value !== undefined) headers.set(name, Array.isArray(value) ? value.join(', ') : value);
-            }
-            const request = new Request(`http://${req.headers.host ?? '127.0.0.1'}${req.url}`, {
-                method: req.method,
-                headers,
-                body: req.method === 'GET' || req.method === 'HEAD' ? undefined : Buffer.concat(chunks)
-            });
-            const response = await handler.fetch(request);
-            res.writeHead(response.status, Object.fromEntries(response.headers.entries()));
-            if (response.body) {
-                for await (const chunk of response.body) res.write(chunk);
-            }
-            res.end();
-        } catch (error) {
-            process.stderr.write(`request failed: ${error?.stack ?? error}\n`);
-            if (!res.headersSent) res.writeHead(500);
-            res.end();
-        }
-    });
-    http.listen(0, '127.0.0.1', 511, () => {
-        process.stderr.write(`listening on http://127.0.0.1:${http.address().port}/mcp\n`);
-    });
+    serveFetchHandler(createMcpHandler(buildServer));
 } else {
     // A bad option or an unreachable store fails here, before the first message.
     buildServer();

@@ -22,10 +22,10 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -33,6 +33,10 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR
 
 from mcp_idempotency import idempotency_key, idempotent
+
+# The HTTP side is the interop server's (interop/py_server.py).
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "interop"))
+from py_server import serve_http  # noqa: E402
 
 
 def build(ledger: str) -> MCPServer:
@@ -94,22 +98,6 @@ def build(ledger: str) -> MCPServer:
         return "ok"
 
     return server
-
-
-async def serve_http(server: MCPServer) -> None:
-    import uvicorn
-
-    app = server.streamable_http_app(stateless_http=True, json_response=True)
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind(("127.0.0.1", 0))
-    # Listen before saying so: a client connecting between the line and uvicorn's start-up
-    # would otherwise be refused.
-    listener.listen(512)
-    port = listener.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", backlog=512)
-    print(f"listening on http://127.0.0.1:{port}/mcp", file=sys.stderr, flush=True)
-    await uvicorn.Server(config).serve(sockets=[listener])
 
 
 def main() -> None:

@@ -20,6 +20,17 @@ def error_type(answer: dict) -> str | None:
     return (answer.get("error") or {}).get("data", {}).get("type")
 
 
+def outcome_once_settled(peer, arguments: dict, key: str, waiting: tuple[str, ...]) -> dict:
+    """The answer to a retry once the call is no longer in one of the `waiting` states."""
+    deadline = time.monotonic() + 30
+    while True:
+        answer = peer.call("charge_payment", arguments, key)
+        if "result" in answer or time.monotonic() > deadline:
+            return answer
+        assert error_type(answer) in waiting, answer
+        time.sleep(0.1)
+
+
 def test_a_store_down_mid_run_refuses_new_calls_and_loses_no_outcome(bound, own_redis, tmp_path):
     ledger = tmp_path / "ledger.jsonl"
     peer = bound("--store", own_redis.url, "--namespace", "store-down")
@@ -46,13 +57,9 @@ def test_a_store_down_mid_run_refuses_new_calls_and_loses_no_outcome(bound, own_
 
     # Once the store is back, the outcome of the call that ran while it was down is replayed
     # (it was held and sent again), and so is the one recorded before.
-    deadline = time.monotonic() + 30
-    while True:
-        retry = peer.call("charge_payment", slow, "during")
-        if "result" in retry or time.monotonic() > deadline:
-            break
-        assert error_type(retry) in ("idempotency_key_in_progress", "idempotency_store_unavailable"), retry
-        time.sleep(0.2)
+    retry = outcome_once_settled(
+        peer, slow, "during", ("idempotency_key_in_progress", "idempotency_store_unavailable")
+    )
     assert charge_id(retry) == during
     assert charge_id(peer.call("charge_payment", CHARGE, "before")) == before
 
@@ -74,12 +81,6 @@ def test_a_cancelled_keyed_call_still_runs_once_and_its_retry_replays_it(bound, 
     time.sleep(0.1)
     peer.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
                "params": {"requestId": cancelled_id, "reason": "timed out"}})
-    deadline = time.monotonic() + 20
-    while True:
-        retry = peer.call("charge_payment", slow, "cancelled")
-        if "result" in retry or time.monotonic() > deadline:
-            break
-        assert error_type(retry) == "idempotency_key_in_progress", retry
-        time.sleep(0.1)
+    retry = outcome_once_settled(peer, slow, "cancelled", ("idempotency_key_in_progress",))
     [line] = ledger_lines(tmp_path / "ledger.jsonl")
     assert charge_id(retry) == line["chargeId"]
