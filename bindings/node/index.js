@@ -33,6 +33,9 @@ class IdempotencyError extends Error {
     }
 }
 
+/** How long an exiting process waits for outcomes still being sent to the store (as `wrap`). */
+const SETTLE_GRACE_MS = 5000;
+
 /** Gateways by namespace and options: a server factory called per request opens its store once. */
 const gateways = new Map();
 
@@ -86,6 +89,8 @@ function openGateway(namespace, settings) {
         if (!(opened instanceof native.Gateway)) throw new IdempotencyError(opened.message, opened.type, opened.code);
         gateway = opened;
         gateways.set(cacheKey, gateway);
+        // Outcomes the store failed to take at first are still being sent: give them a moment.
+        process.once('exit', () => gateway.settle(SETTLE_GRACE_MS));
     }
     return gateway;
 }

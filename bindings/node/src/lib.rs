@@ -143,14 +143,13 @@ impl Gateway {
         self.inner.scope().principal().to_owned()
     }
 
-    /// Waits up to `graceMs` for outcomes still being sent to the store in the background (call
-    /// it before the process exits); resolves to how many are still pending.
+    /// Waits up to `graceMs` for outcomes still being sent to the store in the background, and
+    /// returns how many are still pending. Blocks: `index.js` calls it as the process exits, so
+    /// that an outcome the store failed to take at first is not lost with the process.
     #[napi]
-    pub async fn settle(&self, grace_ms: u32) -> u32 {
-        let pending = self
-            .inner
-            .settle(Duration::from_millis(u64::from(grace_ms)))
-            .await;
+    pub fn settle(&self, grace_ms: u32) -> u32 {
+        let grace = Duration::from_millis(u64::from(grace_ms));
+        let pending = block_on(self.inner.settle(grace));
         u32::try_from(pending).unwrap_or(u32::MAX)
     }
 }

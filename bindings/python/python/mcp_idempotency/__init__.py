@@ -16,6 +16,7 @@ alike. Tools run on the server's event loop; store I/O runs on the library's tok
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import json
@@ -33,6 +34,9 @@ __all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempo
 
 META_KEY = "mcp-idem/idempotencyKey"
 """Where a claimed call's key reaches the tool: `params._meta["mcp-idem/idempotencyKey"]`."""
+
+SETTLE_GRACE_SECONDS = 5.0
+"""How long an exiting process waits for outcomes still being sent to the store (as `wrap`)."""
 
 Server = TypeVar("Server")
 
@@ -71,6 +75,8 @@ def idempotent(
     for name, value in options.items():
         settings[name.replace("_", "-")] = _option_text(name, value)
     gateway = Gateway.open(namespace or f"mcp-server:{lowlevel.name}", list(settings.items()))
+    # Outcomes the store failed to take at first are still being sent: give them a moment.
+    atexit.register(gateway.settle, SETTLE_GRACE_SECONDS)
     resolve = principal if callable(principal) else _authenticated_client
     lowlevel.middleware.append(
         IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=settings.get("cancel", "absorb") == "absorb")
