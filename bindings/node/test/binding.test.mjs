@@ -3,11 +3,12 @@
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { test } from 'node:test';
+import { fileURLToPath } from 'node:url';
 
 import { McpServer } from '@modelcontextprotocol/server';
 
 import { IdempotencyError, idempotent } from '../index.js';
-import { OwnRedis, bound, chargeId, errorType, freePort, ledgerLines, sandbox, wrapRefusal, wrapped } from './support.mjs';
+import { OwnRedis, Peer, bound, chargeId, errorType, freePort, ledgerLines, sandbox, wrapRefusal, wrapped } from './support.mjs';
 
 function refused(options) {
     const server = new McpServer({ name: 'bad-input', version: '0' });
@@ -158,6 +159,20 @@ test('a cancelled keyed call still runs once and its retry replays it', async ()
         const lines = ledgerLines(ledger);
         assert.equal(lines.length, 1);
         assert.equal(chargeId(retry), lines[0].chargeId);
+    } finally {
+        await peer.close();
+    }
+});
+
+test('a low-level Server is made idempotent too', async () => {
+    const peer = await Peer.start('node', [fileURLToPath(new URL('./lowlevel-server.mjs', import.meta.url)), 'memory']);
+    try {
+        const first = await peer.call('charge', { amount: 1 }, 'lowlevel-key');
+        assert.ok(first.result, JSON.stringify(first));
+        assert.deepEqual((await peer.call('charge', { amount: 1 }, 'lowlevel-key')).result, first.result);
+        assert.notDeepEqual((await peer.call('charge', { amount: 1 }, 'another-key')).result, first.result);
+        const conflict = await peer.call('charge', { amount: 2 }, 'lowlevel-key');
+        assert.equal(errorType(conflict), 'idempotency_key_conflict', JSON.stringify(conflict));
     } finally {
         await peer.close();
     }

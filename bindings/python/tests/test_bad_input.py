@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 from mcp.server.mcpserver import MCPServer
 
-from conftest import free_port, ledger_lines, mcp_idem_binary
+from conftest import HERE, Peer, free_port, ledger_lines, mcp_idem_binary
 from mcp_idempotency import IdempotencyError, idempotent
 
 
@@ -92,3 +93,17 @@ def test_the_key_reaches_the_tool_in_meta(bound, tmp_path):
     [line] = ledger_lines(tmp_path / "ledger.jsonl")
     assert line["key"] == "key-for-the-tool"
     assert answer["result"]["structuredContent"]["chargeId"] == line["chargeId"]
+
+
+def test_a_low_level_server_is_made_idempotent_too(tmp_path):
+    peer = Peer([sys.executable, str(HERE / "lowlevel_server.py"), "memory"], tmp_path / "lowlevel.stderr")
+    try:
+        first = peer.call("charge", {"amount": 1}, "lowlevel-key")
+        assert "result" in first, first
+        assert peer.call("charge", {"amount": 1}, "lowlevel-key")["result"] == first["result"]
+        other = peer.call("charge", {"amount": 1}, "another-key")
+        assert other["result"] != first["result"]
+        conflict = peer.call("charge", {"amount": 2}, "lowlevel-key")
+        assert conflict["error"]["data"]["type"] == "idempotency_key_conflict", conflict
+    finally:
+        peer.close()
