@@ -23,12 +23,15 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+import asyncio
+import weakref
+
 import anyio
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 from pydantic import ValidationError
 
-from ._native import OPTIONS, Connection, Gateway, IdempotencyError
+from ._native import OPTIONS, Completions, Connection, Gateway, IdempotencyError
 
 __all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempotent"]
 
@@ -114,7 +117,8 @@ class IdempotencyMiddleware:
         if ctx.params is not None:
             request["params"] = ctx.params
         connection = self.gateway.connect(self._principal(ctx))
-        action, message = await _settled(connection.from_client(_dumps(request)))
+        completions = _LoopCompletions.of_running_loop()
+        action, message = await completions.settled(connection.from_client(_dumps(request), completions.native))
         if action == "respond":
             return _result_or_raise(json.loads(message))
         if action == "rewritten":
@@ -132,13 +136,13 @@ class IdempotencyMiddleware:
             # Cancelled (the client with `cancel=forward`, or the server shutting down): the
             # call may or may not have taken effect.
             with anyio.CancelScope(shield=True):
-                await _settled(connection.close())
+                await completions.settled(connection.close(completions.native))
             raise
         if error is not None:
             answer = {"jsonrpc": "2.0", "id": request_id, "error": _error_body(error)}
         else:
             answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
-        action, message = await _settled(connection.from_server(_dumps(answer)))
+        action, message = await completions.settled(connection.from_server(_dumps(answer), completions.native))
         if error is not None:
             raise error
         if action == "rewritten":
@@ -163,11 +167,42 @@ async def _outcome(call_next: Callable[[Any], Any], ctx: Any) -> tuple[Any, MCPE
     return dict(result), None
 
 
-async def _settled(step: Any) -> Any:
-    """A step from the library: ready at once, or awaited while the store answers."""
-    if isinstance(step, (tuple, list)):
-        return step
-    return await step
+class _LoopCompletions:
+    """The answers of store round trips for one asyncio loop.
+
+    A decision that waits on the store runs on the library's runtime and comes back as a ticket;
+    its answer is queued natively, and the loop is woken through a socket it watches. The answers
+    are taken here, on the loop, which resolves the futures waiting for them.
+    """
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopCompletions] = weakref.WeakKeyDictionary()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.native = Completions()
+        self.waiting: dict[int, asyncio.Future[Any]] = {}
+        loop.add_reader(self.native.fileno(), self._take)
+
+    @classmethod
+    def of_running_loop(cls) -> _LoopCompletions:
+        loop = asyncio.get_running_loop()
+        completions = cls._by_loop.get(loop)
+        if completions is None:
+            completions = cls._by_loop[loop] = cls(loop)
+        return completions
+
+    async def settled(self, step: Any) -> Any:
+        """A step of the library: ready at once, or a ticket awaited while the store answers."""
+        if not isinstance(step, int):
+            return step
+        waiting = self.waiting[step] = self.loop.create_future()
+        return await waiting
+
+    def _take(self) -> None:
+        for ticket, answer in self.native.take():
+            waiting = self.waiting.pop(ticket, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(answer)
 
 
 def _result_or_raise(response: Mapping[str, Any]) -> dict[str, Any]:
