@@ -112,7 +112,11 @@ class IdempotencyMiddleware:
         self._absorb_cancel = absorb_cancel
 
     async def __call__(self, ctx: Any, call_next: Callable[[Any], Any]) -> Any:
-        request_id = ctx.request_id if ctx.request_id is not None else 0
+        if ctx.request_id is None:
+            # A notification: the SDK handles cancellations itself (see `absorb_cancel`), and no
+            # call of a per-request connection can be in flight for anything else to concern.
+            return await call_next(ctx)
+        request_id = ctx.request_id
         request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": ctx.method}
         if ctx.params is not None:
             request["params"] = ctx.params
