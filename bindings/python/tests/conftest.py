@@ -47,10 +47,14 @@ class Peer:
     def send(self, message: dict) -> None:
         self.process.stdin.write((json.dumps(message) + "\n").encode())
 
-    def request(self, method: str, params: dict) -> dict:
+    def start(self, method: str, params: dict) -> int:
+        """Sends a request without waiting for its answer; returns its id."""
         self.next_id += 1
         self.send({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params})
-        return self.answer(self.next_id)
+        return self.next_id
+
+    def request(self, method: str, params: dict) -> dict:
+        return self.answer(self.start(method, params))
 
     def answer(self, request_id: int) -> dict:
         while True:
@@ -61,11 +65,8 @@ class Peer:
             if message.get("id") == request_id:
                 return message
 
-    def call(self, name: str, arguments: object, key: object = None, *, keyed: bool = True) -> dict:
-        params: dict = {"name": name, "arguments": arguments}
-        if keyed:
-            params["idempotencyKey"] = key
-        return self.request("tools/call", params)
+    def call(self, name: str, arguments: object, key: object = None) -> dict:
+        return self.request("tools/call", {"name": name, "arguments": arguments, "idempotencyKey": key})
 
     def close(self) -> None:
         if self.process.stdin:

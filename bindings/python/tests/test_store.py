@@ -39,10 +39,7 @@ def test_a_store_down_mid_run_refuses_new_calls_and_loses_no_outcome(bound, own_
 
     # A call that runs while the store goes down: the tool finishes and the client gets its answer.
     slow = dict(CHARGE, delay_ms=1500)
-    peer.next_id += 1
-    running_id = peer.next_id
-    peer.send({"jsonrpc": "2.0", "id": running_id, "method": "tools/call",
-               "params": {"name": "charge_payment", "arguments": slow, "idempotencyKey": "during"}})
+    running_id = peer.start("tools/call", {"name": "charge_payment", "arguments": slow, "idempotencyKey": "during"})
     time.sleep(0.5)
     own_redis.stop()
     during = charge_id(peer.answer(running_id))
@@ -74,10 +71,7 @@ def test_a_cancelled_keyed_call_still_runs_once_and_its_retry_replays_it(bound, 
     answer looks, so the call runs to its end and the retry that follows gets its outcome."""
     peer = bound("--store", "memory")
     slow = dict(CHARGE, delay_ms=500)
-    peer.next_id += 1
-    cancelled_id = peer.next_id
-    peer.send({"jsonrpc": "2.0", "id": cancelled_id, "method": "tools/call",
-               "params": {"name": "charge_payment", "arguments": slow, "idempotencyKey": "cancelled"}})
+    cancelled_id = peer.start("tools/call", {"name": "charge_payment", "arguments": slow, "idempotencyKey": "cancelled"})
     time.sleep(0.1)
     peer.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
                "params": {"requestId": cancelled_id, "reason": "timed out"}})
