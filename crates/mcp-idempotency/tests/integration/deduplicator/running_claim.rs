@@ -65,6 +65,63 @@ async fn a_running_claim_renews_its_own_lease_until_finished() {
     );
 }
 
+/// Every running claim of a deduplicator is renewed by one task: claims add no task of their own,
+/// a claim that ended is renewed no more, and the task ends once no claim is left.
+#[tokio::test(start_paused = true)]
+async fn one_task_renews_every_running_claim_and_ends_when_none_is_left() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let lease = Duration::from_secs(30);
+    let d = dedup(&store, EngineConfig::default().with_lease(lease)).with_clock(clock.clone());
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let start = clock.now();
+    let mut running = Vec::new();
+    for key in ["k-one", "k-two", "k-three"] {
+        running.push(begin(&d, key).await);
+    }
+    assert_eq!(tasks(), before + 1, "one renewing task for every claim");
+    let finished = running.remove(1);
+    finished
+        .finish(Outcome::Success(RESULT.into()))
+        .await
+        .unwrap();
+
+    clock.advance(Duration::from_secs(11));
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    for key in ["k-one", "k-three"] {
+        let renewed = lease_in(record(&store, &scope(), key).await);
+        assert_eq!(
+            renewed,
+            start.saturating_add(Duration::from_secs(41)),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        replay(decide(&d, &scope(), TOOL, ARGS, "k-two").await),
+        Replay::Result(RESULT.into()),
+        "a finished claim is not renewed back into progress"
+    );
+
+    for claim in running {
+        claim.finish(Outcome::Success(RESULT.into())).await.unwrap();
+    }
+    // At its next tick (a sixth of the lease) the task finds no claim and ends.
+    tokio::time::sleep(lease / 6 + Duration::from_secs(1)).await;
+    assert_eq!(
+        tasks(),
+        before,
+        "the renewing task ends with the last claim"
+    );
+    let again = begin(&d, "k-four").await;
+    assert_eq!(tasks(), before + 1, "the next claim starts it again");
+    again.finish(Outcome::Success(RESULT.into())).await.unwrap();
+}
+
 /// `release` frees the key (the call did not run); `abandon` records outcome-unknown (it may
 /// have); a handle dropped without either is abandoned too, never left to its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
