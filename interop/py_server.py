@@ -41,12 +41,13 @@ def build(executions: str) -> MCPServer:
     return server
 
 
-async def serve_http(server: MCPServer) -> None:
-    """Serves `server` over stateless Streamable HTTP (JSON answers) on 127.0.0.1, a free port.
-    Also the HTTP side of the Python binding's payments server (bindings/python/tests)."""
+async def serve_http(server: MCPServer, *, sessions: bool = False) -> None:
+    """Serves `server` over Streamable HTTP on 127.0.0.1, a free port: stateless with JSON answers,
+    or with `sessions` (`Mcp-Session-Id`) and SSE answers. Also the HTTP side of the Python
+    binding's payments server (bindings/python/tests)."""
     import uvicorn
 
-    app = server.streamable_http_app(stateless_http=True, json_response=True)
+    app = server.streamable_http_app(stateless_http=not sessions, json_response=not sessions)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))

@@ -5,6 +5,8 @@ Python SDK's `MCPServer`, with SEP-3182 in process through `mcp_idempotency.idem
     python3 payments_server.py --ledger FILE ... --http    stateless Streamable HTTP on 127.0.0.1, a
                                                           free port; the first stderr line is
                                                           "listening on http://127.0.0.1:PORT/mcp"
+    python3 payments_server.py --ledger FILE ... --http --sessions   the same with sessions
+                                                          (Mcp-Session-Id) and SSE answers
     python3 payments_server.py --ledger FILE --plain       the same server without the binding
 
 Tools (as the demo server's):
@@ -108,6 +110,7 @@ def main() -> None:
     parser.add_argument("--lease")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--http", action="store_true")
+    parser.add_argument("--sessions", action="store_true", help="with --http: sessions and SSE answers")
     parser.add_argument("--plain", action="store_true", help="without the binding (the bench's baseline)")
     args = parser.parse_args()
     server = build(args.ledger)
@@ -117,7 +120,7 @@ def main() -> None:
             options["lease"] = args.lease
         idempotent(server, store=args.store, namespace=args.namespace, **options)
     if args.http:
-        asyncio.run(serve_http(server))
+        asyncio.run(serve_http(server, sessions=args.sessions))
     else:
         server.run()
 

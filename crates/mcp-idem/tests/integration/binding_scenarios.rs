@@ -193,13 +193,15 @@ fn sdk_client_over_stdio(binding: Binding, toolchain: Toolchain, client: &str) {
     assert_dedup(&report, &sandbox.ledger());
 }
 
-fn sdk_client_over_http(binding: Binding, toolchain: Toolchain, client: &str) {
+fn sdk_client_over_http(binding: Binding, toolchain: Toolchain, client: &str, extra: &[&str]) {
     if !binding.require() || !toolchain.require() {
         return;
     }
     let sandbox = Sandbox::new();
     let store = sandbox.store();
-    let server = binding.spawn_http(&sandbox.ledger(), &["--store", &store]);
+    let mut options = vec!["--store", store.as_str()];
+    options.extend(extra);
+    let server = binding.spawn_http(&sandbox.ledger(), &options);
     let args: Vec<OsString> = vec![
         script(client).into(),
         "dedup".into(),
@@ -477,7 +479,7 @@ macro_rules! scenarios {
 
             #[test]
             fn the_python_sdk_client_dedups_over_http() {
-                sdk_client_over_http($binding, Toolchain::Python, "py_client.py");
+                sdk_client_over_http($binding, Toolchain::Python, "py_client.py", &[]);
             }
 
             #[test]
@@ -487,7 +489,7 @@ macro_rules! scenarios {
 
             #[test]
             fn the_typescript_sdk_client_dedups_over_http() {
-                sdk_client_over_http($binding, Toolchain::Node, "ts-client.mjs");
+                sdk_client_over_http($binding, Toolchain::Node, "ts-client.mjs", &[]);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -514,4 +516,22 @@ macro_rules! scenarios {
 }
 
 scenarios!(python, Binding::Python);
+
+/// The Python SDK serves Streamable HTTP with sessions (`Mcp-Session-Id`) and SSE answers too; the
+/// binding is in its middleware chain there as well.
+mod python_sessions {
+    use super::*;
+
+    #[test]
+    fn the_python_sdk_client_dedups_over_http_with_sessions() {
+        let client = "py_client.py";
+        sdk_client_over_http(Binding::Python, Toolchain::Python, client, &["--sessions"]);
+    }
+
+    #[test]
+    fn the_typescript_sdk_client_dedups_over_http_with_sessions() {
+        let client = "ts-client.mjs";
+        sdk_client_over_http(Binding::Python, Toolchain::Node, client, &["--sessions"]);
+    }
+}
 scenarios!(node, Binding::Node);
