@@ -78,3 +78,17 @@ def test_a_cancelled_keyed_call_still_runs_once_and_its_retry_replays_it(bound, 
     retry = outcome_once_settled(peer, slow, "cancelled", ("idempotency_key_in_progress",))
     [line] = ledger_lines(tmp_path / "ledger.jsonl")
     assert charge_id(retry) == line["chargeId"]
+
+
+def test_records_are_scoped_to_the_principal(bound, tmp_path):
+    """Two servers on one store: the same key from another principal is another call; from the
+    same principal it is the replay."""
+    store = f"sqlite:{tmp_path / 'shared.sqlite3'}"
+    ledger = tmp_path / "ledger.jsonl"
+    alice = bound("--store", store, "--option", "principal=alice", ledger=ledger)
+    bob = bound("--store", store, "--option", "principal=bob", ledger=ledger)
+    alice_again = bound("--store", store, "--option", "principal=alice", ledger=ledger)
+    first = charge_id(alice.call("charge_payment", CHARGE, "shared-key"))
+    assert charge_id(bob.call("charge_payment", CHARGE, "shared-key")) != first
+    assert charge_id(alice_again.call("charge_payment", CHARGE, "shared-key")) == first
+    assert len(ledger_lines(ledger)) == 2
