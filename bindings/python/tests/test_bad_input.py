@@ -107,3 +107,13 @@ def test_a_low_level_server_is_made_idempotent_too(tmp_path):
         assert conflict["error"]["data"]["type"] == "idempotency_key_conflict", conflict
     finally:
         peer.close()
+
+
+def test_servers_with_the_same_options_share_one_gateway():
+    first = MCPServer("shared")
+    second = MCPServer("shared")
+    idempotent(first, store="memory")
+    idempotent(second, store="memory")
+    [ours] = [m for m in first._lowlevel_server.middleware if hasattr(m, "gateway")]
+    [theirs] = [m for m in second._lowlevel_server.middleware if hasattr(m, "gateway")]
+    assert ours.gateway is theirs.gateway

@@ -64,8 +64,9 @@ def idempotent(
     `-`: `retention="24h"`, `lease="5m"`, `after_crash="reject"`, `forward_key=False`,
     `cancel="absorb"`, `max_key_bytes=256`, `max_argument_bytes=...`, ...
 
-    The store is opened here: a bad option, a store URL that does not parse or a store that
-    cannot be reached raises `IdempotencyError` (with `.type` and `.code`) at once.
+    The store is opened here, once per namespace and options (servers built per request share
+    it): a bad option, a store URL that does not parse or a store that cannot be reached raises
+    `IdempotencyError` (with `.type` and `.code`) at once.
     """
     lowlevel = getattr(server, "_lowlevel_server", server)
     if not hasattr(lowlevel, "middleware"):
@@ -77,14 +78,26 @@ def idempotent(
         settings["principal"] = principal
     for name, value in options.items():
         settings[name.replace("_", "-")] = _option_text(name, value)
-    gateway = Gateway.open(namespace or f"mcp-server:{lowlevel.name}", list(settings.items()))
-    # Outcomes the store failed to take at first are still being sent: give them a moment.
-    atexit.register(gateway.settle, SETTLE_GRACE_SECONDS)
+    gateway = _gateway(namespace or f"mcp-server:{lowlevel.name}", settings)
     resolve = principal if callable(principal) else _authenticated_client
     lowlevel.middleware.append(
         IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=settings.get("cancel", "absorb") == "absorb")
     )
     return server
+
+
+_gateways: dict[tuple[str, tuple[tuple[str, str], ...]], Gateway] = {}
+"""Gateways by namespace and options: servers built per request or per session share one store."""
+
+
+def _gateway(namespace: str, settings: dict[str, str]) -> Gateway:
+    cache_key = (namespace, tuple(sorted(settings.items())))
+    gateway = _gateways.get(cache_key)
+    if gateway is None:
+        gateway = _gateways[cache_key] = Gateway.open(namespace, list(settings.items()))
+        # Outcomes the store failed to take at first are still being sent: give them a moment.
+        atexit.register(gateway.settle, SETTLE_GRACE_SECONDS)
+    return gateway
 
 
 def idempotency_key(context: Any) -> str | None:
