@@ -65,6 +65,9 @@ function idempotent(server, options = {}) {
     const settings = {};
     if (store !== undefined) settings.store = optionText('store', store);
     if (typeof principal === 'string') settings.principal = principal;
+    else if (principal !== undefined && typeof principal !== 'function') {
+        throw new IdempotencyError('invalid value for option "principal": expected a string or a function', 'idempotency_invalid_option', -32602);
+    }
     for (const [name, value] of Object.entries(rest)) {
         settings[name.replace(/[A-Z]/g, (upper) => `-${upper.toLowerCase()}`).replaceAll('_', '-')] = optionText(name, value);
     }

@@ -45,6 +45,7 @@ test('unknown options and bad values are refused', () => {
     assert.equal(refused({ store: 'memory', maxKeyBytes: 0 }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', maxKeyBytes: [1] }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', afterCrash: 'retry' }).type, 'idempotency_invalid_option');
+    assert.equal(refused({ store: 'memory', principal: 7 }).type, 'idempotency_invalid_option');
     assert.throws(() => idempotent({}, { store: 'memory' }), TypeError);
 });
 

@@ -49,6 +49,7 @@ def test_unknown_options_and_bad_values_are_refused():
     assert refused(store="memory", max_key_bytes=0).type == "idempotency_invalid_option"
     assert refused(store="memory", max_key_bytes=[1]).type == "idempotency_invalid_option"
     assert refused(store="memory", after_crash="retry").type == "idempotency_invalid_option"
+    assert refused(store="memory", principal=7).type == "idempotency_invalid_option"
 
 
 def test_a_server_that_is_not_an_mcp_server_is_a_type_error():

@@ -76,6 +76,8 @@ def idempotent(
         settings["store"] = _option_text("store", store)
     if isinstance(principal, str):
         settings["principal"] = principal
+    elif principal is not None and not callable(principal):
+        raise _invalid_option("principal", principal, "expected a string or a function")
     for name, value in options.items():
         settings[name.replace("_", "-")] = _option_text(name, value)
     gateway = _gateway(namespace or f"mcp-server:{lowlevel.name}", settings)
@@ -263,8 +265,10 @@ def _option_text(name: str, value: Any) -> str:
         return str(value)
     if isinstance(value, datetime.timedelta):
         return f"{int(value.total_seconds() * 1000)}ms"
-    error = IdempotencyError(
-        f"invalid value {value!r} for option {name!r}: expected a string, a number, a bool or a timedelta"
-    )
+    raise _invalid_option(name, value, "expected a string, a number, a bool or a timedelta")
+
+
+def _invalid_option(name: str, value: Any, reason: str) -> IdempotencyError:
+    error = IdempotencyError(f"invalid value {value!r} for option {name!r}: {reason}")
     error.type, error.code = "idempotency_invalid_option", INVALID_PARAMS
-    raise error
+    return error
