@@ -30,10 +30,17 @@ pub(crate) struct Renewals {
 
 #[derive(Debug, Default)]
 struct State {
-    claims: HashMap<u64, Claim>,
+    claims: HashMap<u64, Entry>,
     next_id: u64,
     /// Whether the renewing task runs.
     task: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    claim: Claim,
+    /// A renewal of it is under way (not sent again at the next tick).
+    renewing: bool,
 }
 
 /// A registered claim, to take out with [`Renewals::remove`].
@@ -48,7 +55,13 @@ impl Renewals {
         let mut state = dedup.renewals().lock();
         let id = state.next_id;
         state.next_id += 1;
-        state.claims.insert(id, claim);
+        state.claims.insert(
+            id,
+            Entry {
+                claim,
+                renewing: false,
+            },
+        );
         if !state.task {
             state.task = true;
             runtime.spawn(renew_while_claimed(dedup.clone()));
@@ -66,7 +79,9 @@ impl Renewals {
     }
 }
 
-/// Every sixth of the lease, renews the claims that are due; ends at a tick with no claim.
+/// Every sixth of the lease, starts the renewals that are due; ends at a tick with no claim.
+/// Each renewal runs in a task of its own, so that a slow store answer delays no other lease
+/// (only calls that outlive a third of their lease ever get one).
 async fn renew_while_claimed(dedup: Deduplicator) {
     // Dropped with the task (also when its runtime shuts down): the next claim starts another.
     let _running = Running(dedup.clone());
@@ -75,35 +90,46 @@ async fn renew_while_claimed(dedup: Deduplicator) {
         tokio::time::sleep(tick).await;
         let now = dedup.clock().now();
         let due: Vec<(u64, Claim)> = {
-            let state = dedup.renewals().lock();
+            let mut state = dedup.renewals().lock();
             if state.claims.is_empty() {
                 return;
             }
             state
                 .claims
-                .iter()
-                .filter(|(_, claim)| dedup.engine().renewal_due(claim) <= now)
-                .map(|(&id, claim)| (id, claim.clone()))
+                .iter_mut()
+                .filter(|(_, entry)| {
+                    !entry.renewing && dedup.engine().renewal_due(&entry.claim) <= now
+                })
+                .map(|(&id, entry)| {
+                    entry.renewing = true;
+                    (id, entry.claim.clone())
+                })
                 .collect()
         };
-        for (id, mut claim) in due {
-            let renewed = dedup.renew(&mut claim).await;
-            let mut state = dedup.renewals().lock();
-            // A call that ended meanwhile is not renewed any more, whatever the store said.
-            let Some(registered) = state.claims.get_mut(&id) else {
-                continue;
-            };
-            match renewed {
-                Ok(Fenced::Applied) => *registered = claim,
-                Ok(Fenced::NotOwner) => {
-                    state.claims.remove(&id);
-                    tracing::warn!(key = %claim.id().key, "lost the lease of a running call: it was taken over");
-                }
-                // Tried again at the next tick, a sixth of the lease later.
-                Err(error) => {
-                    tracing::warn!(key = %claim.id().key, %error, "cannot renew a lease");
-                }
-            }
+        for (id, claim) in due {
+            tokio::spawn(renew(dedup.clone(), id, claim));
+        }
+    }
+}
+
+/// Renews one registered claim once; a failed renewal is sent again at a later tick, a sixth of
+/// the lease later.
+async fn renew(dedup: Deduplicator, id: u64, mut claim: Claim) {
+    let renewed = dedup.renew(&mut claim).await;
+    let mut state = dedup.renewals().lock();
+    // A call that ended meanwhile is not renewed any more, whatever the store said.
+    let Some(entry) = state.claims.get_mut(&id) else {
+        return;
+    };
+    entry.renewing = false;
+    match renewed {
+        Ok(Fenced::Applied) => entry.claim = claim,
+        Ok(Fenced::NotOwner) => {
+            state.claims.remove(&id);
+            tracing::warn!(key = %claim.id().key, "lost the lease of a running call: it was taken over");
+        }
+        Err(error) => {
+            tracing::warn!(key = %claim.id().key, %error, "cannot renew a lease");
         }
     }
 }

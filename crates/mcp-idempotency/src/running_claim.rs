@@ -25,11 +25,11 @@ use crate::record::Outcome;
 use crate::renewals::{self, Registration, Renewals};
 use crate::store::{CompleteRequest, Fenced, StoreError};
 
-/// An executed call's claim, renewing its own lease until it is finished, abandoned or released.
+/// An executed call's claim, its lease kept alive until it is finished, abandoned or released.
 /// Returned by [`Deduplicator::begin`] inside [`Decision::Execute`](crate::Decision::Execute).
 ///
-/// Renewal runs on the tokio runtime the claim was started on; a claim started outside a runtime
-/// does not renew.
+/// The deduplicator's renewing task runs on the tokio runtime the first running claim was started
+/// on; a claim started outside a runtime is not renewed.
 #[derive(Debug)]
 #[must_use = "a running claim must be finished, abandoned or released"]
 pub struct RunningClaim {

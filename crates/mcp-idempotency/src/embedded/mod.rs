@@ -275,7 +275,8 @@ impl Connection {
 
 /// An answer that is ready at once, or a future that still waits on the store.
 pub enum Answer<T> {
-    /// The answer, decided without waiting (every message but a keyed call on a network store).
+    /// The answer, decided without waiting (every message but a keyed call on a store that does
+    /// I/O: SQLite, Redis, PostgreSQL).
     Ready(T),
     /// Still waiting (a store round trip): poll it on the runtime that [`now_or_later`] ran in.
     Pending(Pin<Box<dyn Future<Output = T> + Send>>),

@@ -15,6 +15,8 @@ pub(crate) struct FlakyStore {
     pub(super) fail_claim: AtomicBool,
     fail_take_over: AtomicBool,
     pub(super) fail_renew: AtomicBool,
+    /// Renewals of this key never answer (a store that hangs on one record).
+    pub(super) hang_renewals_of: std::sync::Mutex<Option<String>>,
     fail_release: AtomicBool,
     pub(super) fail_complete: AtomicBool,
     /// The next claim is applied, and then its answer is lost.
@@ -94,6 +96,10 @@ impl Store for FlakyStore {
     ) -> StoreFuture<'a, Fenced> {
         if self.fail_renew.load(Ordering::SeqCst) {
             return failure("renew");
+        }
+        let hung = self.hang_renewals_of.lock().unwrap().clone();
+        if hung.as_deref() == Some(id.key.as_str()) {
+            return Box::pin(std::future::pending());
         }
         self.inner.renew(id, owner, lease_expires_at)
     }

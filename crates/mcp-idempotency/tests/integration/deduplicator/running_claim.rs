@@ -122,6 +122,36 @@ async fn one_task_renews_every_running_claim_and_ends_when_none_is_left() {
     again.finish(Outcome::Success(RESULT.into())).await.unwrap();
 }
 
+/// A renewal the store never answers delays no other claim's lease.
+#[tokio::test(start_paused = true)]
+async fn a_hung_renewal_delays_no_other_lease() {
+    let flaky = Arc::new(super::failing_store::FlakyStore::default());
+    *flaky.hang_renewals_of.lock().unwrap() = Some("k-hung".into());
+    let store: Arc<dyn Store> = flaky.clone();
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let lease = Duration::from_secs(30);
+    let d = dedup(&store, EngineConfig::default().with_lease(lease)).with_clock(clock.clone());
+    let start = clock.now();
+    let hung = begin(&d, "k-hung").await;
+    let fine = begin(&d, "k-fine").await;
+    // Two renewals of `k-fine`, a third of the lease apart, while `k-hung`'s first never ends.
+    for round in 1..=2u64 {
+        clock.advance(Duration::from_secs(11));
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(
+            lease_in(record(&store, &scope(), "k-fine").await),
+            start.saturating_add(Duration::from_secs(11 * round + 30)),
+            "round {round}"
+        );
+    }
+    assert_eq!(
+        lease_in(record(&store, &scope(), "k-hung").await),
+        start.saturating_add(lease)
+    );
+    fine.finish(Outcome::Success(RESULT.into())).await.unwrap();
+    hung.finish(Outcome::Success(RESULT.into())).await.unwrap();
+}
+
 /// `release` frees the key (the call did not run); `abandon` records outcome-unknown (it may
 /// have); a handle dropped without either is abandoned too, never left to its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
