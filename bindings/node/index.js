@@ -201,18 +201,15 @@ function loadNative() {
     const { existsSync } = require('node:fs');
     const { join } = require('node:path');
     const triple = require('./triple.js').platformTriple();
-    // Built in place (`npm run build`, or the prebuilt file the package ships), then the
-    // per-platform package.
-    const local = join(__dirname, `mcp-idempotency.${triple}.node`);
-    if (existsSync(local)) return require(local);
-    try {
-        return require(`mcp-idempotency-${triple}`);
-    } catch (error) {
+    // The prebuilt file the package ships, or the one install.js built from source.
+    const addon = join(__dirname, `mcp-idempotency.${triple}.node`);
+    if (!existsSync(addon)) {
         throw new Error(
             `mcp-idempotency has no native addon for ${triple}: build it from source with \`npm run build\` ` +
-                `in ${__dirname} (needs a Rust toolchain) (${error.message})`
+                `in ${__dirname} (needs a Rust toolchain)`
         );
     }
+    return require(addon);
 }
 
 module.exports = { idempotent, idempotencyKey, IdempotencyError, META_KEY, OPTIONS };

@@ -131,18 +131,6 @@ impl Gateway {
         }
     }
 
-    /// The namespace records are kept under.
-    #[napi(getter)]
-    pub fn namespace(&self) -> String {
-        self.inner.scope().namespace().to_owned()
-    }
-
-    /// The principal records are kept under when a connection names none.
-    #[napi(getter)]
-    pub fn principal(&self) -> String {
-        self.inner.scope().principal().to_owned()
-    }
-
     /// Waits up to `graceMs` for outcomes still being sent to the store in the background, and
     /// returns how many are still pending. Blocks: `index.js` calls it as the process exits, so
     /// that an outcome the store failed to take at first is not lost with the process.

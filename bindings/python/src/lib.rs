@@ -237,18 +237,6 @@ impl Gateway {
         }
     }
 
-    /// The namespace records are kept under.
-    #[getter]
-    fn namespace(&self) -> String {
-        self.inner.scope().namespace().to_owned()
-    }
-
-    /// The principal records are kept under when a connection names none.
-    #[getter]
-    fn principal(&self) -> String {
-        self.inner.scope().principal().to_owned()
-    }
-
     /// Waits up to `grace` seconds for outcomes still being sent to the store in the background
     /// (call it before the process exits); returns how many are still pending.
     fn settle(&self, py: Python<'_>, grace: f64) -> PyResult<usize> {
