@@ -16,22 +16,21 @@ alike. Tools run on the server's event loop; store I/O runs on the library's tok
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import dataclasses
 import datetime
 import json
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
-
-import asyncio
-import weakref
 
 import anyio
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 from pydantic import ValidationError
 
-from ._native import OPTIONS, Completions, Connection, Gateway, IdempotencyError
+from ._native import OPTIONS, Completions, Gateway, IdempotencyError
 
 __all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempotent"]
 
