@@ -2,6 +2,7 @@
 //! Streamable HTTP. The work is done by [`mcp_idempotency::client`].
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -80,6 +81,11 @@ pub(crate) struct CallArgs {
     #[arg(long = "header", short = 'H', value_name = "NAME:VALUE", requires = "url", value_parser = parse_header)]
     headers: Vec<(String, String)>,
 
+    /// A PEM file of CA certificates to trust besides the system's (a private CA), for an
+    /// https:// --url.
+    #[arg(long, value_name = "FILE", env = "MCP_IDEM_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+
     /// Also retry over a server without tools.idempotency when the tool is annotated
     /// idempotentHint: true (the tool may then run more than once).
     #[arg(long)]
@@ -141,12 +147,15 @@ impl CallArgs {
         }
         match (&self.url, self.command.split_first()) {
             (Some(url), _) => {
-                let connector = self
+                let mut connector = self
                     .headers
                     .iter()
                     .fold(HttpConnector::new(url), |connector, (name, value)| {
                         connector.header(name, value)
                     });
+                if let Some(ca) = &self.ca_cert {
+                    connector = connector.ca_cert(ca);
+                }
                 self.call(connector, policy, request).await
             }
             (None, Some((program, args))) => {

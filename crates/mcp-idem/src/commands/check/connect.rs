@@ -2,9 +2,11 @@
 //! `tools.idempotency` in each handshake it answers (`capability.discover`,
 //! `capability.initialize`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use mcp_idempotency::protocol;
 use serde_json::Value;
 
 use super::http::HttpClient;
@@ -16,7 +18,11 @@ use crate::line_client::LineClient;
 #[derive(Clone, Debug)]
 pub(crate) enum Target {
     Stdio(Vec<String>),
-    Http { url: String, headers: Vec<String> },
+    Http {
+        url: String,
+        headers: Vec<String>,
+        ca_cert: Option<PathBuf>,
+    },
 }
 
 impl Target {
@@ -35,9 +41,14 @@ impl Target {
                 let client = LineClient::spawn(program.as_ref(), args, &[])?;
                 Ok(Session::stdio(client, timeout))
             }
-            Self::Http { url, headers } => {
-                Ok(Session::http(HttpClient::new(url, headers)?, timeout))
-            }
+            Self::Http {
+                url,
+                headers,
+                ca_cert,
+            } => Ok(Session::http(
+                HttpClient::new(url, headers, ca_cert.as_deref())?,
+                timeout,
+            )),
         }
     }
 }
@@ -77,7 +88,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Resul
             return Ok(Connected {
                 session,
                 outcomes: vec![discover, initialize],
-                era: format!("2026-07-28 (server/discover){also}"),
+                era: format!("{} (server/discover){also}", protocol::V_2026_07_28),
             });
         }
     }
@@ -119,10 +130,7 @@ fn capability(name: &'static str, method: &str, reply: &Reply) -> Outcome {
             text: abridge(&reply.text, 600),
         },
     ];
-    let (status, detail) = match reply
-        .message
-        .pointer("/result/capabilities/tools/idempotency")
-    {
+    let (status, detail) = match protocol::idempotency_capability(&reply.message) {
         Some(Value::Object(_)) => (
             Status::Pass,
             format!("capabilities.tools.idempotency is advertised in the {method} result"),
