@@ -119,6 +119,6 @@ pub use key::{IdempotencyKey, KeyError};
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
-pub use rejection::{Rejection, RejectionKind, SHUTTING_DOWN_RETRY_AFTER};
+pub use rejection::{Rejection, RejectionKind, UnknownRejectionKind, SHUTTING_DOWN_RETRY_AFTER};
 pub use running_claim::RunningClaim;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -2,8 +2,7 @@
 //! handshakes that open a conversation, `server/discover` (2026-07-28, stateless) and the legacy
 //! `initialize`: the requests, and what is read from their results. Sans-IO.
 //!
-//! Used by the retrying [`client`](crate::client), the [`bridge`](crate::bridge), and
-//! `mcp-idem check` and the demo of the binary.
+//! Used by the retrying `client`, the `bridge`, and `mcp-idem check` and the demo of the binary.
 
 use serde_json::{json, Value};
 

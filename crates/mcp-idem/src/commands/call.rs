@@ -12,6 +12,7 @@ use mcp_idempotency::client::{
     CallError, CallOutcome, CallReport, CallRequest, Client, Connect, Failure, GaveUp,
     HttpConnector, RetryPolicy, StdioConnector,
 };
+use mcp_idempotency::RejectionKind;
 use serde_json::{json, Value};
 
 /// Exit status of a call whose outcome is a tool error.
@@ -340,11 +341,11 @@ fn print_json(result: &Result<CallReport, CallError>) -> std::io::Result<()> {
 
 fn failure_type(failure: &Failure) -> &str {
     match failure {
-        Failure::Conflict(_) => "idempotency_key_conflict",
-        Failure::OutcomeUnknown(_) => "idempotency_outcome_unknown",
-        Failure::InProgress(_) => "idempotency_key_in_progress",
-        Failure::StoreUnavailable(_) => "idempotency_store_unavailable",
-        Failure::ShuttingDown(_) => "idempotency_shutting_down",
+        Failure::Conflict(_) => RejectionKind::KeyConflict.as_str(),
+        Failure::OutcomeUnknown(_) => RejectionKind::OutcomeUnknown.as_str(),
+        Failure::InProgress(_) => RejectionKind::KeyInProgress.as_str(),
+        Failure::StoreUnavailable(_) => RejectionKind::StoreUnavailable.as_str(),
+        Failure::ShuttingDown(_) => RejectionKind::ShuttingDown.as_str(),
         Failure::Rejected { kind, .. } => kind,
         Failure::Timeout(_) => "timeout",
         Failure::Transport(_) => "transport",

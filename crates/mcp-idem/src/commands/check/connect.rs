@@ -71,17 +71,17 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Resul
     let discover = session.discover(wait).await;
     if let Ok(reply) = &discover {
         if reply.message.get("result").is_some() {
-            let discover = capability("capability.discover", "server/discover", reply);
+            let discover = capability("capability.discover", protocol::DISCOVER, reply);
             let mut probe = target.open(timeout)?;
             let initialize = probe.initialize(wait).await;
             probe.close().await;
             let (initialize, also) = match initialize {
                 Ok(reply) if reply.message.get("result").is_some() => (
-                    capability("capability.initialize", "initialize", &reply),
+                    capability("capability.initialize", protocol::INITIALIZE, &reply),
                     "; the legacy initialize is answered too",
                 ),
                 other => (
-                    not_spoken("capability.initialize", "initialize", &other),
+                    not_spoken("capability.initialize", protocol::INITIALIZE, &other),
                     "; the legacy initialize is not answered",
                 ),
             };
@@ -94,7 +94,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Resul
     }
     // A legacy server may have given up on a connection that did not start with `initialize`.
     session.close().await;
-    let discover = not_spoken("capability.discover", "server/discover", &discover);
+    let discover = not_spoken("capability.discover", protocol::DISCOVER, &discover);
     let mut session = target.open(timeout)?;
     let initialize = session.initialize(wait).await;
     let reply = match initialize {
@@ -111,7 +111,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Resul
     Ok(Connected {
         outcomes: vec![
             discover,
-            capability("capability.initialize", "initialize", &reply),
+            capability("capability.initialize", protocol::INITIALIZE, &reply),
         ],
         session,
         era: format!("legacy {version} (initialize); server/discover is not answered"),
