@@ -50,6 +50,7 @@ impl Retries {
     }
 
     /// Attempts started so far.
+    #[cfg_attr(not(feature = "bridge"), allow(dead_code))]
     pub(crate) fn attempts(&self) -> u32 {
         self.attempts
     }
