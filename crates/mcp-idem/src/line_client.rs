@@ -9,13 +9,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use mcp_idempotency::protocol;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
-
-/// The protocol version the demo speaks through the legacy `initialize` handshake.
-pub(crate) const LEGACY_PROTOCOL: &str = "2025-06-18";
 
 /// A running MCP server and the client end of its stdio.
 pub(crate) struct LineClient {
@@ -64,19 +62,12 @@ impl LineClient {
         })
     }
 
-    /// The legacy handshake: `initialize`, then `notifications/initialized`. Returns the result.
+    /// The legacy handshake (at [`protocol::V_2025_06_18`]): `initialize`, then
+    /// `notifications/initialized`. Returns the result.
     pub(crate) async fn initialize(&mut self) -> anyhow::Result<Value> {
-        let response = self
-            .request(
-                "initialize",
-                json!({
-                    "protocolVersion": LEGACY_PROTOCOL,
-                    "capabilities": {},
-                    "clientInfo": {"name": "mcp-idem-demo", "version": env!("CARGO_PKG_VERSION")},
-                }),
-            )
-            .await?;
-        self.notify("notifications/initialized", json!({})).await?;
+        let params = protocol::initialize_params(protocol::V_2025_06_18, "mcp-idem-demo");
+        let response = self.request(protocol::INITIALIZE, params).await?;
+        self.notify(protocol::INITIALIZED, json!({})).await?;
         response.get("result").cloned().context("initialize failed")
     }
 

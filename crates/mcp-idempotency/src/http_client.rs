@@ -42,6 +42,26 @@ pub fn error_causes(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// Whether `error` is, or was caused by, a server certificate that could not be verified (an
+/// unknown issuer, an expired certificate, another name): trying again will not help.
+pub fn is_certificate_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(rustls::Error::InvalidCertificate(_)) = error.downcast_ref::<rustls::Error>() {
+            return true;
+        }
+        // An I/O error's `source` skips the error it wraps (TLS errors come wrapped twice).
+        next = match error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(wrapped) => Some(wrapped as &(dyn std::error::Error + 'static)),
+            None => error.source(),
+        };
+    }
+    false
+}
+
 /// A client trusting the system's roots and the certificates in `ca_file`, if given.
 pub fn https_client(ca_file: Option<&Path>) -> Result<HttpsClient, TlsSetupError> {
     let tls = crate::tls::client_config(ca_file)?;
@@ -72,6 +92,20 @@ mod tests {
         std::fs::write(&empty, "not a certificate\n").unwrap();
         let error = https_client(Some(&empty)).unwrap_err().to_string();
         assert!(error.contains("no PEM certificate"), "{error}");
+    }
+
+    #[test]
+    fn certificate_errors_are_found_under_the_io_errors_that_wrap_them() {
+        let invalid = rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer);
+        let wrapped = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            invalid,
+        ));
+        assert!(is_certificate_error(&wrapped));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!is_certificate_error(&refused));
+        let other = std::io::Error::other(rustls::Error::DecryptError);
+        assert!(!is_certificate_error(&other));
     }
 
     #[tokio::test]

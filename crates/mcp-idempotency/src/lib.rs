@@ -21,6 +21,8 @@
 //! - [`Rejection`]: the JSON-RPC errors and their stable `error.data.type` values.
 //! - [`jsonrpc`]: the JSON-RPC error codes, the error responses every transport answers with, and
 //!   the limits on one message's size.
+//! - [`protocol`]: the protocol revisions and the handshakes (`server/discover`, `initialize`)
+//!   every client part of the crate speaks.
 //! - [`interceptor`]: the sans-IO JSON-RPC interceptor every transport shares (which messages
 //!   matter, calls in flight by id, capability injection), driven by [`stdio`] (newline-delimited
 //!   JSON-RPC, for `mcp-idem wrap` and rmcp servers on stdio) and by `http` (feature `http`: a tower
@@ -88,6 +90,7 @@ pub mod jsonrpc;
 mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod protocol;
 mod record;
 mod rejection;
 mod renewals;
@@ -98,7 +101,10 @@ pub mod sse;
 #[cfg(not(fuzzing))]
 #[allow(unreachable_pub)]
 // The event writer and the overflow check serve the HTTP relay and the bridge only.
-#[cfg_attr(not(any(feature = "http", feature = "bridge")), allow(dead_code))]
+#[cfg_attr(
+    not(any(feature = "http", feature = "bridge", feature = "client")),
+    allow(dead_code)
+)]
 mod sse;
 pub mod stdio;
 pub mod store;
@@ -113,6 +119,6 @@ pub use key::{IdempotencyKey, KeyError};
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
-pub use rejection::{Rejection, RejectionKind, SHUTTING_DOWN_RETRY_AFTER};
+pub use rejection::{Rejection, RejectionKind, UnknownRejectionKind, SHUTTING_DOWN_RETRY_AFTER};
 pub use running_claim::RunningClaim;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

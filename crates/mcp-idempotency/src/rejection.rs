@@ -6,6 +6,7 @@
 //! (internal error). No code in the range the MCP specification reserves (-32020..-32099) is used.
 //! Clients should branch on `data.type`; its values below never change meaning.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde_json::{json, Map, Value};
@@ -96,6 +97,34 @@ impl RejectionKind {
         Self::OutcomeNotRetained,
         Self::ShuttingDown,
     ];
+}
+
+/// An `error.data.type` that names no [`RejectionKind`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{type_name:?} is not an idempotency error type")]
+pub struct UnknownRejectionKind {
+    type_name: String,
+}
+
+impl UnknownRejectionKind {
+    /// The type that was read.
+    pub fn type_name(&self) -> &str {
+        &self.type_name
+    }
+}
+
+impl FromStr for RejectionKind {
+    type Err = UnknownRejectionKind;
+
+    /// The kind whose [`as_str`](Self::as_str) is `type_name`.
+    fn from_str(type_name: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == type_name)
+            .ok_or_else(|| UnknownRejectionKind {
+                type_name: type_name.to_owned(),
+            })
+    }
 }
 
 /// The `retryAfterMs` of [`RejectionKind::ShuttingDown`]: about the time a client takes to start a
@@ -223,6 +252,19 @@ mod tests {
         for kind in RejectionKind::ALL {
             assert!(!(-32099..=-32020).contains(&kind.code()), "{kind:?}");
         }
+    }
+
+    #[test]
+    fn type_names_parse_back_to_their_kind() {
+        for kind in RejectionKind::ALL {
+            assert_eq!(kind.as_str().parse::<RejectionKind>(), Ok(kind));
+        }
+        let unknown = "idempotency_something_new".parse::<RejectionKind>();
+        assert_eq!(
+            unknown.as_ref().map_err(UnknownRejectionKind::type_name),
+            Err("idempotency_something_new")
+        );
+        assert!("tool_failed".parse::<RejectionKind>().is_err());
     }
 
     #[test]

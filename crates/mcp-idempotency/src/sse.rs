@@ -20,6 +20,8 @@ pub struct Event {
     pub event: Option<String>,
     /// The `id` field, if any.
     pub id: Option<String>,
+    /// The `retry` field (milliseconds), if any and a number.
+    pub retry: Option<u64>,
 }
 
 impl Event {
@@ -154,6 +156,7 @@ fn parse_event(raw: Vec<u8>) -> Event {
     let mut data: Option<String> = None;
     let mut event = None;
     let mut id = None;
+    let mut retry = None;
     let text = String::from_utf8_lossy(&raw).into_owned();
     for line in text.split(['\n', '\r']).filter(|l| !l.is_empty()) {
         let (field, value) = match line.split_once(':') {
@@ -170,6 +173,7 @@ fn parse_event(raw: Vec<u8>) -> Event {
             },
             "event" => event = Some(value.to_owned()),
             "id" => id = Some(value.to_owned()),
+            "retry" => retry = value.parse().ok().or(retry),
             _ => {}
         }
     }
@@ -178,6 +182,7 @@ fn parse_event(raw: Vec<u8>) -> Event {
         data,
         event,
         id,
+        retry,
     }
 }
 

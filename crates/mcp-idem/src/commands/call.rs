@@ -2,6 +2,7 @@
 //! Streamable HTTP. The work is done by [`mcp_idempotency::client`].
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use mcp_idempotency::client::{
     CallError, CallOutcome, CallReport, CallRequest, Client, Connect, Failure, GaveUp,
     HttpConnector, RetryPolicy, StdioConnector,
 };
+use mcp_idempotency::RejectionKind;
 use serde_json::{json, Value};
 
 /// Exit status of a call whose outcome is a tool error.
@@ -80,6 +82,11 @@ pub(crate) struct CallArgs {
     #[arg(long = "header", short = 'H', value_name = "NAME:VALUE", requires = "url", value_parser = parse_header)]
     headers: Vec<(String, String)>,
 
+    /// A PEM file of CA certificates to trust besides the system's (a private CA), for an
+    /// https:// --url.
+    #[arg(long, value_name = "FILE", env = "MCP_IDEM_CA_CERT")]
+    ca_cert: Option<PathBuf>,
+
     /// Also retry over a server without tools.idempotency when the tool is annotated
     /// idempotentHint: true (the tool may then run more than once).
     #[arg(long)]
@@ -141,12 +148,15 @@ impl CallArgs {
         }
         match (&self.url, self.command.split_first()) {
             (Some(url), _) => {
-                let connector = self
+                let mut connector = self
                     .headers
                     .iter()
                     .fold(HttpConnector::new(url), |connector, (name, value)| {
                         connector.header(name, value)
                     });
+                if let Some(ca) = &self.ca_cert {
+                    connector = connector.ca_cert(ca);
+                }
                 self.call(connector, policy, request).await
             }
             (None, Some((program, args))) => {
@@ -331,11 +341,11 @@ fn print_json(result: &Result<CallReport, CallError>) -> std::io::Result<()> {
 
 fn failure_type(failure: &Failure) -> &str {
     match failure {
-        Failure::Conflict(_) => "idempotency_key_conflict",
-        Failure::OutcomeUnknown(_) => "idempotency_outcome_unknown",
-        Failure::InProgress(_) => "idempotency_key_in_progress",
-        Failure::StoreUnavailable(_) => "idempotency_store_unavailable",
-        Failure::ShuttingDown(_) => "idempotency_shutting_down",
+        Failure::Conflict(_) => RejectionKind::KeyConflict.as_str(),
+        Failure::OutcomeUnknown(_) => RejectionKind::OutcomeUnknown.as_str(),
+        Failure::InProgress(_) => RejectionKind::KeyInProgress.as_str(),
+        Failure::StoreUnavailable(_) => RejectionKind::StoreUnavailable.as_str(),
+        Failure::ShuttingDown(_) => RejectionKind::ShuttingDown.as_str(),
         Failure::Rejected { kind, .. } => kind,
         Failure::Timeout(_) => "timeout",
         Failure::Transport(_) => "transport",

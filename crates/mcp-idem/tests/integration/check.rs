@@ -421,8 +421,20 @@ fn text_report_and_usage_errors() {
             "JSON object",
         ),
         (
-            vec!["check", "--tool", "t", "--url", "https://example.com/mcp"],
-            "https is not supported",
+            vec!["check", "--tool", "t", "--url", "ftp://127.0.0.1:1/mcp"],
+            "must start with http:// or https://",
+        ),
+        (
+            vec![
+                "check",
+                "--tool",
+                "t",
+                "--url",
+                "https://127.0.0.1:1/mcp",
+                "--ca-cert",
+                "/nonexistent/ca.pem",
+            ],
+            "cannot read CA certificates from /nonexistent/ca.pem",
         ),
         (
             vec!["check", "--tool", "t", "--", "/nonexistent/mcp-server"],

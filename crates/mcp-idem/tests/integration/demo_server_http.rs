@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
+use mcp_idempotency::client::RmcpHttpClient;
 use rmcp::model::{CallToolRequestParams, ClientConfig, ProtocolVersion};
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -29,7 +30,8 @@ use crate::common::{ledger_lines, meta_2026, wait_for_ledger, TIMEOUT};
 use crate::http_support::{content_type, ledger_in, HttpDemo, Raw};
 
 async fn rmcp_client(url: &str) -> RunningService<RoleClient, ClientConfig> {
-    let transport = StreamableHttpClientTransport::from_config(
+    let transport = StreamableHttpClientTransport::with_client(
+        RmcpHttpClient::new(None).expect("an HTTP client"),
         StreamableHttpClientTransportConfig::with_uri(url.to_owned()),
     );
     tokio::time::timeout(

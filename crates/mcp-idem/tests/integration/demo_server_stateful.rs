@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use http_body_util::Full;
+use mcp_idempotency::client::RmcpHttpClient;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult,
     ElicitationAction, ErrorData, Implementation, ProtocolVersion,
@@ -298,7 +299,8 @@ async fn an_rmcp_client_in_a_session_confirms_or_declines() {
             action: action.clone(),
             questions: Arc::default(),
         };
-        let transport = StreamableHttpClientTransport::from_config(
+        let transport = StreamableHttpClientTransport::with_client(
+            RmcpHttpClient::new(None).expect("an HTTP client"),
             StreamableHttpClientTransportConfig::with_uri(server.url.clone()),
         );
         let client = tokio::time::timeout(

@@ -108,6 +108,8 @@ mod readme_bindings;
 #[cfg(target_os = "linux")]
 mod store_faults;
 #[cfg(unix)]
+mod tls_clients;
+#[cfg(unix)]
 mod wrap_concurrency;
 #[cfg(unix)]
 mod wrap_discovery;

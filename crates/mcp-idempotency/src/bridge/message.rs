@@ -8,9 +8,7 @@ use base64::Engine as _;
 use serde_json::Value;
 
 use crate::interceptor::raw_object::RawObject;
-
-/// `_meta` member that names the protocol revision of a 2026-07-28 request.
-const META_PROTOCOL_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
+use crate::protocol::{self, META_PROTOCOL_VERSION};
 
 /// One line from the client, classified.
 #[derive(Debug, PartialEq, Eq)]
@@ -209,23 +207,13 @@ pub(crate) fn error_data(response: &str) -> Option<Value> {
 /// when it is no result with `capabilities`.
 pub(crate) fn advertises_idempotency(response: &str) -> Option<bool> {
     let value: Value = serde_json::from_str(response).ok()?;
-    let capabilities = value.get("result")?.get("capabilities")?;
-    Some(
-        capabilities
-            .get("tools")
-            .and_then(|tools| tools.get("idempotency"))
-            .is_some_and(Value::is_object),
-    )
+    protocol::advertises_idempotency(&value)
 }
 
 /// `result.protocolVersion` of an `initialize` response.
 pub(crate) fn negotiated_version(response: &str) -> Option<String> {
     let value: Value = serde_json::from_str(response).ok()?;
-    value
-        .get("result")?
-        .get("protocolVersion")?
-        .as_str()
-        .map(str::to_owned)
+    protocol::negotiated_version(&value).map(str::to_owned)
 }
 
 /// The tools of a `tools/list` response, each with whether its annotations say a second run is

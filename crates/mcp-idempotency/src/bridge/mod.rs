@@ -83,6 +83,7 @@ use crate::jsonrpc::{
     error_response, error_response_with_data, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INTERNAL_ERROR,
     INVALID_REQUEST, PARSE_ERROR,
 };
+use crate::protocol::{self, INITIALIZE, INITIALIZED};
 use crate::stdio::lines::{self, Line};
 use exchange::{Endpoint, SendError};
 use message::ClientMessage;
@@ -262,16 +263,7 @@ impl Bridge {
         let client = https_client(config.ca_cert.as_deref())?;
         let endpoint = Endpoint::new(client, config.url.clone(), config.headers.clone());
         let url = config.url.to_string();
-        let probe = json!({
-            "jsonrpc": "2.0",
-            "id": "mcp-idem-bridge-discover",
-            "method": "server/discover",
-            "params": {"_meta": {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": {},
-            }},
-        })
-        .to_string();
+        let probe = protocol::discover_request("mcp-idem-bridge-discover").to_string();
         let unreachable =
             |source: Box<dyn std::error::Error + Send + Sync>| BridgeError::Unreachable {
                 url: url.clone(),
@@ -412,7 +404,7 @@ impl Relay {
         let key = || uuid::Uuid::new_v4().to_string();
         match ClientMessage::parse(line, key) {
             ClientMessage::Request(request) => {
-                if request.method == "initialize" {
+                if request.method == INITIALIZE {
                     self.shared.remember_initialize(&request.message);
                 }
                 let id = request.id.clone();
@@ -428,11 +420,11 @@ impl Relay {
                 if method == "notifications/cancelled" && self.cancel(line).await {
                     return;
                 }
-                if method == "notifications/initialized" {
+                if method == INITIALIZED {
                     self.shared.remember_initialized(line);
                 }
                 self.post_inline(line).await;
-                if method == "notifications/initialized" {
+                if method == INITIALIZED {
                     self.shared.open_get_stream();
                 }
             }

@@ -14,6 +14,8 @@ use super::shared::Shared;
 use crate::client::retry::{Refusal, Retries, Retry};
 use crate::client::GaveUp;
 use crate::jsonrpc::{error_response_with_data, INTERNAL_ERROR, INVALID_REQUEST};
+use crate::protocol::INITIALIZE;
+use crate::RejectionKind;
 
 /// `error.data.type` of the error a client gets when the answer to its request was lost and the
 /// bridge could not, or may not, get it by re-issuing the request.
@@ -74,18 +76,16 @@ pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mu
                     .and_then(|_| Refusal::of(message::error_data(&response).as_ref()));
                 match refusal {
                     Some((
-                        refusal @ (Refusal::InProgress
-                        | Refusal::StoreUnavailable
-                        | Refusal::ShuttingDown),
+                        refusal @ Refusal::Known(
+                            RejectionKind::KeyInProgress
+                            | RejectionKind::StoreUnavailable
+                            | RejectionKind::ShuttingDown,
+                        ),
                         after,
                     )) => {
-                        may_have_run |= refusal == Refusal::InProgress;
-                        let reason = match refusal {
-                            Refusal::InProgress => "idempotency_key_in_progress",
-                            Refusal::ShuttingDown => "idempotency_shutting_down",
-                            _ => "idempotency_store_unavailable",
-                        };
-                        (refusal.retry(reissuable, after), reason.to_owned())
+                        may_have_run |= refusal == Refusal::Known(RejectionKind::KeyInProgress);
+                        let reason = refusal.type_name().to_owned();
+                        (refusal.retry(reissuable, after), reason)
                     }
                     _ => {
                         shared.observe(&request.method, &response);
@@ -177,7 +177,7 @@ async fn send(shared: &Arc<Shared>, method: &str, message: &str, id: &str) -> At
             ))
         }
     };
-    if method == "initialize" && answer.status.is_success() {
+    if method == INITIALIZE && answer.status.is_success() {
         shared.set_session(answer.header(SESSION_ID));
     }
     let status = answer.status;

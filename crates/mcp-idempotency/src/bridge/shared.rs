@@ -13,6 +13,7 @@ use tokio::task::AbortHandle;
 use super::exchange::{Endpoint, SESSION_ID};
 use super::message::{self, ServerMessage};
 use crate::client::RetryPolicy;
+use crate::protocol::{DISCOVER, INITIALIZE};
 
 /// How long the GET stream waits before it is opened again after it ended.
 const GET_STREAM_PAUSE: Duration = Duration::from_secs(1);
@@ -105,11 +106,11 @@ impl Shared {
     pub(crate) fn observe(&self, method: &str, response: &str) {
         let mut state = self.state();
         match method {
-            "server/discover" | "initialize" => {
+            DISCOVER | INITIALIZE => {
                 if let Some(advertised) = message::advertises_idempotency(response) {
                     state.capability = Some(advertised);
                 }
-                if method == "initialize" {
+                if method == INITIALIZE {
                     if let Some(version) = message::negotiated_version(response) {
                         state.version = Some(version);
                     }
@@ -244,7 +245,7 @@ impl Shared {
                     if ServerMessage::parse(&response)
                         == (ServerMessage::Response { id: id.clone() })
                     {
-                        self.observe("initialize", &response);
+                        self.observe(INITIALIZE, &response);
                         break;
                     }
                 }

@@ -13,6 +13,7 @@ use super::connect::{Connect, ConnectError, Session};
 use super::error::{CallError, Failure};
 use super::policy::RetryPolicy;
 use super::retry::{Refusal, Retries, Retry};
+use crate::RejectionKind;
 
 /// A `tools/call` to make: the tool, its arguments, and optionally the idempotency key.
 #[derive(Clone, Debug, PartialEq)]
@@ -380,12 +381,15 @@ fn classify_error(error: ErrorData, safe: bool) -> Attempt {
     };
     let retry = refusal.retry(safe, after);
     let failure = match refusal {
-        Refusal::InProgress => Failure::InProgress(error),
-        Refusal::StoreUnavailable => Failure::StoreUnavailable(error),
-        Refusal::ShuttingDown => Failure::ShuttingDown(error),
-        Refusal::Conflict => Failure::Conflict(error),
-        Refusal::OutcomeUnknown => Failure::OutcomeUnknown(error),
-        Refusal::Other(kind) => Failure::Rejected { kind, error },
+        Refusal::Known(RejectionKind::KeyInProgress) => Failure::InProgress(error),
+        Refusal::Known(RejectionKind::StoreUnavailable) => Failure::StoreUnavailable(error),
+        Refusal::Known(RejectionKind::ShuttingDown) => Failure::ShuttingDown(error),
+        Refusal::Known(RejectionKind::KeyConflict) => Failure::Conflict(error),
+        Refusal::Known(RejectionKind::OutcomeUnknown) => Failure::OutcomeUnknown(error),
+        other => Failure::Rejected {
+            kind: other.type_name().to_owned(),
+            error,
+        },
     };
     Attempt::Failed { failure, retry }
 }

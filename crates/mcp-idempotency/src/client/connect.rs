@@ -12,21 +12,26 @@ use std::str::FromStr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use bytes::Bytes;
+use http::Method;
+use http_body_util::{BodyExt, Full, Limited};
 use rmcp::model::{ClientCapabilities, ClientConfig, Implementation, ProtocolVersion};
 use rmcp::service::{
     ClientInitializeError, ClientLifecycleMode, ClientServiceExt, RunningService, Service,
 };
-use rmcp::transport::streamable_http_client::{
-    StreamableHttpClient, StreamableHttpClientTransportConfig,
-};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{Peer, RoleClient};
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::process::Child;
 use tokio::sync::OnceCell;
 
+use super::http_transport::{RmcpHttpClient, RmcpHttpError};
 use super::tap::CapabilityTap;
+use crate::http_client::{error_causes, is_certificate_error, HttpsClient, TlsSetupError};
+use crate::jsonrpc::MAX_SERVER_MESSAGE_BYTES;
+use crate::protocol;
 
 /// How long a closing session waits for its server process to exit before killing it.
 const CHILD_EXIT_GRACE: Duration = Duration::from_secs(5);
@@ -76,7 +81,8 @@ pub enum ConnectError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The HTTP request discovering the server's capabilities failed.
+    /// The HTTP request discovering the server's capabilities failed. Retried, unless the
+    /// server's certificate could not be verified.
     #[error("cannot reach {url}: {source}")]
     Http {
         /// The endpoint.
@@ -85,6 +91,9 @@ pub enum ConnectError {
         #[source]
         source: Box<dyn StdError + Send + Sync>,
     },
+    /// TLS could not be set up (the CA file). Not retried.
+    #[error(transparent)]
+    Tls(TlsSetupError),
     /// The MCP handshake (`server/discover`, or the legacy `initialize`) failed. Retried, unless
     /// the server asked for authorization.
     #[error("MCP handshake failed: {0}")]
@@ -104,12 +113,14 @@ impl ConnectError {
     }
 
     /// Whether trying again may help: not for a program that cannot be started, an invalid
-    /// header, or a server that wants authorization.
+    /// header, a CA file that cannot be used, a server certificate that cannot be verified, or a
+    /// server that wants authorization.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Spawn { .. } | Self::InvalidHeader { .. } => false,
+            Self::Spawn { .. } | Self::InvalidHeader { .. } | Self::Tls(_) => false,
             Self::Handshake(error) => !error.is_authorization_required(),
-            Self::Http { .. } | Self::TimedOut(_) | Self::Other(_) => true,
+            Self::Http { source, .. } => !is_certificate_error(source.as_ref()),
+            Self::TimedOut(_) | Self::Other(_) => true,
         }
     }
 }
@@ -282,7 +293,8 @@ fn client_info() -> ClientConfig {
     )
 }
 
-/// `server/discover` (2026-07-28) first, the legacy `initialize` for older servers.
+/// `server/discover` (2026-07-28) first, the legacy `initialize` for older servers: rmcp's names
+/// of [`protocol::V_2026_07_28`] and [`protocol::V_2025_11_25`].
 fn lifecycle() -> ClientLifecycleMode {
     ClientLifecycleMode::Auto {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
@@ -384,8 +396,9 @@ impl Connect for StdioConnector {
     }
 }
 
-/// Opens Streamable HTTP sessions with rmcp's reqwest client, with custom headers on every
-/// request (`Authorization`, an API key, …).
+/// Opens Streamable HTTP sessions on rmcp's transport over this crate's HTTP client
+/// ([`RmcpHttpClient`]: http and https, the system's roots plus an optional CA file), with custom
+/// headers on every request (`Authorization`, an API key, …).
 ///
 /// Before each session it POSTs `server/discover` itself (and, if the server is legacy, a
 /// `initialize` whose session it deletes right away) to read the raw capabilities, which rmcp
@@ -395,6 +408,9 @@ impl Connect for StdioConnector {
 pub struct HttpConnector {
     url: String,
     headers: Vec<(String, String)>,
+    ca_cert: Option<PathBuf>,
+    /// Built at the first connection, then shared by every session (one connection pool).
+    http: OnceCell<RmcpHttpClient>,
 }
 
 impl HttpConnector {
@@ -403,6 +419,8 @@ impl HttpConnector {
         Self {
             url: url.into(),
             headers: Vec::new(),
+            ca_cert: None,
+            http: OnceCell::new(),
         }
     }
 
@@ -417,6 +435,13 @@ impl HttpConnector {
     /// `Authorization: Bearer <token>`.
     pub fn bearer_token(self, token: impl fmt::Display) -> Self {
         self.header("authorization", format!("Bearer {token}"))
+    }
+
+    /// Also trusts the CA certificates of this PEM file (a private CA), besides the system's
+    /// roots. Read when connecting: a missing or empty file is a [`ConnectError::Tls`].
+    pub fn ca_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_cert = Some(path.into());
+        self
     }
 
     /// The endpoint.
@@ -434,8 +459,13 @@ impl Connect for HttpConnector {
             headers.insert(name, value);
         }
         config = config.custom_headers(headers);
-        let capabilities = discover_over_http(&self.url, &self.headers).await?;
-        let transport = StreamableHttpClientTransport::from_config(config);
+        let http = self
+            .http
+            .get_or_try_init(|| async { RmcpHttpClient::new(self.ca_cert.as_deref()) })
+            .await
+            .map_err(ConnectError::Tls)?;
+        let capabilities = discover_over_http(http.http(), &self.url, &self.headers).await?;
+        let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
         let service = client_info()
             .serve_with_lifecycle(transport, lifecycle())
             .await?;
@@ -469,98 +499,92 @@ where
     Ok((parsed_name, parsed_value))
 }
 
-/// A fresh HTTP client of the type rmcp's Streamable HTTP transport is built on (reqwest),
-/// named through rmcp's constructor so this crate needs no reqwest dependency of its own.
-fn rmcp_http_client<C: StreamableHttpClient + Default>(
-    _transport: fn(StreamableHttpClientTransportConfig) -> StreamableHttpClientTransport<C>,
-) -> C {
-    C::default()
-}
-
 /// The raw `capabilities` of the server at `url`: from `server/discover`, or for a legacy
 /// server from `initialize` (whose session is then deleted). `None` if neither has any.
 async fn discover_over_http(
+    http: &HttpsClient,
     url: &str,
     headers: &[(String, String)],
 ) -> Result<Option<Value>, ConnectError> {
-    let http = rmcp_http_client(StreamableHttpClientTransport::from_config);
     let http_error = |source: Box<dyn StdError + Send + Sync>| ConnectError::Http {
         url: url.to_owned(),
         source,
     };
-    let post = |message: Value, extra: &'static [(&'static str, &'static str)]| {
-        let mut request = http
-            .post(url)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header(
-                "mcp-method",
-                message["method"].as_str().unwrap_or_default().to_owned(),
-            );
+    let request = |method: Method, extra: &[(&str, &str)], body: String| {
+        let mut request = http::Request::builder().method(method).uri(url);
         for (name, value) in extra {
             request = request.header(*name, *value);
         }
         for (name, value) in headers {
             request = request.header(name.as_str(), value.as_str());
         }
-        request.body(message.to_string()).send()
+        request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| http_error(Box::new(e)))
+    };
+    let post = |message: Value, extra: &[(&str, &str)]| {
+        let method = message["method"].as_str().unwrap_or_default().to_owned();
+        let mut all = vec![
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-method", method.as_str()),
+        ];
+        all.extend_from_slice(extra);
+        let request = request(Method::POST, &all, message.to_string());
+        async move {
+            let response = http
+                .request(request?)
+                .await
+                .map_err(|e| http_error(Box::new(RmcpHttpError::Request(e))))?;
+            let (parts, body) = response.into_parts();
+            let body = Limited::new(body, MAX_SERVER_MESSAGE_BYTES)
+                .collect()
+                .await
+                .map_err(http_error)?
+                .to_bytes();
+            let is_sse = is_event_stream(parts.headers.get("content-type"));
+            Ok::<_, ConnectError>((parts.headers, capabilities_in(&body, is_sse)))
+        }
     };
 
-    let discover = json!({
-        "jsonrpc": "2.0",
-        "id": "mcp-idempotency-discover",
-        "method": "server/discover",
-        "params": {"_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
-        }},
-    });
-    let response = post(discover, &[("mcp-protocol-version", "2026-07-28")])
-        .await
-        .map_err(|e| http_error(Box::new(e)))?;
-    let is_sse = is_event_stream(response.headers().get("content-type"));
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| http_error(Box::new(e)))?;
-    if let Some(capabilities) = capabilities_in(&body, is_sse) {
+    let discover = protocol::discover_request("mcp-idempotency-discover");
+    let (_, capabilities) = post(
+        discover,
+        &[("mcp-protocol-version", protocol::V_2026_07_28)],
+    )
+    .await?;
+    if let Some(capabilities) = capabilities {
         return Ok(Some(capabilities));
     }
 
     // A legacy server: its initialize result has the capabilities.
-    let initialize = json!({
-        "jsonrpc": "2.0",
-        "id": "mcp-idempotency-initialize",
-        "method": "initialize",
-        "params": {
-            "protocolVersion": ProtocolVersion::V_2025_11_25.to_string(),
-            "capabilities": {},
-            "clientInfo": {"name": "mcp-idempotency", "version": env!("CARGO_PKG_VERSION")},
-        },
-    });
-    let response = post(initialize, &[])
-        .await
-        .map_err(|e| http_error(Box::new(e)))?;
-    let session_id = response
-        .headers()
+    let initialize = protocol::initialize_request(
+        "mcp-idempotency-initialize",
+        protocol::V_2025_11_25,
+        "mcp-idempotency",
+    );
+    let (answer_headers, capabilities) = post(initialize, &[]).await?;
+    let session_id = answer_headers
         .get("mcp-session-id")
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_owned);
-    let is_sse = is_event_stream(response.headers().get("content-type"));
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| http_error(Box::new(e)))?;
+        .and_then(|value| value.to_str().ok());
     if let Some(session_id) = session_id {
-        let mut request = http.delete(url).header("mcp-session-id", session_id);
-        for (name, value) in headers {
-            request = request.header(name.as_str(), value.as_str());
-        }
-        if let Err(error) = request.send().await {
+        let deleted = match request(
+            Method::DELETE,
+            &[("mcp-session-id", session_id)],
+            String::new(),
+        ) {
+            Ok(request) => http
+                .request(request)
+                .await
+                .map(drop)
+                .map_err(|e| error_causes(&e)),
+            Err(error) => Err(error.to_string()),
+        };
+        if let Err(error) = deleted {
             tracing::debug!(%error, "cannot delete the probing session");
         }
     }
-    Ok(capabilities_in(&body, is_sse))
+    Ok(capabilities)
 }
 
 fn is_event_stream(content_type: Option<&impl AsRef<[u8]>>) -> bool {
@@ -574,6 +598,22 @@ fn capabilities_in(body: &[u8], is_sse: bool) -> Option<Value> {
     } else {
         serde_json::from_slice::<Value>(body).ok()?
     };
-    let capabilities = response.get("result")?.get("capabilities")?;
-    capabilities.is_object().then(|| capabilities.clone())
+    protocol::capabilities(&response).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rmcp_names_the_revisions_of_the_protocol_module() {
+        assert_eq!(
+            ProtocolVersion::V_2026_07_28.as_str(),
+            protocol::V_2026_07_28
+        );
+        assert_eq!(
+            ProtocolVersion::V_2025_11_25.as_str(),
+            protocol::V_2025_11_25
+        );
+    }
 }

@@ -78,6 +78,7 @@
 mod call;
 mod connect;
 mod error;
+mod http_transport;
 mod policy;
 pub(crate) mod retry;
 mod tap;
@@ -85,4 +86,5 @@ mod tap;
 pub use call::{CallOutcome, CallReport, CallRequest, Client};
 pub use connect::{Connect, ConnectError, HttpConnector, Session, StdioConnector};
 pub use error::{CallError, Failure, GaveUp};
+pub use http_transport::{RmcpHttpClient, RmcpHttpError};
 pub use policy::RetryPolicy;

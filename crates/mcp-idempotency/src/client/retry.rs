@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::error::GaveUp;
 use super::policy::RetryPolicy;
+use crate::RejectionKind;
 
 /// Whether a failed attempt may be retried.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +50,7 @@ impl Retries {
     }
 
     /// Attempts started so far.
+    #[cfg_attr(not(feature = "bridge"), allow(dead_code))]
     pub(crate) fn attempts(&self) -> u32 {
         self.attempts
     }
@@ -90,33 +92,21 @@ impl Retries {
 /// An `idempotency_*` refusal, read from a JSON-RPC error's `data`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// `idempotency_key_in_progress`: the original still runs.
-    InProgress,
-    /// `idempotency_store_unavailable`: the server failed closed; nothing ran.
-    StoreUnavailable,
-    /// `idempotency_shutting_down`: the server is stopping; nothing ran, nothing was claimed.
-    ShuttingDown,
-    /// `idempotency_key_conflict`.
-    Conflict,
-    /// `idempotency_outcome_unknown`.
-    OutcomeUnknown,
-    /// Any other `idempotency_*` type.
-    Other(String),
+    /// A type of [`RejectionKind`].
+    Known(RejectionKind),
+    /// Another `idempotency_*` type (a newer server's).
+    Unknown(String),
 }
 
 impl Refusal {
     /// The refusal in a JSON-RPC error's `data`, if it is one, with the server's `retryAfterMs`.
     pub(crate) fn of(data: Option<&Value>) -> Option<(Self, Option<Duration>)> {
         let data = data?;
-        let kind = data.get("type").and_then(Value::as_str)?;
-        let refusal = match kind {
-            "idempotency_key_in_progress" => Self::InProgress,
-            "idempotency_store_unavailable" => Self::StoreUnavailable,
-            "idempotency_shutting_down" => Self::ShuttingDown,
-            "idempotency_key_conflict" => Self::Conflict,
-            "idempotency_outcome_unknown" => Self::OutcomeUnknown,
-            other if other.starts_with("idempotency_") => Self::Other(other.to_owned()),
-            _ => return None,
+        let type_name = data.get("type").and_then(Value::as_str)?;
+        let refusal = match type_name.parse::<RejectionKind>() {
+            Ok(kind) => Self::Known(kind),
+            Err(_) if type_name.starts_with("idempotency_") => Self::Unknown(type_name.to_owned()),
+            Err(_) => return None,
         };
         let after = data
             .get("retryAfterMs")
@@ -125,14 +115,24 @@ impl Refusal {
         Some((refusal, after))
     }
 
+    /// The `error.data.type` it was read from.
+    pub(crate) fn type_name(&self) -> &str {
+        match self {
+            Self::Known(kind) => kind.as_str(),
+            Self::Unknown(type_name) => type_name,
+        }
+    }
+
     /// Whether the same call may be sent again with the same key: only while the original runs,
     /// when the server failed closed or is stopping, and only if retrying is `safe`.
     pub(crate) fn retry(&self, safe: bool, after: Option<Duration>) -> Retry {
         match self {
-            Self::InProgress | Self::StoreUnavailable | Self::ShuttingDown => {
-                Retry::IfSafe { safe, after }
-            }
-            Self::Conflict | Self::OutcomeUnknown | Self::Other(_) => Retry::Never,
+            Self::Known(
+                RejectionKind::KeyInProgress
+                | RejectionKind::StoreUnavailable
+                | RejectionKind::ShuttingDown,
+            ) => Retry::IfSafe { safe, after },
+            Self::Known(_) | Self::Unknown(_) => Retry::Never,
         }
     }
 }
@@ -211,16 +211,23 @@ mod tests {
         let in_progress = json!({"type": "idempotency_key_in_progress", "retryAfterMs": 250});
         assert_eq!(
             Refusal::of(Some(&in_progress)),
-            Some((Refusal::InProgress, Some(Duration::from_millis(250))))
+            Some((
+                Refusal::Known(RejectionKind::KeyInProgress),
+                Some(Duration::from_millis(250))
+            ))
         );
         let quota = json!({"type": "idempotency_quota_exceeded"});
         let (refusal, _) = Refusal::of(Some(&quota)).unwrap();
-        assert_eq!(refusal, Refusal::Other("idempotency_quota_exceeded".into()));
+        assert_eq!(refusal, Refusal::Known(RejectionKind::QuotaExceeded));
+        assert_eq!(refusal.retry(true, None), Retry::Never);
+        let newer = json!({"type": "idempotency_something_new"});
+        let (refusal, _) = Refusal::of(Some(&newer)).unwrap();
+        assert_eq!(refusal.type_name(), "idempotency_something_new");
         assert_eq!(refusal.retry(true, None), Retry::Never);
         // A stopping gateway ran nothing and claimed nothing: retried, when safe, after its hint.
         let stopping = json!({"type": "idempotency_shutting_down", "retryAfterMs": 1000});
         let (refusal, after) = Refusal::of(Some(&stopping)).unwrap();
-        assert_eq!(refusal, Refusal::ShuttingDown);
+        assert_eq!(refusal, Refusal::Known(RejectionKind::ShuttingDown));
         assert_eq!(after, Some(Duration::from_secs(1)));
         assert_eq!(
             refusal.retry(true, after),

@@ -96,11 +96,7 @@ impl<R> CapabilityTap<R> {
         let Ok(message) = serde_json::from_slice::<Value>(line) else {
             return;
         };
-        let Some(capabilities) = message
-            .get("result")
-            .and_then(|result| result.get("capabilities"))
-            .filter(|capabilities| capabilities.is_object())
-        else {
+        let Some(capabilities) = crate::protocol::capabilities(&message) else {
             return;
         };
         let mut seen = self

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use mcp_idempotency::RejectionKind;
 use serde_json::Value;
 
 use super::report::{abridge, Evidence, Level, Outcome, Status};
@@ -167,7 +168,7 @@ impl<'a> Checker<'a> {
         let deadline = tokio::time::Instant::now() + self.session.timeout;
         loop {
             let reply = self.witness(arguments, key).await?;
-            if reply.error_type() != Some("idempotency_key_in_progress")
+            if reply.error_type() != Some(RejectionKind::KeyInProgress.as_str())
                 || tokio::time::Instant::now() >= deadline
             {
                 return Ok(reply);

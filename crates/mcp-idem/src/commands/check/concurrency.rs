@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use mcp_idempotency::RejectionKind;
+
 use super::checks::{
     error_summary, exchange, fresh_key, note, same, Checker, Same, DUPLICATE_AFTER,
 };
@@ -57,7 +59,7 @@ impl Checker<'_> {
             );
             return Ok(all(Status::Skip, &detail, evidence));
         }
-        if original.error_type() == Some("idempotency_key_in_progress") {
+        if original.error_type() == Some(RejectionKind::KeyInProgress.as_str()) {
             let detail = format!(
                 "the duplicate reached the server first and the original was refused as in \
                  progress ({}); run again, or make --slow-args run longer",
@@ -180,7 +182,7 @@ fn not_blocked(duplicate: &Reply, timing: &Timing) -> (Status, String) {
 /// half of the time the original still had to run.
 fn rejected_at_once(duplicate: &Reply, key: &str, timing: &Timing) -> (Status, String) {
     let text = &timing.text;
-    if duplicate.error_type() != Some("idempotency_key_in_progress") {
+    if duplicate.error_type() != Some(RejectionKind::KeyInProgress.as_str()) {
         return (
             Status::Fail,
             format!(

@@ -2,9 +2,11 @@
 //! `tools.idempotency` in each handshake it answers (`capability.discover`,
 //! `capability.initialize`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use mcp_idempotency::protocol;
 use serde_json::Value;
 
 use super::http::HttpClient;
@@ -16,7 +18,11 @@ use crate::line_client::LineClient;
 #[derive(Clone, Debug)]
 pub(crate) enum Target {
     Stdio(Vec<String>),
-    Http { url: String, headers: Vec<String> },
+    Http {
+        url: String,
+        headers: Vec<String>,
+        ca_cert: Option<PathBuf>,
+    },
 }
 
 impl Target {
@@ -35,9 +41,14 @@ impl Target {
                 let client = LineClient::spawn(program.as_ref(), args, &[])?;
                 Ok(Session::stdio(client, timeout))
             }
-            Self::Http { url, headers } => {
-                Ok(Session::http(HttpClient::new(url, headers)?, timeout))
-            }
+            Self::Http {
+                url,
+                headers,
+                ca_cert,
+            } => Ok(Session::http(
+                HttpClient::new(url, headers, ca_cert.as_deref())?,
+                timeout,
+            )),
         }
     }
 }
@@ -60,30 +71,30 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Resul
     let discover = session.discover(wait).await;
     if let Ok(reply) = &discover {
         if reply.message.get("result").is_some() {
-            let discover = capability("capability.discover", "server/discover", reply);
+            let discover = capability("capability.discover", protocol::DISCOVER, reply);
             let mut probe = target.open(timeout)?;
             let initialize = probe.initialize(wait).await;
             probe.close().await;
             let (initialize, also) = match initialize {
                 Ok(reply) if reply.message.get("result").is_some() => (
-                    capability("capability.initialize", "initialize", &reply),
+                    capability("capability.initialize", protocol::INITIALIZE, &reply),
                     "; the legacy initialize is answered too",
                 ),
                 other => (
-                    not_spoken("capability.initialize", "initialize", &other),
+                    not_spoken("capability.initialize", protocol::INITIALIZE, &other),
                     "; the legacy initialize is not answered",
                 ),
             };
             return Ok(Connected {
                 session,
                 outcomes: vec![discover, initialize],
-                era: format!("2026-07-28 (server/discover){also}"),
+                era: format!("{} (server/discover){also}", protocol::V_2026_07_28),
             });
         }
     }
     // A legacy server may have given up on a connection that did not start with `initialize`.
     session.close().await;
-    let discover = not_spoken("capability.discover", "server/discover", &discover);
+    let discover = not_spoken("capability.discover", protocol::DISCOVER, &discover);
     let mut session = target.open(timeout)?;
     let initialize = session.initialize(wait).await;
     let reply = match initialize {
@@ -100,7 +111,7 @@ pub(crate) async fn connect(target: &Target, timeout: Duration) -> anyhow::Resul
     Ok(Connected {
         outcomes: vec![
             discover,
-            capability("capability.initialize", "initialize", &reply),
+            capability("capability.initialize", protocol::INITIALIZE, &reply),
         ],
         session,
         era: format!("legacy {version} (initialize); server/discover is not answered"),
@@ -119,10 +130,7 @@ fn capability(name: &'static str, method: &str, reply: &Reply) -> Outcome {
             text: abridge(&reply.text, 600),
         },
     ];
-    let (status, detail) = match reply
-        .message
-        .pointer("/result/capabilities/tools/idempotency")
-    {
+    let (status, detail) = match protocol::idempotency_capability(&reply.message) {
         Some(Value::Object(_)) => (
             Status::Pass,
             format!("capabilities.tools.idempotency is advertised in the {method} result"),

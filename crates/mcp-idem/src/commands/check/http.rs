@@ -1,7 +1,9 @@
 //! A raw Streamable HTTP client: POSTs one JSON-RPC message, exactly as written, and returns the
 //! response message exactly as received, from a plain JSON body or from the SSE event carrying
-//! it.
+//! it. It runs on the library's one HTTP client ([`mcp_idempotency::http_client`]: http and
+//! https, the system's roots plus `--ca-cert`).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -9,19 +11,16 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, ACCEPT, CONTENT_TYPE, HOST};
 use http::{HeaderMap, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use mcp_idempotency::http_client::{error_causes, https_client, HttpsClient};
+
+use mcp_idempotency::protocol;
 
 use super::report::abridge;
-
-/// The protocol version header of the current (2026-07-28) era.
-pub(crate) const CURRENT_PROTOCOL: &str = "2026-07-28";
 
 /// One MCP endpoint; cheap to clone (the connection pool is shared).
 #[derive(Clone)]
 pub(crate) struct HttpClient {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: HttpsClient,
     url: Uri,
     authority: String,
     /// `--header` values, sent on every request.
@@ -42,18 +41,19 @@ pub(crate) struct HttpAnswer {
 }
 
 impl HttpClient {
-    /// A client for `url` (`http://HOST:PORT/PATH`); `headers` are `Name: value` strings.
-    pub(crate) fn new(url: &str, headers: &[String]) -> anyhow::Result<Self> {
+    /// A client for `url` (`http://` or `https://HOST:PORT/PATH`); `headers` are `Name: value`
+    /// strings; `ca_cert` a PEM file of CAs trusted besides the system's.
+    pub(crate) fn new(
+        url: &str,
+        headers: &[String],
+        ca_cert: Option<&Path>,
+    ) -> anyhow::Result<Self> {
         let uri: Uri = url
             .parse()
             .with_context(|| format!("invalid URL {url:?}"))?;
         match uri.scheme_str() {
-            Some("http") => {}
-            Some("https") => bail!(
-                "https is not supported by `check` (no TLS client is built in); reach the server \
-                 over http, e.g. through a local tunnel"
-            ),
-            _ => bail!("the URL must start with http://, got {url:?}"),
+            Some("http" | "https") => {}
+            _ => bail!("the URL must start with http:// or https://, got {url:?}"),
         }
         let authority = uri
             .authority()
@@ -64,11 +64,11 @@ impl HttpClient {
             .map(|header| parse_header(header))
             .collect::<anyhow::Result<_>>()?;
         Ok(Self {
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: https_client(ca_cert)?,
             url: uri,
             authority,
             headers,
-            protocol_version: CURRENT_PROTOCOL.to_owned(),
+            protocol_version: protocol::V_2026_07_28.to_owned(),
             session: None,
         })
     }
@@ -94,7 +94,7 @@ impl HttpClient {
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json, text/event-stream")
             .header("mcp-method", method);
-        if method != "initialize" {
+        if method != protocol::INITIALIZE {
             request = request.header("mcp-protocol-version", &self.protocol_version);
         }
         if let Some(tool) = tool {
@@ -110,11 +110,9 @@ impl HttpClient {
             .body(Full::new(Bytes::from(body)))
             .context("cannot build the HTTP request")?;
         let exchange = async {
-            let response = self
-                .client
-                .request(request)
-                .await
-                .with_context(|| format!("POST {} failed", self.url))?;
+            let response = self.client.request(request).await.map_err(|error| {
+                anyhow::anyhow!("POST {} failed: {}", self.url, error_causes(&error))
+            })?;
             let status = response.status();
             let (parts, mut body) = response.into_parts();
             let sse = parts
@@ -206,8 +204,10 @@ mod tests {
     fn headers_and_urls_are_validated() {
         assert!(parse_header("Authorization: Bearer x").is_ok());
         assert!(parse_header("no colon").is_err());
-        assert!(HttpClient::new("https://example.com/mcp", &[]).is_err());
-        assert!(HttpClient::new("ftp://example.com/mcp", &[]).is_err());
-        assert!(HttpClient::new("http://127.0.0.1:1/mcp", &["X-A: b".into()]).is_ok());
+        assert!(HttpClient::new("ftp://example.com/mcp", &[], None).is_err());
+        assert!(HttpClient::new("http://127.0.0.1:1/mcp", &["X-A: b".into()], None).is_ok());
+        assert!(HttpClient::new("https://example.com/mcp", &[], None).is_ok());
+        let missing = Path::new("/nonexistent/ca.pem");
+        assert!(HttpClient::new("https://example.com/mcp", &[], Some(missing)).is_err());
     }
 }

@@ -13,6 +13,7 @@
 //! (the runner; the checks in `replay`, `rejections`, `concurrency`), [`respell`] (argument
 //! spellings) and [`report`] (text and JSON).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -78,9 +79,15 @@ pub(crate) struct CheckArgs {
     #[arg(long, value_name = "JSON", default_value = "{}", value_parser = parse_json, requires = "mrtr_tool")]
     mrtr_responses: Value,
 
-    /// Check this Streamable HTTP endpoint (http://HOST:PORT/PATH) instead of a stdio command.
+    /// Check this Streamable HTTP endpoint (http:// or https://HOST:PORT/PATH) instead of a
+    /// stdio command.
     #[arg(long, value_name = "URL")]
     url: Option<String>,
+
+    /// A PEM file of CA certificates to trust besides the system's (a private CA), for an
+    /// https:// --url.
+    #[arg(long, value_name = "FILE", env = "MCP_IDEM_CA_CERT")]
+    ca_cert: Option<PathBuf>,
 
     /// An HTTP header sent with every request, e.g. `Authorization: Bearer TOKEN`; repeatable.
     #[arg(long = "header", value_name = "NAME: VALUE", requires = "url")]
@@ -117,6 +124,7 @@ impl CheckArgs {
             (Some(url), true) => Target::Http {
                 url,
                 headers: self.headers.clone(),
+                ca_cert: self.ca_cert.clone(),
             },
             (None, false) => Target::Stdio(self.command.clone()),
             (Some(_), false) => bail!("give either --url or a command after `--`, not both"),

@@ -2,6 +2,7 @@
 //! `conflict.*`, `key.*` and `mrtr.continuation`.
 
 use mcp_idempotency::jsonrpc::INVALID_PARAMS;
+use mcp_idempotency::RejectionKind;
 use serde_json::Value;
 
 use super::checks::{error_summary, exchange, fresh_key, note, one, same, Checker, Same};
@@ -88,7 +89,7 @@ impl Checker<'_> {
         outcomes.push(error_data(
             data,
             &conflict,
-            "idempotency_key_conflict",
+            RejectionKind::KeyConflict.as_str(),
             &key_text,
         ));
         Ok(outcomes)

@@ -1,6 +1,8 @@
 //! Checks that a call runs when it should and is replayed when it should: `no_key.executes`,
 //! `replay.result`, `equivalence.*` and `replay.error`.
 
+use mcp_idempotency::RejectionKind;
+
 use super::checks::{exchange, fresh_key, how_same, note, one, same, Checker, Same};
 use super::report::{abridge, Level, Outcome, Status};
 use super::respell;
@@ -98,7 +100,7 @@ impl Checker<'_> {
         let retry = self.witness(retry_args, &key).await?;
         evidence.extend(exchange("retry", &retry));
         let sameness = same(&first, &retry);
-        let (status, detail) = if retry.error_type() == Some("idempotency_key_conflict") {
+        let (status, detail) = if retry.error_type() == Some(RejectionKind::KeyConflict.as_str()) {
             (
                 Status::Fail,
                 format!("the retry with {what} was taken for different arguments: idempotency_key_conflict"),

@@ -9,8 +9,10 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::http::{HttpAnswer, HttpClient, CURRENT_PROTOCOL};
-use crate::line_client::{LineClient, LEGACY_PROTOCOL};
+use mcp_idempotency::protocol;
+
+use super::http::{HttpAnswer, HttpClient};
+use crate::line_client::LineClient;
 
 /// Which handshake the server answered, and so how requests are written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,46 +183,34 @@ impl Session {
 
     /// `server/discover`, as the first request of the current era.
     pub(crate) async fn discover(&mut self, wait: Duration) -> anyhow::Result<Reply> {
-        let params = json!({"_meta": meta()}).to_string();
-        self.request("server/discover", None, params, wait).await
+        let params = protocol::discover_params().to_string();
+        self.request(protocol::DISCOVER, None, params, wait).await
     }
 
     /// The legacy handshake: `initialize`, then (if it succeeded) `notifications/initialized`;
     /// on success the session is in the legacy era.
     pub(crate) async fn initialize(&mut self, wait: Duration) -> anyhow::Result<Reply> {
-        let params = json!({
-            "protocolVersion": LEGACY_PROTOCOL,
-            "capabilities": {},
-            "clientInfo": {"name": "mcp-idem-check", "version": env!("CARGO_PKG_VERSION")},
-        })
-        .to_string();
-        let pending = self.start("initialize", None, params).await?;
+        let params =
+            protocol::initialize_params(protocol::V_2025_06_18, "mcp-idem-check").to_string();
+        let pending = self.start(protocol::INITIALIZE, None, params).await?;
         let (reply, headers) = self.finish_with_headers(pending, wait).await?;
         if reply.message.get("result").is_none() {
             return Ok(reply);
         }
-        let version = reply
-            .message
-            .pointer("/result/protocolVersion")
-            .and_then(Value::as_str)
-            .unwrap_or(LEGACY_PROTOCOL)
+        let version = protocol::negotiated_version(&reply.message)
+            .unwrap_or(protocol::V_2025_06_18)
             .to_owned();
-        let notification = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
         match &mut self.transport {
-            Transport::Stdio(client) => {
-                client
-                    .notify("notifications/initialized", json!({}))
-                    .await?
-            }
+            Transport::Stdio(client) => client.notify(protocol::INITIALIZED, json!({})).await?,
             Transport::Http(client) => {
                 let session = headers.and_then(|h| h.get("mcp-session-id").cloned());
                 client.use_legacy_session(&version, session);
                 client
                     .post(
                         None,
-                        "notifications/initialized",
+                        protocol::INITIALIZED,
                         None,
-                        notification.into(),
+                        protocol::INITIALIZED_NOTIFICATION.into(),
                         wait,
                     )
                     .await?;
@@ -387,8 +377,5 @@ impl Session {
 
 /// The `_meta` every 2026-07-28 request carries.
 fn meta() -> Value {
-    json!({
-        "io.modelcontextprotocol/protocolVersion": CURRENT_PROTOCOL,
-        "io.modelcontextprotocol/clientCapabilities": {},
-    })
+    protocol::request_meta()
 }
