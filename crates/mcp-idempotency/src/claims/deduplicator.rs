@@ -5,13 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::ambiguous::{AfterClaim, Ambiguous, AmbiguousClaims, Remembered, MAX_AMBIGUOUS_CLAIMS};
-use crate::completion::MAX_PENDING_COMPLETIONS;
+use super::ambiguous::{AfterClaim, Ambiguous, AmbiguousClaims, Remembered, MAX_AMBIGUOUS_CLAIMS};
+use super::completion::MAX_PENDING_COMPLETIONS;
+use super::renewals::Renewals;
+use super::running_claim::RunningClaim;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::record::{FencingToken, Outcome, RecordId, Scope};
 use crate::rejection::RejectionKind;
-use crate::renewals::Renewals;
-use crate::running_claim::RunningClaim;
 use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, Store, StoreError};
 use crate::time::{Clock, SystemClock};
 

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::deduplicator::Deduplicator;
+use super::deduplicator::Deduplicator;
 use crate::engine::Claim;
 use crate::store::Fenced;
 

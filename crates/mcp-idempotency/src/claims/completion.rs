@@ -24,8 +24,8 @@
 //! beyond is left to its lease, as before, and logged.
 
 #[cfg(doc)]
-use crate::ambiguous::MAX_BACKOFF;
-use crate::ambiguous::{backoff, MIN_BACKOFF};
+use super::ambiguous::MAX_BACKOFF;
+use super::ambiguous::{backoff, MIN_BACKOFF};
 use crate::store::{Fenced, StoreError};
 use crate::time::Timestamp;
 

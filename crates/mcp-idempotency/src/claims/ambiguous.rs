@@ -47,7 +47,7 @@ pub(crate) const RELEASED_KEPT: Duration = Duration::from_secs(60);
 
 /// The wait after `failures` store writes failed in a row (at least one): [`MIN_BACKOFF`],
 /// doubling at each failure, up to [`MAX_BACKOFF`]. Shared by the release queue and the retries of
-/// completions ([`crate::completion`]).
+/// completions ([`super::completion`]).
 pub(crate) fn backoff(failures: u32) -> Duration {
     let shift = failures.saturating_sub(1).min(16);
     MIN_BACKOFF.saturating_mul(1 << shift).min(MAX_BACKOFF)

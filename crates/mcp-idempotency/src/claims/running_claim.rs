@@ -18,11 +18,11 @@
 //! A handle dropped without any of these (its task was cancelled) is abandoned in the background,
 //! so that no claim is left without an owner until its lease runs out.
 
-use crate::completion::{CompletionRetry, Next, Settled};
-use crate::deduplicator::{CompletionSlot, Deduplicator};
+use super::completion::{CompletionRetry, Next, Settled};
+use super::deduplicator::{CompletionSlot, Deduplicator};
+use super::renewals::{self, Registration, Renewals};
 use crate::engine::Claim;
 use crate::record::Outcome;
-use crate::renewals::{self, Registration, Renewals};
 use crate::store::{CompleteRequest, Fenced, StoreError};
 
 /// An executed call's claim, its lease kept alive until it is finished, abandoned or released.
