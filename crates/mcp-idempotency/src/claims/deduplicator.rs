@@ -10,9 +10,26 @@ use super::running_claim::RunningClaim;
 use super::writes::StoreWrites;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::record::{FencingToken, Outcome, Scope};
-use crate::rejection::RejectionKind;
+use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
 use crate::time::{Clock, SystemClock};
+
+/// How a driver stops taking keyed calls, as [`Deduplicator::begin_guarded`] reads it: the stdio
+/// proxy's drain, the HTTP layer's shutdown, an embedded connection's close. The driver keeps its
+/// own state; the sequence of the decision is the deduplicator's.
+pub(crate) trait StopGate {
+    /// The driver was stopping when the call came: the call is refused, and nothing is claimed.
+    fn refuses(&self) -> bool;
+
+    /// The stop has gone too far for a call claimed just now to be forwarded: its claim is
+    /// released and the call refused.
+    fn stopped(&self) -> bool;
+
+    /// Why such a claim is released (logged).
+    fn release_reason(&self) -> &'static str {
+        "the gateway shut down before forwarding the call"
+    }
+}
 
 /// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
 ///
@@ -121,6 +138,32 @@ impl Deduplicator {
         })
     }
 
+    /// [`begin`](Self::begin) behind a driver's stop, the one sequence every driver runs for a
+    /// keyed call: a call that comes while `gate` refuses is answered `idempotency_shutting_down`
+    /// (counted as that decision) and nothing is claimed; a call claimed as the stop came is
+    /// released and refused the same way, so that no claim is left behind the stop's back.
+    pub(crate) async fn begin_guarded(
+        &self,
+        scope: &Scope,
+        call: &ToolCall<'_>,
+        gate: &impl StopGate,
+    ) -> Decision<RunningClaim> {
+        let shutting_down = || Decision::Reject(Rejection::shutting_down(call.idempotency_key));
+        if gate.refuses() {
+            let refusal = shutting_down();
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_decision(&refusal);
+            return refusal;
+        }
+        match self.begin(scope, call).await {
+            Decision::Execute(claim) if gate.stopped() => {
+                claim.release(gate.release_reason()).await;
+                shutting_down()
+            }
+            decision => decision,
+        }
+    }
+
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.writes.engine
@@ -210,5 +253,123 @@ impl Deduplicator {
     /// cannot be reached, the claim is remembered and released once it can (see "Lost answers").
     pub async fn release(&self, claim: &Claim) -> Result<Fenced, StoreError> {
         self.writes.release(claim).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemoryStore;
+    use crate::EngineConfig;
+
+    /// A stop that is where the test says.
+    struct Gate {
+        refuses: bool,
+        stopped: bool,
+    }
+
+    impl StopGate for Gate {
+        fn refuses(&self) -> bool {
+            self.refuses
+        }
+
+        fn stopped(&self) -> bool {
+            self.stopped
+        }
+    }
+
+    const OPEN: Gate = Gate {
+        refuses: false,
+        stopped: false,
+    };
+
+    fn run<T>(test: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(test)
+    }
+
+    fn is_shutting_down(decision: &Decision<RunningClaim>) -> bool {
+        matches!(decision, Decision::Reject(r) if r.kind() == RejectionKind::ShuttingDown)
+    }
+
+    #[test]
+    fn a_stop_during_the_claim_releases_it_and_refuses_the_call() {
+        run(async {
+            let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(MemoryStore::new()));
+            let scope = Scope::new("test", "alice");
+            let key = serde_json::json!("k-1");
+            let call = ToolCall {
+                tool_name: "charge",
+                arguments: Some(r#"{"amount":1}"#),
+                idempotency_key: Some(&key),
+                mrtr_continuation: false,
+            };
+            let stopped = Gate {
+                refuses: false,
+                stopped: true,
+            };
+            let decision = dedup.begin_guarded(&scope, &call, &stopped).await;
+            assert!(is_shutting_down(&decision), "{decision:?}");
+            // The key was released: the retry runs the call, as if the first never came.
+            let Decision::Execute(claim) = dedup.begin_guarded(&scope, &call, &OPEN).await else {
+                panic!("the key was left claimed")
+            };
+            claim.release("the test ends").await;
+        });
+    }
+
+    #[test]
+    fn a_call_that_comes_while_stopping_is_refused_unclaimed_and_counted() {
+        let refused = || {
+            run(async {
+                let dedup =
+                    Deduplicator::new(EngineConfig::default(), Arc::new(MemoryStore::new()));
+                let scope = Scope::new("test", "alice");
+                let key = serde_json::json!("k-1");
+                let call = ToolCall {
+                    tool_name: "charge",
+                    arguments: None,
+                    idempotency_key: Some(&key),
+                    mrtr_continuation: false,
+                };
+                let refusing = Gate {
+                    refuses: true,
+                    stopped: true,
+                };
+                let decision = dedup.begin_guarded(&scope, &call, &refusing).await;
+                assert!(is_shutting_down(&decision), "{decision:?}");
+                let Decision::Reject(rejection) = decision else {
+                    unreachable!()
+                };
+                assert_eq!(rejection.key(), Some("k-1"));
+                let now = dedup.clock().now();
+                let id = crate::RecordId {
+                    scope,
+                    key: crate::IdempotencyKey::new("k-1", 255).expect("a valid key"),
+                };
+                let record = dedup
+                    .store()
+                    .get(&id, now)
+                    .await
+                    .expect("the store answers");
+                assert!(record.is_none(), "nothing was claimed: {record:?}");
+            })
+        };
+        #[cfg(not(feature = "metrics"))]
+        refused();
+        #[cfg(feature = "metrics")]
+        {
+            let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+            let metrics = recorder.handle();
+            metrics::with_local_recorder(&recorder, refused);
+            let text = metrics.render();
+            assert!(
+                text.contains(r#"mcp_idem_rejections_total{type="idempotency_shutting_down"} 1"#),
+                "{text}"
+            );
+        }
     }
 }

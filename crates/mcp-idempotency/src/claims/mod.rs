@@ -22,4 +22,5 @@ mod running_claim;
 mod writes;
 
 pub use deduplicator::Deduplicator;
+pub(crate) use deduplicator::StopGate;
 pub use running_claim::RunningClaim;

@@ -91,6 +91,13 @@ impl RunningClaim {
         result
     }
 
+    /// Records what the call answered, as every driver does with the interceptor's record
+    /// actions: [`finish`](Self::finish), whose errors are this handle's business (logged, and
+    /// sent again in the background when they may pass), not the driver's.
+    pub(crate) async fn record(self, outcome: Outcome) {
+        let _ = self.finish(outcome).await;
+    }
+
     /// Records the call as [`Outcome::Unknown`]: it may have run, and its answer is lost.
     pub async fn abandon(self, reason: impl Into<String>) {
         let reason = reason.into();

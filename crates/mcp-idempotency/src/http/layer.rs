@@ -18,11 +18,9 @@ use super::body::{json_response, BoxError, ResponseBody};
 use super::principal::ScopeBy;
 use super::relay::{self, Exchange};
 use super::shutdown::Shutdown;
-use crate::engine::Decision;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig};
 use crate::jsonrpc::{error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST};
 use crate::record::Scope;
-use crate::rejection::Rejection;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig};
 
@@ -295,28 +293,11 @@ where
         }
     };
     let scope = Scope::new(Arc::clone(&shared.namespace), Arc::<str>::from(principal));
-    let key = call.tool_call().idempotency_key.cloned();
-    let Some(counted) = shared.shutdown.enter() else {
-        let refusal = Decision::Reject(Rejection::shutting_down(key.as_ref()));
-        #[cfg(feature = "metrics")]
-        crate::metrics::on_decision(&refusal);
-        // A rejection is always answered, never forwarded.
-        return Ok(match interceptor.on_decision(call, refusal) {
-            Decided::Respond(response) | Decided::Forward(response) => {
-                json_response(StatusCode::OK, response)
-            }
-        });
-    };
-    let decision = match shared.dedup.begin(&scope, &call.tool_call()).await {
-        // The shutdown grace ended while the key was being claimed: the call is not forwarded.
-        Decision::Execute(claim) if shared.shutdown.grace_is_over() => {
-            claim
-                .release("the gateway shut down before forwarding the call")
-                .await;
-            Decision::Reject(Rejection::shutting_down(key.as_ref()))
-        }
-        decision => decision,
-    };
+    let counted = shared.shutdown.enter();
+    let decision = shared
+        .dedup
+        .begin_guarded(&scope, &call.tool_call(), &counted)
+        .await;
     let request_id = call.id().as_json().to_owned();
     match interceptor.on_decision(call, decision) {
         Decided::Respond(response) => Ok(json_response(StatusCode::OK, response)),
@@ -327,7 +308,7 @@ where
                 Exchange {
                     interceptor,
                     request_id,
-                    call: Some(counted),
+                    call: counted,
                 },
                 inner.call(request),
             )
