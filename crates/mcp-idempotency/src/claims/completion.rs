@@ -1,5 +1,5 @@
 //! Completions whose store write failed: whether and when to send them again. Sans-IO: the clock
-//! is passed in, the store and the task are the caller's ([`RunningClaim`](crate::RunningClaim)).
+//! is passed in, the store and the task are the caller's (`RunningClaim`).
 //!
 //! A call that ran while the store went away (a PostgreSQL restart, a Redis outage) has answered
 //! its client, but the write of its outcome failed. Left alone, its record would stay in progress

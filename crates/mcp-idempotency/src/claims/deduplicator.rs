@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::renewals::Renewals;
 use super::running_claim::RunningClaim;
 use super::writes::StoreWrites;
+use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::record::{FencingToken, Outcome, Scope};
 use crate::rejection::{Rejection, RejectionKind};
@@ -103,7 +104,7 @@ pub struct Deduplicator {
 
 impl Deduplicator {
     /// A driver for an engine with `config` over `store`, on the system clock.
-    pub fn new(config: crate::EngineConfig, store: Arc<dyn Store>) -> Self {
+    pub fn new(config: EngineConfig, store: Arc<dyn Store>) -> Self {
         Self {
             writes: StoreWrites::new(Engine::new(config), store, Arc::new(SystemClock)),
             store_usable: Arc::new(AtomicBool::new(true)),
@@ -111,8 +112,8 @@ impl Deduplicator {
         }
     }
 
-    /// Reads the time from `clock` instead of the system clock (a [`ManualClock`](crate::ManualClock)
-    /// in tests).
+    /// Reads the time from `clock` instead of the system clock (a
+    /// [`ManualClock`](crate::time::ManualClock) in tests).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.writes.clock = clock;
         self
@@ -260,7 +261,6 @@ impl Deduplicator {
 mod tests {
     use super::*;
     use crate::store::MemoryStore;
-    use crate::EngineConfig;
 
     /// A stop that is where the test says.
     struct Gate {
@@ -346,9 +346,9 @@ mod tests {
                 };
                 assert_eq!(rejection.key(), Some("k-1"));
                 let now = dedup.clock().now();
-                let id = crate::RecordId {
+                let id = crate::record::RecordId {
                     scope,
-                    key: crate::IdempotencyKey::new("k-1", 255).expect("a valid key"),
+                    key: crate::key::IdempotencyKey::new("k-1", 255).expect("a valid key"),
                 };
                 let record = dedup
                     .store()

@@ -2,8 +2,8 @@
 //!
 //! A `RunningClaim` registers its claim when its call starts and takes it out when the call
 //! ends. One task per deduplicator wakes every sixth of the lease and renews the claims that are
-//! due ([`Engine::renewal_due`](crate::Engine::renewal_due): a third of the
-//! lease after the last renewal), so a lease is renewed at most half a lease after it was taken.
+//! due ([`Engine::renewal_due`](crate::engine::Engine::renewal_due): a third of the lease after
+//! the last renewal), so a lease is renewed at most half a lease after it was taken.
 //!
 //! Registering is a map insert: a call that ends before its first renewal (almost every call)
 //! spawns no task and wakes no runtime thread. That matters most to the Python and TypeScript

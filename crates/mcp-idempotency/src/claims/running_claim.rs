@@ -1,9 +1,9 @@
 //! [`RunningClaim`]: the claim of an executed call, from the execute decision to its outcome.
 //!
 //! This is the one claim lifecycle every transport uses: the handle's lease is renewed on the
-//! engine's schedule ([`Engine::renewal_due`](crate::Engine::renewal_due)) while the call runs
-//! (by the deduplicator's one renewing task, see `renewals.rs`),
-//! and ends in exactly one of three ways, each logged here:
+//! engine's schedule ([`Engine::renewal_due`](crate::engine::Engine::renewal_due)) while the call
+//! runs (by the deduplicator's one renewing task, see `renewals.rs`), and ends in exactly one of
+//! three ways, each logged here:
 //!
 //! - [`finish`](RunningClaim::finish): the call answered; its outcome is recorded (fenced). If
 //!   the store fails with an error that may pass, the handle goes on in the background: it sends
@@ -28,7 +28,8 @@ use crate::record::Outcome;
 use crate::store::{CompleteRequest, Fenced, StoreError};
 
 /// An executed call's claim, its lease kept alive until it is finished, abandoned or released.
-/// Returned by [`Deduplicator::begin`](crate::Deduplicator::begin) inside [`Decision::Execute`](crate::Decision::Execute).
+/// Returned by [`Deduplicator::begin`](crate::Deduplicator::begin) inside
+/// [`Decision::Execute`](crate::engine::Decision::Execute).
 ///
 /// The deduplicator's renewing task runs on the tokio runtime the first running claim was started
 /// on; a claim started outside a runtime is not renewed.
