@@ -69,14 +69,12 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod ambiguous;
 #[cfg(feature = "bridge")]
 pub mod bridge;
+mod claims;
 #[cfg(feature = "client")]
 pub mod client;
-mod completion;
 mod config;
-mod deduplicator;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod engine;
@@ -93,8 +91,6 @@ pub mod metrics;
 pub mod protocol;
 mod record;
 mod rejection;
-mod renewals;
-mod running_claim;
 // Public only to the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`).
 #[cfg(fuzzing)]
 pub mod sse;
@@ -112,13 +108,12 @@ mod time;
 #[cfg(any(feature = "http-client", feature = "postgres", feature = "redis"))]
 mod tls;
 
+pub use claims::{Deduplicator, RunningClaim};
 pub use config::{AfterCrash, EngineConfig};
-pub use deduplicator::Deduplicator;
 pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall};
 pub use key::{IdempotencyKey, KeyError};
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };
 pub use rejection::{Rejection, RejectionKind, UnknownRejectionKind, SHUTTING_DOWN_RETRY_AFTER};
-pub use running_claim::RunningClaim;
 pub use time::{Clock, ManualClock, SystemClock, Timestamp};

@@ -45,10 +45,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use crate::engine::Decision;
+use crate::claims::StopGate;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::record::Scope;
-use crate::rejection::Rejection;
 use crate::{Deduplicator, RunningClaim};
 
 pub use settings::{default_sqlite_path, Settings, SetupError, OPTIONS};
@@ -179,24 +178,14 @@ impl Connection {
             ClientAction::Absorb => FromClient::Drop,
             ClientAction::Respond(response) => FromClient::Respond(response),
             ClientAction::RecordThenForward(claim, outcome) => {
-                let _ = claim.finish(outcome).await;
+                claim.record(outcome).await;
                 FromClient::Forward
             }
             ClientAction::Decide(call) => {
-                let decision = if self.is_closed() {
-                    self.refuse(&call)
-                } else {
-                    match self.dedup.begin(&self.scope, &call.tool_call()).await {
-                        // Closed while the key was being claimed: the call is not sent.
-                        Decision::Execute(claim) if self.is_closed() => {
-                            claim
-                                .release("the server stopped before the call was forwarded")
-                                .await;
-                            self.refuse(&call)
-                        }
-                        decision => decision,
-                    }
-                };
+                let decision = self
+                    .dedup
+                    .begin_guarded(&self.scope, &call.tool_call(), self)
+                    .await;
                 match self.lock().on_decision(call, decision) {
                     Decided::Forward(request) => FromClient::ForwardRewritten(request),
                     Decided::Respond(response) => FromClient::Respond(response),
@@ -221,7 +210,7 @@ impl Connection {
                 outcome,
                 forward,
             } => {
-                let _ = claim.finish(outcome).await;
+                claim.record(outcome).await;
                 if forward {
                     FromServer::Forward
                 } else {
@@ -261,15 +250,24 @@ impl Connection {
         self.closed.load(Ordering::SeqCst)
     }
 
-    fn refuse(&self, call: &crate::interceptor::KeyedCall) -> Decision<RunningClaim> {
-        let refusal = Decision::Reject(Rejection::shutting_down(call.tool_call().idempotency_key));
-        #[cfg(feature = "metrics")]
-        crate::metrics::on_decision(&refusal);
-        refusal
-    }
-
     fn lock(&self) -> MutexGuard<'_, Interceptor<RunningClaim>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A closed connection refuses keyed calls, and one closed while the key was being claimed does
+/// not send the call.
+impl StopGate for Connection {
+    fn refuses(&self) -> bool {
+        self.is_closed()
+    }
+
+    fn stopped(&self) -> bool {
+        self.is_closed()
+    }
+
+    fn release_reason(&self) -> &'static str {
+        "the server stopped before the call was forwarded"
     }
 }
 

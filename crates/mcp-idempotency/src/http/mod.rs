@@ -7,11 +7,14 @@
 //! records a request may see. [`idempotent_layer`] builds a layer from a store URL in one statement.
 
 mod body;
+mod future;
 mod layer;
 pub mod principal;
 mod relay;
+mod service;
 mod shutdown;
 
 pub use body::{BoxError, ResponseBody};
-pub use layer::{idempotent_layer, IdempotencyLayer, IdempotencyService, DEFAULT_BODY_TIMEOUT};
+pub use layer::{idempotent_layer, IdempotencyLayer, DEFAULT_BODY_TIMEOUT};
+pub use service::IdempotencyService;
 pub use shutdown::{Shutdown, CUT_OFF_WAIT};

@@ -202,7 +202,7 @@ impl Relaying {
                 ServerAction::Forward => bytes,
                 ServerAction::ForwardRewritten(rewritten) => Bytes::from(rewritten),
                 ServerAction::Record { claim, outcome, .. } => {
-                    let _ = claim.finish(outcome).await;
+                    claim.record(outcome).await;
                     bytes
                 }
             },
@@ -283,7 +283,7 @@ impl Exchange {
             ServerAction::Forward => Bytes::from(event.raw),
             ServerAction::ForwardRewritten(rewritten) => Bytes::from(event.with_data(&rewritten)),
             ServerAction::Record { claim, outcome, .. } => {
-                let _ = claim.finish(outcome).await;
+                claim.record(outcome).await;
                 Bytes::from(event.raw)
             }
         }

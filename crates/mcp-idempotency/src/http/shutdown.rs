@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
 
+use crate::claims::StopGate;
+
 /// Longest [`Shutdown::drain`] waits, after the grace, for the calls it cut off to be recorded
 /// and answered (a store that does not answer leaves them in progress until their lease ends).
 pub const CUT_OFF_WAIT: Duration = Duration::from_secs(2);
@@ -144,6 +146,20 @@ impl CallGuard {
     /// The shutdown this call is counted by.
     pub(super) fn shutdown(&self) -> &Shutdown {
         &self.0
+    }
+}
+
+/// A keyed call's place in the count, `None` if keyed calls were refused when it came
+/// ([`Shutdown::enter`]).
+impl StopGate for Option<CallGuard> {
+    fn refuses(&self) -> bool {
+        self.is_none()
+    }
+
+    /// The shutdown grace ended while the key was being claimed: the call is not forwarded.
+    fn stopped(&self) -> bool {
+        self.as_ref()
+            .is_some_and(|call| call.shutdown().grace_is_over())
     }
 }
 

@@ -56,13 +56,11 @@ use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
 
-use crate::engine::Decision;
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::jsonrpc::{
     error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
 };
 use crate::record::Scope;
-use crate::rejection::Rejection;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RunningClaim};
 use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
@@ -454,28 +452,10 @@ impl StdioProxy {
                 }
                 ClientAction::Decide(call) => {
                     let deciding = stopping.enter_decision();
-                    let decision = if deciding.refuse {
-                        let refusal = Decision::Reject(Rejection::shutting_down(
-                            call.tool_call().idempotency_key,
-                        ));
-                        #[cfg(feature = "metrics")]
-                        crate::metrics::on_decision(&refusal);
-                        refusal
-                    } else {
-                        self.dedup.begin(&self.scope, &call.tool_call()).await
-                    };
-                    let decision = match decision {
-                        // The grace ended while the key was being claimed: the call was not sent.
-                        Decision::Execute(claim) if stopping.is_over() => {
-                            claim
-                                .release("the gateway shut down before forwarding the call")
-                                .await;
-                            Decision::Reject(Rejection::shutting_down(
-                                call.tool_call().idempotency_key,
-                            ))
-                        }
-                        decision => decision,
-                    };
+                    let decision = self
+                        .dedup
+                        .begin_guarded(&self.scope, &call.tool_call(), &deciding)
+                        .await;
                     let decided = lock(state).on_decision(call, decision);
                     drop(deciding);
                     match decided {
@@ -488,7 +468,7 @@ impl StdioProxy {
                     }
                 }
                 ClientAction::RecordThenForward(claim, outcome) => {
-                    let _ = claim.finish(outcome).await;
+                    claim.record(outcome).await;
                     write_line(&mut server_in, &mut line).await?;
                 }
             }
@@ -537,7 +517,7 @@ impl StdioProxy {
                     outcome,
                     forward,
                 } => {
-                    let _ = claim.finish(outcome).await;
+                    claim.record(outcome).await;
                     if forward {
                         send(to_client, &mut line).await;
                     }

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokio::sync::Notify;
 
+use crate::claims::StopGate;
+
 /// Where a run is in its stop; every flag only goes from `false` to `true`.
 #[derive(Debug, Default)]
 pub(super) struct Stopping {
@@ -83,7 +85,18 @@ impl Stopping {
 pub(super) struct Deciding<'a> {
     stopping: &'a Stopping,
     /// The run is draining: refuse the call without claiming it.
-    pub(super) refuse: bool,
+    refuse: bool,
+}
+
+impl StopGate for Deciding<'_> {
+    fn refuses(&self) -> bool {
+        self.refuse
+    }
+
+    /// The drain ended while the key was being claimed: the call is not sent.
+    fn stopped(&self) -> bool {
+        self.stopping.is_over()
+    }
 }
 
 impl Drop for Deciding<'_> {

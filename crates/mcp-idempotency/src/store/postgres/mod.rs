@@ -19,6 +19,7 @@
 //! | module | holds |
 //! | --- | --- |
 //! | `schema` | the tables, their invariants, creating them and migrating version 1 |
+//! | `shards` | how many rows each counter is split over, and the constraints that say a shard is full |
 //! | `quota` | claims: the counter shards and their capacities, the one-statement and exact paths, why quotas are exact, what it costs |
 //! | `sql` | every statement, the two server-side functions for claims and completions, and the lock order that keeps them from deadlocking |
 //! | `params` | statement parameters with their types: every statement is unnamed (PgBouncer) |
@@ -33,6 +34,7 @@ mod params;
 mod pool;
 mod quota;
 mod schema;
+mod shards;
 mod sql;
 mod tls;
 

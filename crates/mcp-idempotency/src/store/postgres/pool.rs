@@ -9,7 +9,6 @@ use deadpool_postgres::{
 };
 use tokio_postgres::error::SqlState;
 
-use super::quota::MAX_CLAIM_ATTEMPTS;
 use super::tls::RustlsConnect;
 use super::PostgresStore;
 use crate::record::CorruptRecord;
@@ -24,6 +23,11 @@ const MAX_CONNECTIONS: usize = 16;
 
 /// How often an operation aborted by the server (deadlock, serialization failure) is re-run.
 const MAX_TRANSIENT_RETRIES: usize = 3;
+
+/// How often a claim is re-run because a concurrent claim of the same key committed after the
+/// claim's snapshot (the `quota` module). Each re-run needs another commit on that key; this bound
+/// is never reached in practice.
+pub(super) const MAX_CLAIM_ATTEMPTS: usize = 8;
 
 /// A pool of up to [`MAX_CONNECTIONS`] connections to the server `config` names (`target`, for
 /// messages), which opens connections lazily, within `connect_timeout` each.

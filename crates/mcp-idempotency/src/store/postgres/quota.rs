@@ -88,21 +88,13 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::Row;
 
 use super::params::{params, typed, Typed};
-use super::pool::{explain, OpError};
-use super::schema::{SCOPE_SHARD_FULL, TOTAL_SHARD_FULL};
+use super::pool::{explain, OpError, MAX_CLAIM_ATTEMPTS};
+use super::shards::{SCOPE_SHARD_FULL, SHARDS, TOTAL_SHARD_FULL};
 use super::sql::Sql;
 use super::{purge, Inner};
 use crate::record::{CorruptRecord, RecordId};
 use crate::store::sql_row::{decode, ClaimColumns};
 use crate::store::{ClaimOutcome, ClaimRequest, QuotaExceeded};
-
-/// Counter rows per scope and for the whole store.
-pub(super) const SHARDS: i16 = 16;
-
-/// How often a claim is re-run because a concurrent claim of the same key committed after the
-/// claim's snapshot. Each re-run needs another commit on that key; this bound is never reached in
-/// practice.
-pub(super) const MAX_CLAIM_ATTEMPTS: usize = 8;
 
 /// Claims `req.id`: the one-statement path, the exact path for the counters whose shard had no
 /// room, one purge of expired records before a refusal, and a re-run after a race.

@@ -43,7 +43,7 @@ use deadpool_postgres::{Object, Pool};
 
 use super::params::params;
 use super::pool::{explain, is_connection_error, pool_error, OpError, OPERATION_TIMEOUT};
-use super::quota::SHARDS;
+use super::shards::{SCOPE_SHARD_FULL, SHARDS, TOTAL_SHARD_FULL};
 use super::sql::{
     batch_args, BATCH_FUNCTION, CLAIM_ARGS, CLAIM_FUNCTION, COMPLETE_ARGS, COMPLETE_FUNCTION,
 };
@@ -51,10 +51,6 @@ use crate::store::StoreError;
 
 /// The schema version this build creates and understands.
 const SCHEMA_VERSION: i32 = 2;
-
-/// The constraints of `idem_shard_guard`.
-pub(super) const TOTAL_SHARD_FULL: &str = "idem_total_shard_full";
-pub(super) const SCOPE_SHARD_FULL: &str = "idem_scope_shard_full";
 
 /// Creates or migrates the tables in `schema` (`quoted` as an identifier) on a connection of
 /// `pool`, and creates the store's functions with `functions` when they are missing, within

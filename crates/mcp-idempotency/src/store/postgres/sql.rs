@@ -20,7 +20,7 @@
 //! (after `deadlock_timeout`), and it runs again, as every statement the server aborts for a
 //! deadlock does (the `pool` module).
 
-use super::quota::SHARDS;
+use super::shards::SHARDS;
 use crate::store::sql_row::RECORD_COLUMNS;
 
 /// The statements, with the schema name spliced in (quoted) once.

@@ -1,5 +1,5 @@
 //! Completions whose store write failed: whether and when to send them again. Sans-IO: the clock
-//! is passed in, the store and the task are the caller's ([`RunningClaim`](crate::RunningClaim)).
+//! is passed in, the store and the task are the caller's (`RunningClaim`).
 //!
 //! A call that ran while the store went away (a PostgreSQL restart, a Redis outage) has answered
 //! its client, but the write of its outcome failed. Left alone, its record would stay in progress
@@ -24,17 +24,17 @@
 //! beyond is left to its lease, as before, and logged.
 
 #[cfg(doc)]
-use crate::ambiguous::MAX_BACKOFF;
-use crate::ambiguous::{backoff, MIN_BACKOFF};
+use super::ambiguous::MAX_BACKOFF;
+use super::ambiguous::{backoff, MIN_BACKOFF};
 use crate::store::{Fenced, StoreError};
 use crate::time::Timestamp;
 
 /// Most completions retried at once (per deduplicator).
-pub(crate) const MAX_PENDING_COMPLETIONS: usize = 1024;
+pub(super) const MAX_PENDING_COMPLETIONS: usize = 1024;
 
 /// How a completion that was retried ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Settled {
+pub(super) enum Settled {
     /// The outcome is recorded.
     Recorded,
     /// Someone else owns the record: the outcome was not written.
@@ -48,7 +48,7 @@ pub(crate) enum Settled {
 /// What to do after an attempt, as [`CompletionRetry::on_answer`] says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub(crate) enum Next {
+pub(super) enum Next {
     /// Send the completion again at this time (or earlier, once the store answers).
     RetryAt(Timestamp),
     /// Stop: the completion ended so.
@@ -56,13 +56,13 @@ pub(crate) enum Next {
 }
 
 /// Whether an error of a completion may pass, so that sending it again is worth it.
-pub(crate) fn worth_retrying(error: &StoreError) -> bool {
+pub(super) fn worth_retrying(error: &StoreError) -> bool {
     error.is_unavailable() || error.may_have_applied()
 }
 
 /// The retry schedule of one completion.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct CompletionRetry {
+pub(super) struct CompletionRetry {
     /// No attempt after this.
     give_up_at: Timestamp,
     /// Attempts that failed in a row.
@@ -76,7 +76,7 @@ pub(crate) struct CompletionRetry {
 impl CompletionRetry {
     /// The schedule of a completion whose first attempt failed with `error` at `now`, to be given
     /// up at `give_up_at`; `None` if the error will not pass, or the deadline has passed.
-    pub(crate) fn after_first_failure(
+    pub(super) fn after_first_failure(
         error: &StoreError,
         give_up_at: Timestamp,
         now: Timestamp,
@@ -93,12 +93,12 @@ impl CompletionRetry {
     }
 
     /// When the next attempt is due.
-    pub(crate) fn due(&self) -> Timestamp {
+    pub(super) fn due(&self) -> Timestamp {
         self.due
     }
 
     /// Reads the store's answer to an attempt made at `now`.
-    pub(crate) fn on_answer(
+    pub(super) fn on_answer(
         &mut self,
         answer: &Result<Fenced, StoreError>,
         now: Timestamp,
@@ -121,7 +121,7 @@ impl CompletionRetry {
 
     /// The store answered something else at `now`: the next attempt is due at once, though not
     /// sooner than [`MIN_BACKOFF`] after the last one, and the backoff starts over.
-    pub(crate) fn store_answered(&mut self, now: Timestamp) {
+    pub(super) fn store_answered(&mut self, now: Timestamp) {
         self.failures = 0;
         let earliest = now.max(self.last_attempt.saturating_add(MIN_BACKOFF));
         self.due = self.due.min(earliest);

@@ -1,9 +1,9 @@
 //! [`Renewals`]: the leases of a deduplicator's running claims, renewed by one task.
 //!
-//! A [`RunningClaim`](crate::RunningClaim) registers its claim when its call starts and takes it
-//! out when the call ends. One task per deduplicator wakes every sixth of the lease and renews
-//! the claims that are due ([`Engine::renewal_due`](crate::Engine::renewal_due): a third of the
-//! lease after the last renewal), so a lease is renewed at most half a lease after it was taken.
+//! A `RunningClaim` registers its claim when its call starts and takes it out when the call
+//! ends. One task per deduplicator wakes every sixth of the lease and renews the claims that are
+//! due ([`Engine::renewal_due`](crate::engine::Engine::renewal_due): a third of the lease after
+//! the last renewal), so a lease is renewed at most half a lease after it was taken.
 //!
 //! Registering is a map insert: a call that ends before its first renewal (almost every call)
 //! spawns no task and wakes no runtime thread. That matters most to the Python and TypeScript
@@ -12,10 +12,10 @@
 //! finds no claim, and the next registration starts it again.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::deduplicator::Deduplicator;
+use super::writes::StoreWrites;
 use crate::engine::Claim;
 use crate::store::Fenced;
 
@@ -24,7 +24,7 @@ const MIN_TICK: Duration = Duration::from_millis(10);
 
 /// The running claims of one deduplicator (shared by its clones).
 #[derive(Debug, Default)]
-pub(crate) struct Renewals {
+pub(super) struct Renewals {
     state: Mutex<State>,
 }
 
@@ -45,14 +45,19 @@ struct Entry {
 
 /// A registered claim, to take out with [`Renewals::remove`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Registration(u64);
+pub(super) struct Registration(u64);
 
 impl Renewals {
-    /// Keeps `claim`'s lease alive until it is removed; starts the task on the current tokio
-    /// runtime if none runs. Outside a runtime the claim is not renewed (`None`).
-    pub(crate) fn add(dedup: &Deduplicator, claim: Claim) -> Option<Registration> {
+    /// Keeps `claim`'s lease alive until it is removed, renewing it through `writes`; starts the
+    /// task on the current tokio runtime if none runs. Outside a runtime the claim is not renewed
+    /// (`None`).
+    pub(super) fn add(
+        self: &Arc<Self>,
+        writes: &StoreWrites,
+        claim: Claim,
+    ) -> Option<Registration> {
         let runtime = tokio::runtime::Handle::try_current().ok()?;
-        let mut state = dedup.renewals().lock();
+        let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
         state.claims.insert(
@@ -64,13 +69,13 @@ impl Renewals {
         );
         if !state.task {
             state.task = true;
-            runtime.spawn(renew_while_claimed(dedup.clone()));
+            runtime.spawn(renew_while_claimed(Arc::clone(self), writes.clone()));
         }
         Some(Registration(id))
     }
 
     /// Stops renewing a claim (its call ended).
-    pub(crate) fn remove(&self, registration: Registration) {
+    pub(super) fn remove(&self, registration: Registration) {
         self.lock().claims.remove(&registration.0);
     }
 
@@ -82,15 +87,15 @@ impl Renewals {
 /// Every sixth of the lease, starts the renewals that are due; ends at a tick with no claim.
 /// Each renewal runs in a task of its own, so that a slow store answer delays no other lease
 /// (only calls that outlive a third of their lease ever get one).
-async fn renew_while_claimed(dedup: Deduplicator) {
+async fn renew_while_claimed(renewals: Arc<Renewals>, writes: StoreWrites) {
     // Dropped with the task (also when its runtime shuts down): the next claim starts another.
-    let _running = Running(dedup.clone());
-    let tick = tick(&dedup);
+    let _running = Running(Arc::clone(&renewals));
+    let tick = tick(&writes);
     loop {
         tokio::time::sleep(tick).await;
-        let now = dedup.clock().now();
+        let now = writes.clock.now();
         let due: Vec<(u64, Claim)> = {
-            let mut state = dedup.renewals().lock();
+            let mut state = renewals.lock();
             if state.claims.is_empty() {
                 return;
             }
@@ -98,7 +103,7 @@ async fn renew_while_claimed(dedup: Deduplicator) {
                 .claims
                 .iter_mut()
                 .filter(|(_, entry)| {
-                    !entry.renewing && dedup.engine().renewal_due(&entry.claim) <= now
+                    !entry.renewing && writes.engine.renewal_due(&entry.claim) <= now
                 })
                 .map(|(&id, entry)| {
                     entry.renewing = true;
@@ -107,16 +112,16 @@ async fn renew_while_claimed(dedup: Deduplicator) {
                 .collect()
         };
         for (id, claim) in due {
-            tokio::spawn(renew(dedup.clone(), id, claim));
+            tokio::spawn(renew(Arc::clone(&renewals), writes.clone(), id, claim));
         }
     }
 }
 
 /// Renews one registered claim once; a failed renewal is sent again at a later tick, a sixth of
 /// the lease later.
-async fn renew(dedup: Deduplicator, id: u64, mut claim: Claim) {
-    let renewed = dedup.renew(&mut claim).await;
-    let mut state = dedup.renewals().lock();
+async fn renew(renewals: Arc<Renewals>, writes: StoreWrites, id: u64, mut claim: Claim) {
+    let renewed = writes.renew(&mut claim).await;
+    let mut state = renewals.lock();
     // A call that ended meanwhile is not renewed any more, whatever the store said.
     let Some(entry) = state.claims.get_mut(&id) else {
         return;
@@ -134,15 +139,15 @@ async fn renew(dedup: Deduplicator, id: u64, mut claim: Claim) {
     }
 }
 
-struct Running(Deduplicator);
+struct Running(Arc<Renewals>);
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.renewals().lock().task = false;
+        self.0.lock().task = false;
     }
 }
 
 /// A sixth of the lease, at least [`MIN_TICK`] (also the wait after a failed renewal).
-pub(crate) fn tick(dedup: &Deduplicator) -> Duration {
-    (dedup.engine().config().lease() / 6).max(MIN_TICK)
+pub(super) fn tick(writes: &StoreWrites) -> Duration {
+    (writes.engine.config().lease() / 6).max(MIN_TICK)
 }

@@ -1,102 +1,43 @@
-//! The async driver of the [`Engine`] over a [`Store`]: decisions, the claim lifecycle (through
-//! [`RunningClaim`]) and the store's health, in one place for every transport.
+//! [`StoreWrites`]: a deduplicator's writes to its store (claim, take-over, completion, renewal,
+//! release), each with what follows from the store's answer: a claim whose answer was lost is
+//! remembered and released once the store answers again, and completions retried in the
+//! background are woken. The deduplicator, the running claims and the renewing task all write
+//! through it; it knows none of them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use crate::ambiguous::{AfterClaim, Ambiguous, AmbiguousClaims, Remembered, MAX_AMBIGUOUS_CLAIMS};
-use crate::completion::MAX_PENDING_COMPLETIONS;
-use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
-use crate::record::{FencingToken, Outcome, RecordId, Scope};
-use crate::rejection::RejectionKind;
-use crate::renewals::Renewals;
-use crate::running_claim::RunningClaim;
-use crate::store::{ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, Store, StoreError};
-use crate::time::{Clock, SystemClock};
+use super::ambiguous::{AfterClaim, Ambiguous, AmbiguousClaims, Remembered, MAX_AMBIGUOUS_CLAIMS};
+use super::completion::MAX_PENDING_COMPLETIONS;
+use crate::engine::{Claim, Engine};
+use crate::record::{FencingToken, RecordId};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, CompleteRequest, Fenced, Store, StoreError, TakeOverRequest,
+};
+use crate::time::Clock;
 
 /// Shortest sleep of the release task (a deadline already passed, or a clock that stands still).
 const MIN_RELEASE_WAIT: Duration = Duration::from_millis(10);
 
-/// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
-///
-/// This is the piece every transport adapter shares: hand it a call ([`begin`](Self::begin)), act
-/// on the [`Decision`], and finish the [`RunningClaim`] of an executed call with its outcome. The
-/// claim renews its own lease while the call runs. The deduplicator also knows whether the store
-/// is usable ([`store_usable`](Self::store_usable)), from the answers of its last claims.
-///
-/// [`decide`](Self::decide), [`complete`](Self::complete), [`renew`](Self::renew) and
-/// [`release`](Self::release) are the same steps one by one, for callers that manage a claim's
-/// lease themselves.
-///
-/// # Lost answers
-///
-/// A claim that fails after it was sent (a timeout, a connection reset) may have been applied
-/// although the call is refused with `idempotency_store_unavailable` and never runs. The
-/// deduplicator remembers such a claim, and releases it, fenced by its token, as soon as the
-/// store answers again: when a retry's claim finds the record held by that token (it is released
-/// and the retry claims again, so the retry runs the call), or from a background task on the
-/// tokio runtime, which tries once the store answers any claim, and otherwise with a backoff from
-/// 100 ms to 5 s. A release that fails is remembered the same way. At most 1024 claims are
-/// remembered per deduplicator (clones share them); each one is logged.
-///
-/// # Lost completions
-///
-/// A [`RunningClaim`] whose completion fails with an error that may pass (the store went away
-/// while the call ran) sends it again in the background, fenced by its token, with the same
-/// backoff, while it keeps renewing the lease, until the store applies it, the record is taken
-/// over, or the retention window the outcome would have had ends. At most 1024 completions are
-/// retried at once per deduplicator ([`pending_completions`](Self::pending_completions));
-/// [`completions_settled`](Self::completions_settled) waits for them (graceful shutdown).
-///
-/// ```
-/// # tokio_test_block_on(async {
-/// use std::sync::Arc;
-/// use mcp_idempotency::{Decision, Deduplicator, EngineConfig, Outcome, Scope, ToolCall};
-/// use mcp_idempotency::store::MemoryStore;
-///
-/// let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(MemoryStore::new()));
-/// let scope = Scope::new("payments-server", "local-user");
-/// let key = serde_json::json!("order-42");
-/// let call = ToolCall {
-///     tool_name: "charge_payment",
-///     arguments: Some(r#"{"amount": 4200, "currency": "usd"}"#),
-///     idempotency_key: Some(&key),
-///     mrtr_continuation: false,
-/// };
-///
-/// let Decision::Execute(claim) = dedup.decide(&scope, &call).await else { panic!() };
-/// // ... run the tool, then record what it returned:
-/// dedup.complete(&claim, Outcome::Success(r#"{"content":[]}"#.into())).await?;
-///
-/// // A retry with the same key and equivalent arguments replays the outcome.
-/// let retry = ToolCall { arguments: Some(r#"{"currency":"usd","amount":4200.0}"#), ..call };
-/// assert!(matches!(dedup.decide(&scope, &retry).await, Decision::Replay(_)));
-/// # Ok::<(), mcp_idempotency::store::StoreError>(())
-/// # }).unwrap();
-/// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
-/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
-/// # }
-/// ```
+/// The engine, the store and the clock of a deduplicator, and what its writes left behind:
+/// claims whose answer was lost (see "Lost answers" on `Deduplicator`) and completions being
+/// retried ("Lost completions"). A cheap clone; clones share all of it.
 #[derive(Clone, Debug)]
-pub struct Deduplicator {
-    engine: Engine,
-    store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
-    /// Cleared when a claim failed for lack of a store, set again by the next claim that worked.
-    store_usable: Arc<AtomicBool>,
+pub(super) struct StoreWrites {
+    pub(super) engine: Engine,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) clock: Arc<dyn Clock>,
     /// Claims whose answer was lost, to be released.
     ambiguous: Arc<Pending>,
     /// Completions being retried by their running claims.
     completions: Arc<Completions>,
-    /// The running claims whose leases the one renewing task keeps alive.
-    renewals: Arc<Renewals>,
 }
 
 /// The completions being retried in the background (see "Lost completions").
 #[derive(Debug)]
 struct Completions {
-    /// How many; a slot is taken with [`Deduplicator::reserve_completion`].
+    /// How many; a slot is taken with [`StoreWrites::reserve_completion`].
     pending: tokio::sync::watch::Sender<usize>,
     /// Wakes the retries when the store answered something else.
     wake: tokio::sync::Notify,
@@ -114,7 +55,7 @@ impl Default for Completions {
 /// One of the [`MAX_PENDING_COMPLETIONS`] slots of completions retried in the background, given
 /// back when dropped.
 #[derive(Debug)]
-pub(crate) struct CompletionSlot(Arc<Completions>);
+pub(super) struct CompletionSlot(Arc<Completions>);
 
 impl Drop for CompletionSlot {
     fn drop(&mut self) {
@@ -178,91 +119,33 @@ impl Pending {
     }
 }
 
-impl Deduplicator {
-    /// A driver for an engine with `config` over `store`, on the system clock.
-    pub fn new(config: crate::EngineConfig, store: Arc<dyn Store>) -> Self {
+impl StoreWrites {
+    /// Writes to `store` with `engine`'s requests, on `clock`, with nothing left behind yet.
+    pub(super) fn new(engine: Engine, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
         Self {
-            engine: Engine::new(config),
+            engine,
             store,
-            clock: Arc::new(SystemClock),
-            store_usable: Arc::new(AtomicBool::new(true)),
+            clock,
             ambiguous: Arc::default(),
             completions: Arc::default(),
-            renewals: Arc::default(),
         }
     }
 
-    /// The running claims whose leases are renewed.
-    pub(crate) fn renewals(&self) -> &Renewals {
-        &self.renewals
-    }
-
-    /// Reads the time from `clock` instead of the system clock (a [`ManualClock`](crate::ManualClock)
-    /// in tests).
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
-    }
-
-    /// The clock.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
-        &self.clock
-    }
-
-    /// Whether the store answered the last claim (or no claim failed yet). Transports advertise
-    /// `tools.idempotency` only while it does.
-    pub fn store_usable(&self) -> bool {
-        self.store_usable.load(Ordering::Relaxed)
-    }
-
-    /// Decides what to do with a call, claiming its key if it is to be executed; an executed
-    /// call's [`RunningClaim`] renews its lease until it is finished, released or abandoned.
-    pub async fn begin(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision<RunningClaim> {
-        let decision = self.decide(scope, call).await;
-        decision.map_claim(|claim| RunningClaim::start(self.clone(), claim))
-    }
-
-    /// The engine.
-    pub fn engine(&self) -> &Engine {
-        &self.engine
-    }
-
-    /// The store.
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
-    /// How many claims whose store answer was lost are waiting to be released (see the type's
-    /// docs, "Lost answers").
-    pub fn pending_releases(&self) -> usize {
+    /// How many claims whose store answer was lost are waiting to be released.
+    pub(super) fn pending_releases(&self) -> usize {
         if !self.ambiguous.any() {
             return 0;
         }
         self.ambiguous.lock().claims.len()
     }
 
-    /// How many completions that failed are being sent again in the background (see "Lost
-    /// completions").
-    pub fn pending_completions(&self) -> usize {
+    /// How many completions that failed are being sent again in the background.
+    pub(super) fn pending_completions(&self) -> usize {
         *self.completions.pending.borrow()
     }
 
-    /// Purges the store's expired records every `every`, forever (the gateways run this beside
-    /// their traffic; the first purge is at once).
-    pub async fn purge_periodically(&self, every: Duration) -> std::convert::Infallible {
-        let mut ticks = tokio::time::interval(every);
-        loop {
-            ticks.tick().await;
-            match self.store.purge_expired(self.clock.now()).await {
-                Ok(purged) => tracing::debug!(purged, "purged expired records"),
-                Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
-            }
-        }
-    }
-
-    /// Waits until no completion is being sent again in the background: each one was recorded,
-    /// or given up (see "Lost completions"). Graceful shutdown waits for this, within its grace.
-    pub async fn completions_settled(&self) {
+    /// Waits until no completion is being sent again in the background.
+    pub(super) async fn completions_settled(&self) {
         let mut pending = self.completions.pending.subscribe();
         // The sender lives as long as `self`: the wait cannot fail.
         let _ = pending.wait_for(|n| *n == 0).await;
@@ -270,7 +153,7 @@ impl Deduplicator {
 
     /// Takes a slot for a completion to be retried in the background; `None` if
     /// [`MAX_PENDING_COMPLETIONS`] are retried already.
-    pub(crate) fn reserve_completion(&self) -> Option<CompletionSlot> {
+    pub(super) fn reserve_completion(&self) -> Option<CompletionSlot> {
         let taken = self.completions.pending.send_if_modified(|n| {
             let free = *n < MAX_PENDING_COMPLETIONS;
             if free {
@@ -287,56 +170,23 @@ impl Deduplicator {
 
     /// Waits until the store answered something else (a claim, a renewal, a completion) while
     /// completions are retried.
-    pub(crate) async fn store_answered_again(&self) {
+    pub(super) async fn store_answered_again(&self) {
         self.completions.wake.notified().await;
     }
 
-    /// Decides what to do with a call, claiming its key if it is to be executed.
-    pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
-        let mut step = self
-            .engine
-            .begin(scope, call, FencingToken::random(), self.clock.now());
-        let decision = loop {
-            step = match step {
-                Step::Done(decision) => break decision,
-                Step::TryClaim(req) => {
-                    let answer = self.claim(&req).await;
-                    self.engine.on_claim(req, answer)
-                }
-                Step::TakeOver(req) => {
-                    let answer = self.store.take_over(&req).await;
-                    match &answer {
-                        Ok(_) => self.store_answered(),
-                        Err(error) => self.remember(&req.id, req.new_owner, error, "take-over"),
-                    }
-                    self.engine.on_take_over(req, answer)
-                }
-            };
-        };
-        match &decision {
-            Decision::Execute(_) | Decision::Replay(_) => {
-                self.store_usable.store(true, Ordering::Relaxed);
-            }
-            Decision::Reject(rejection) if rejection.kind() == RejectionKind::StoreUnavailable => {
-                self.store_usable.store(false, Ordering::Relaxed);
-            }
-            _ => {}
+    /// Sends a take-over; a failure that may have been applied is remembered.
+    pub(super) async fn take_over(&self, req: &TakeOverRequest) -> Result<Fenced, StoreError> {
+        let answer = self.store.take_over(req).await;
+        match &answer {
+            Ok(_) => self.store_answered(),
+            Err(error) => self.remember(&req.id, req.new_owner, error, "take-over"),
         }
-        #[cfg(feature = "metrics")]
-        crate::metrics::on_decision(&decision);
-        decision
-    }
-
-    /// Records the outcome of an executed call. [`Fenced::NotOwner`] means the lease was lost and
-    /// someone else owns the record now; the outcome was not written.
-    pub async fn complete(&self, claim: &Claim, outcome: Outcome) -> Result<Fenced, StoreError> {
-        let req = self.engine.completion(claim, outcome, self.clock.now());
-        self.send_completion(&req).await
+        answer
     }
 
     /// Sends a completion made by [`Engine::completion`] (again, if it failed: the store applies
     /// a request sent twice once).
-    pub(crate) async fn send_completion(
+    pub(super) async fn send_completion(
         &self,
         req: &CompleteRequest,
     ) -> Result<Fenced, StoreError> {
@@ -353,8 +203,8 @@ impl Deduplicator {
     }
 
     /// Extends the lease of a running call. The claim's deadline moves only if the store applied
-    /// the renewal; after an error or [`Fenced::NotOwner`] it still says what the store holds.
-    pub async fn renew(&self, claim: &mut Claim) -> Result<Fenced, StoreError> {
+    /// the renewal.
+    pub(super) async fn renew(&self, claim: &mut Claim) -> Result<Fenced, StoreError> {
         let mut renewed = claim.clone();
         let lease_expires_at = self.engine.renew(&mut renewed, self.clock.now());
         let fenced = self
@@ -368,9 +218,9 @@ impl Deduplicator {
         Ok(fenced)
     }
 
-    /// Gives up a claim whose call certainly did not run, so that a retry may run it. If the store
-    /// cannot be reached, the claim is remembered and released once it can (see "Lost answers").
-    pub async fn release(&self, claim: &Claim) -> Result<Fenced, StoreError> {
+    /// Gives up a claim; if the store cannot be reached, the claim is remembered and released once
+    /// it can.
+    pub(super) async fn release(&self, claim: &Claim) -> Result<Fenced, StoreError> {
         let result = self.store.release(claim.id(), claim.owner()).await;
         if let Err(error) = &result {
             self.remember(claim.id(), claim.owner(), error, "release");
@@ -380,7 +230,7 @@ impl Deduplicator {
 
     /// Sends a claim to the store, first getting rid of a claim of the same key whose answer was
     /// lost, if the store's answer shows that it holds the record.
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+    pub(super) async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let mut answer = self.store.claim(req).await;
         if self.ambiguous.any() {
             let now = self.clock.now();
@@ -502,11 +352,11 @@ fn count_resolved(how: &'static str, n: usize) {
 
 /// The release task: releases the remembered claims one by one as they fall due, until none is
 /// left.
-async fn release_until_done(dedup: Deduplicator) {
+async fn release_until_done(writes: StoreWrites) {
     let mut expired = Vec::new();
     loop {
-        let now = dedup.clock.now();
-        let next = dedup.ambiguous.update(|pending| {
+        let now = writes.clock.now();
+        let next = writes.ambiguous.update(|pending| {
             let next = pending.claims.poll_release(now, &mut expired);
             let deadline = pending.claims.next_deadline();
             if next.is_none() && deadline.is_none() {
@@ -523,7 +373,7 @@ async fn release_until_done(dedup: Deduplicator) {
         }
         match next {
             Ok(claim) => {
-                dedup
+                writes
                     .release_ambiguous(&claim.id, claim.owner, "the release task")
                     .await;
             }
@@ -532,7 +382,7 @@ async fn release_until_done(dedup: Deduplicator) {
                 let wait = deadline.saturating_since(now).max(MIN_RELEASE_WAIT);
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
-                    () = dedup.ambiguous.wake.notified() => {}
+                    () = writes.ambiguous.wake.notified() => {}
                 }
             }
         }

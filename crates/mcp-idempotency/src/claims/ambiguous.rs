@@ -35,39 +35,39 @@ use crate::store::{ClaimOutcome, StoreError};
 use crate::time::Timestamp;
 
 /// Most claims remembered at once (per deduplicator).
-pub(crate) const MAX_AMBIGUOUS_CLAIMS: usize = 1024;
+pub(super) const MAX_AMBIGUOUS_CLAIMS: usize = 1024;
 /// Wait before the first release, and after the first failed one.
-pub(crate) const MIN_BACKOFF: Duration = Duration::from_millis(100);
+pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between two release attempts while the store fails.
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(5);
+pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long a released token is remembered: longer than any store operation may take (the network
 /// stores give up on one after 10 s), so that the answer to a claim the store read before the
 /// release still finds it.
-pub(crate) const RELEASED_KEPT: Duration = Duration::from_secs(60);
+pub(super) const RELEASED_KEPT: Duration = Duration::from_secs(60);
 
 /// The wait after `failures` store writes failed in a row (at least one): [`MIN_BACKOFF`],
 /// doubling at each failure, up to [`MAX_BACKOFF`]. Shared by the release queue and the retries of
-/// completions ([`crate::completion`]).
-pub(crate) fn backoff(failures: u32) -> Duration {
+/// completions ([`super::completion`]).
+pub(super) fn backoff(failures: u32) -> Duration {
     let shift = failures.saturating_sub(1).min(16);
     MIN_BACKOFF.saturating_mul(1 << shift).min(MAX_BACKOFF)
 }
 
 /// One claim that may hold its record.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Ambiguous {
+pub(super) struct Ambiguous {
     /// The record the claim was for.
-    pub(crate) id: RecordId,
+    pub(super) id: RecordId,
     /// The claim's token.
-    pub(crate) owner: FencingToken,
+    pub(super) owner: FencingToken,
     /// When the record, if it exists, ends its retention window: no need to release it after.
-    pub(crate) give_up_at: Timestamp,
+    pub(super) give_up_at: Timestamp,
 }
 
 /// Whether [`AmbiguousClaims::remember`] kept a claim.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
-pub(crate) enum Remembered {
+pub(super) enum Remembered {
     /// Queued for release (or already queued).
     Queued,
     /// The queue is full: the claim is left to its lease.
@@ -77,7 +77,7 @@ pub(crate) enum Remembered {
 /// What to do after the store answered a claim, as [`AmbiguousClaims::on_claim_answer`] says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[must_use]
-pub(crate) enum AfterClaim {
+pub(super) enum AfterClaim {
     /// Nothing: no remembered claim of this record is concerned.
     Nothing,
     /// The answer shows that these remembered claims of the record hold nothing; they are
@@ -100,7 +100,7 @@ struct Released {
 
 /// The ambiguous claims of one deduplicator, and the backoff of their releases.
 #[derive(Debug)]
-pub(crate) struct AmbiguousClaims {
+pub(super) struct AmbiguousClaims {
     claims: Vec<Ambiguous>,
     /// Tokens released in the last [`RELEASED_KEPT`], oldest first, at most `capacity`.
     released: Vec<Released>,
@@ -113,7 +113,7 @@ pub(crate) struct AmbiguousClaims {
 
 impl AmbiguousClaims {
     /// An empty set holding at most `capacity` claims.
-    pub(crate) fn new(capacity: usize) -> Self {
+    pub(super) fn new(capacity: usize) -> Self {
         Self {
             claims: Vec::new(),
             released: Vec::new(),
@@ -124,19 +124,19 @@ impl AmbiguousClaims {
     }
 
     /// How many claims are remembered.
-    pub(crate) fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.claims.len()
     }
 
     /// Whether a claim's answer must be read here ([`on_claim_answer`](Self::on_claim_answer)):
     /// a claim is remembered, or a token was released lately.
-    pub(crate) fn is_watching(&self) -> bool {
+    pub(super) fn is_watching(&self) -> bool {
         !self.claims.is_empty() || !self.released.is_empty()
     }
 
     /// Remembers a claim whose answer was lost, to be released from [`MIN_BACKOFF`] after `now`
     /// (or later, while the store keeps failing).
-    pub(crate) fn remember(&mut self, claim: Ambiguous, now: Timestamp) -> Remembered {
+    pub(super) fn remember(&mut self, claim: Ambiguous, now: Timestamp) -> Remembered {
         if self
             .claims
             .iter()
@@ -158,7 +158,7 @@ impl AmbiguousClaims {
     /// Reads the store's answer at `now` to a claim of `id`: whether a remembered claim of the
     /// record holds it (release it and claim again), a token released since holds it (claim
     /// again), or none does (they are forgotten). An error tells nothing.
-    pub(crate) fn on_claim_answer(
+    pub(super) fn on_claim_answer(
         &mut self,
         id: &RecordId,
         answer: &Result<ClaimOutcome, StoreError>,
@@ -201,7 +201,7 @@ impl AmbiguousClaims {
     /// The next claim to release at `now`, if one is due; the claim stays remembered until
     /// [`on_released`](Self::on_released) or [`on_release_failed`](Self::on_release_failed).
     /// Claims whose retention window has ended are dropped first and returned in `expired`.
-    pub(crate) fn poll_release(
+    pub(super) fn poll_release(
         &mut self,
         now: Timestamp,
         expired: &mut Vec<Ambiguous>,
@@ -222,7 +222,7 @@ impl AmbiguousClaims {
 
     /// The store answered at `now` a release of `owner`'s claim on `id` (applied or not): it holds
     /// the record no more.
-    pub(crate) fn on_released(&mut self, id: &RecordId, owner: FencingToken, now: Timestamp) {
+    pub(super) fn on_released(&mut self, id: &RecordId, owner: FencingToken, now: Timestamp) {
         self.claims.retain(|c| !(&c.id == id && c.owner == owner));
         self.failures = 0;
         if self.released.len() >= self.capacity {
@@ -236,19 +236,19 @@ impl AmbiguousClaims {
     }
 
     /// A release failed at `now`: the store is still away; back off.
-    pub(crate) fn on_release_failed(&mut self, now: Timestamp) {
+    pub(super) fn on_release_failed(&mut self, now: Timestamp) {
         self.failures = self.failures.saturating_add(1);
         self.resume_at = now.saturating_add(backoff(self.failures));
     }
 
     /// The store answered something else (a claim) at `now`: release at once.
-    pub(crate) fn store_answered(&mut self, now: Timestamp) {
+    pub(super) fn store_answered(&mut self, now: Timestamp) {
         self.failures = 0;
         self.resume_at = self.resume_at.min(now);
     }
 
     /// When the next release is due, if any claim is remembered.
-    pub(crate) fn next_deadline(&self) -> Option<Timestamp> {
+    pub(super) fn next_deadline(&self) -> Option<Timestamp> {
         let earliest_end = self.claims.iter().map(|c| c.give_up_at).min()?;
         Some(self.resume_at.min(earliest_end))
     }

@@ -1,15 +1,15 @@
 //! [`RunningClaim`]: the claim of an executed call, from the execute decision to its outcome.
 //!
 //! This is the one claim lifecycle every transport uses: the handle's lease is renewed on the
-//! engine's schedule ([`Engine::renewal_due`](crate::Engine::renewal_due)) while the call runs
-//! (by the deduplicator's one renewing task, see `renewals.rs`),
-//! and ends in exactly one of three ways, each logged here:
+//! engine's schedule ([`Engine::renewal_due`](crate::engine::Engine::renewal_due)) while the call
+//! runs (by the deduplicator's one renewing task, see `renewals.rs`), and ends in exactly one of
+//! three ways, each logged here:
 //!
 //! - [`finish`](RunningClaim::finish): the call answered; its outcome is recorded (fenced). If
 //!   the store fails with an error that may pass, the handle goes on in the background: it sends
 //!   the same completion again with a backoff, and keeps renewing the lease meanwhile, so that
 //!   nobody takes the record over while its true outcome is still being written (see
-//!   `completion.rs`, and "Lost completions" on [`Deduplicator`]).
+//!   `completion.rs`, and "Lost completions" on [`Deduplicator`](crate::Deduplicator)).
 //! - [`abandon`](RunningClaim::abandon): the call may have run but its answer is lost (the server
 //!   died, the stream broke off); recorded as [`Outcome::Unknown`].
 //! - [`release`](RunningClaim::release): the call certainly did not run (the server could not be
@@ -18,15 +18,18 @@
 //! A handle dropped without any of these (its task was cancelled) is abandoned in the background,
 //! so that no claim is left without an owner until its lease runs out.
 
-use crate::completion::{CompletionRetry, Next, Settled};
-use crate::deduplicator::{CompletionSlot, Deduplicator};
+use std::sync::Arc;
+
+use super::completion::{CompletionRetry, Next, Settled};
+use super::renewals::{self, Registration, Renewals};
+use super::writes::{CompletionSlot, StoreWrites};
 use crate::engine::Claim;
 use crate::record::Outcome;
-use crate::renewals::{self, Registration, Renewals};
 use crate::store::{CompleteRequest, Fenced, StoreError};
 
 /// An executed call's claim, its lease kept alive until it is finished, abandoned or released.
-/// Returned by [`Deduplicator::begin`] inside [`Decision::Execute`](crate::Decision::Execute).
+/// Returned by [`Deduplicator::begin`](crate::Deduplicator::begin) inside
+/// [`Decision::Execute`](crate::engine::Decision::Execute).
 ///
 /// The deduplicator's renewing task runs on the tokio runtime the first running claim was started
 /// on; a claim started outside a runtime is not renewed.
@@ -34,17 +37,22 @@ use crate::store::{CompleteRequest, Fenced, StoreError};
 #[must_use = "a running claim must be finished, abandoned or released"]
 pub struct RunningClaim {
     claim: Claim,
-    dedup: Deduplicator,
+    /// The deduplicator's store, to write the claim's end to.
+    writes: StoreWrites,
+    /// The deduplicator's renewals, which keep the claim's lease alive until it ends.
+    renewals: Arc<Renewals>,
     renewal: Option<Registration>,
     ended: bool,
 }
 
 impl RunningClaim {
-    pub(crate) fn start(dedup: Deduplicator, claim: Claim) -> Self {
-        let renewal = Renewals::add(&dedup, claim.clone());
+    /// Starts renewing `claim`'s lease with `renewals`; its end is written through `writes`.
+    pub(super) fn start(writes: StoreWrites, renewals: Arc<Renewals>, claim: Claim) -> Self {
+        let renewal = renewals.add(&writes, claim.clone());
         Self {
             claim,
-            dedup,
+            writes,
+            renewals,
             renewal,
             ended: false,
         }
@@ -58,7 +66,7 @@ impl RunningClaim {
     fn end(&mut self) {
         self.ended = true;
         if let Some(renewal) = self.renewal.take() {
-            self.dedup.renewals().remove(renewal);
+            self.renewals.remove(renewal);
         }
     }
 
@@ -74,14 +82,21 @@ impl RunningClaim {
     pub async fn finish(mut self, outcome: Outcome) -> Result<Fenced, StoreError> {
         self.end();
         let req = self
-            .dedup
-            .engine()
-            .completion(&self.claim, outcome, self.dedup.clock().now());
-        let result = self.dedup.send_completion(&req).await;
+            .writes
+            .engine
+            .completion(&self.claim, outcome, self.writes.clock.now());
+        let result = self.writes.send_completion(&req).await;
         if let Err(error) = &result {
-            complete_later(self.dedup.clone(), self.claim.clone(), req, error);
+            complete_later(self.writes.clone(), self.claim.clone(), req, error);
         }
         result
+    }
+
+    /// Records what the call answered, as every driver does with the interceptor's record
+    /// actions: [`finish`](Self::finish), whose errors are this handle's business (logged, and
+    /// sent again in the background when they may pass), not the driver's.
+    pub(crate) async fn record(self, outcome: Outcome) {
+        let _ = self.finish(outcome).await;
     }
 
     /// Records the call as [`Outcome::Unknown`]: it may have run, and its answer is lost.
@@ -94,7 +109,7 @@ impl RunningClaim {
     /// Gives the key up: the call certainly did not run, so a retry may run it.
     pub async fn release(mut self, reason: &str) {
         self.end();
-        match self.dedup.release(&self.claim).await {
+        match self.writes.release(&self.claim).await {
             Ok(Fenced::Applied) => {
                 tracing::debug!(key = %self.claim.id().key, reason, "released a claim");
             }
@@ -124,16 +139,16 @@ impl Drop for RunningClaim {
         let reason = "the gateway stopped handling the call before it ended";
         tracing::warn!(key = %self.claim.id().key, reason, "a running claim was dropped");
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (dedup, claim) = (self.dedup.clone(), self.claim.clone());
+            let (writes, claim) = (self.writes.clone(), self.claim.clone());
             let outcome = Outcome::Unknown {
                 reason: reason.into(),
             };
-            let req = dedup
-                .engine()
-                .completion(&claim, outcome, dedup.clock().now());
+            let req = writes
+                .engine
+                .completion(&claim, outcome, writes.clock.now());
             runtime.spawn(async move {
-                if let Err(error) = dedup.send_completion(&req).await {
-                    complete_later(dedup, claim, req, &error);
+                if let Err(error) = writes.send_completion(&req).await {
+                    complete_later(writes, claim, req, &error);
                 }
             });
         }
@@ -142,18 +157,18 @@ impl Drop for RunningClaim {
 
 /// After the first attempt of `req`, the completion of `claim`, failed with `error`: sends it
 /// again in the background if the error may pass and a slot is free; otherwise logs the loss.
-fn complete_later(dedup: Deduplicator, claim: Claim, req: CompleteRequest, error: &StoreError) {
-    let now = dedup.clock().now();
+fn complete_later(writes: StoreWrites, claim: Claim, req: CompleteRequest, error: &StoreError) {
+    let now = writes.clock.now();
     let retry = CompletionRetry::after_first_failure(error, req.expires_at, now);
     let runtime = tokio::runtime::Handle::try_current().ok();
     let (why, detail) = match (retry, runtime) {
-        (Some(retry), Some(runtime)) => match dedup.reserve_completion() {
+        (Some(retry), Some(runtime)) => match writes.reserve_completion() {
             Some(slot) => {
                 tracing::warn!(
                     key = %req.id.key, %error,
                     "the outcome of a call is not recorded yet: sending it again until the store takes it"
                 );
-                runtime.spawn(retry_completion(dedup, claim, req, retry, slot));
+                runtime.spawn(retry_completion(writes, claim, req, retry, slot));
                 return;
             }
             None => ("full", "too many completions are retried already"),
@@ -180,39 +195,39 @@ fn lost(req: &CompleteRequest, why: &'static str, error: &str) {
 /// so that the record is not taken over while the store takes renewals but not the completion.
 /// One task does both, one write at a time: a renewal never races the completion.
 async fn retry_completion(
-    dedup: Deduplicator,
+    writes: StoreWrites,
     mut claim: Claim,
     req: CompleteRequest,
     mut retry: CompletionRetry,
     slot: CompletionSlot,
 ) {
-    let renew_retry = renewals::tick(&dedup);
-    let mut renew_at = dedup.engine().renewal_due(&claim);
+    let renew_retry = renewals::tick(&writes);
+    let mut renew_at = writes.engine.renewal_due(&claim);
     let mut attempts = 1u32;
     let settled = loop {
-        let now = dedup.clock().now();
+        let now = writes.clock.now();
         let next = retry.due().min(renew_at);
         let wait = next.saturating_since(now);
         if !wait.is_zero() {
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
-                () = dedup.store_answered_again() => {
-                    retry.store_answered(dedup.clock().now());
+                () = writes.store_answered_again() => {
+                    retry.store_answered(writes.clock.now());
                     continue;
                 }
             }
         }
-        let now = dedup.clock().now();
+        let now = writes.clock.now();
         if retry.due() <= now {
             attempts += 1;
-            let answer = dedup.send_completion(&req).await;
+            let answer = writes.send_completion(&req).await;
             #[cfg(feature = "metrics")]
             crate::metrics::on_completion_retry(match &answer {
                 Ok(Fenced::Applied) => "recorded",
                 Ok(Fenced::NotOwner) => "not_owner",
                 Err(_) => "error",
             });
-            match retry.on_answer(&answer, dedup.clock().now()) {
+            match retry.on_answer(&answer, writes.clock.now()) {
                 Next::Settled(settled) => break (settled, answer.err()),
                 Next::RetryAt(_) => {
                     if let Err(error) = &answer {
@@ -221,15 +236,15 @@ async fn retry_completion(
                 }
             }
         }
-        if renew_at <= dedup.clock().now() {
-            match dedup.renew(&mut claim).await {
+        if renew_at <= writes.clock.now() {
+            match writes.renew(&mut claim).await {
                 Ok(Fenced::Applied) => {
                     // The store is back: the completion is due at once.
-                    renew_at = dedup.engine().renewal_due(&claim);
-                    retry.store_answered(dedup.clock().now());
+                    renew_at = writes.engine.renewal_due(&claim);
+                    retry.store_answered(writes.clock.now());
                 }
                 Ok(Fenced::NotOwner) => break (Settled::TakenOver, None),
-                Err(_) => renew_at = dedup.clock().now().saturating_add(renew_retry),
+                Err(_) => renew_at = writes.clock.now().saturating_add(renew_retry),
             }
         }
     };
