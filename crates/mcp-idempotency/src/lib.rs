@@ -75,6 +75,7 @@ pub mod client;
 mod completion;
 mod config;
 mod deduplicator;
+pub mod default_scope;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod engine;
