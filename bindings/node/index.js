@@ -46,7 +46,8 @@ const gateways = new Map();
  * - `store`: a store URL as `mcp-idem wrap --store` takes it (`memory`, `sqlite:PATH`,
  *   `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
  *   `mcp-idem/records.sqlite3` in the user's data directory.
- * - `namespace`: separates this server's records in a shared store (default `mcp-server:NAME`).
+ * - `namespace`: separates this server's records in a shared store (default `mcp-server:NAME`, as
+ *   under `mcp-idem wrap`, so a server moved between them keeps its records).
  * - `principal`: scopes records to a caller: a string, or a function of the first message's
  *   `extra` (`{ authInfo, request }`) returning one; by default the authenticated client
  *   (`authInfo.clientId`) of an HTTP request, else the local user.
@@ -71,7 +72,7 @@ function idempotent(server, options = {}) {
     for (const [name, value] of Object.entries(rest)) {
         settings[name.replace(/[A-Z]/g, (upper) => `-${upper.toLowerCase()}`).replaceAll('_', '-')] = optionText(name, value);
     }
-    const gateway = openGateway(namespace ?? `mcp-server:${lowlevel._serverInfo?.name ?? 'unnamed'}`, settings);
+    const gateway = openGateway(namespace ?? native.serverNamespace(lowlevel._serverInfo?.name ?? 'unnamed'), settings);
     const principalOf = typeof principal === 'function' ? principal : authenticatedClient;
     const connect = lowlevel.connect.bind(lowlevel);
     lowlevel.connect = (transport) => connect(carry(transport, (extra) => gateway.connect(principalOf(extra) ?? undefined)));

@@ -186,6 +186,13 @@ impl Connection {
     }
 }
 
+/// The default namespace of the server named `name`: the library's one rule
+/// (`mcp_idempotency::default_scope::server_namespace`), as `wrap` applies it.
+#[napi]
+pub fn server_namespace(name: String) -> String {
+    mcp_idempotency::default_scope::server_namespace(&name)
+}
+
 /// Every option `open` takes.
 #[napi]
 pub fn options() -> Vec<String> {

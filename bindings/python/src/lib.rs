@@ -298,6 +298,13 @@ impl Connection {
     }
 }
 
+/// The default namespace of the server named `name`: the library's one rule
+/// (`mcp_idempotency::default_scope::server_namespace`), as `wrap` applies it.
+#[pyfunction]
+fn server_namespace(name: &str) -> String {
+    mcp_idempotency::default_scope::server_namespace(name)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Gateway>()?;
@@ -305,5 +312,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Completions>()?;
     m.add("IdempotencyError", m.py().get_type::<IdempotencyError>())?;
     m.add("OPTIONS", embedded::OPTIONS.to_vec())?;
+    m.add_function(wrap_pyfunction!(server_namespace, m)?)?;
     Ok(())
 }

@@ -75,6 +75,7 @@ mod claims;
 #[cfg(feature = "client")]
 pub mod client;
 mod config;
+pub mod default_scope;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod engine;

@@ -30,7 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 from pydantic import ValidationError
 
-from ._native import OPTIONS, Completions, Gateway, IdempotencyError
+from ._native import OPTIONS, Completions, Gateway, IdempotencyError, server_namespace
 
 __all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempotent"]
 
@@ -56,7 +56,8 @@ def idempotent(
     `store` is a store URL as `mcp-idem wrap --store` takes it (`memory`, `sqlite:PATH`,
     `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
     `mcp-idem/records.sqlite3` in the user's data directory. `namespace` separates this server's
-    records from others' in a shared store (default: `mcp-server:` and the server's name).
+    records from others' in a shared store (default: `mcp-server:` and the server's name, as under
+    `mcp-idem wrap`, so a server moved between them keeps its records).
     `principal` scopes records to a caller: a string, or a function of the request context that
     returns one (or None); by default the authenticated client of an HTTP request (the SDK's
     access token), else the local user. Every other option of `wrap` is taken by its name, `_` for
@@ -79,7 +80,7 @@ def idempotent(
         raise _invalid_option("principal", principal, "expected a string or a function")
     for name, value in options.items():
         settings[name.replace("_", "-")] = _option_text(name, value)
-    gateway = _gateway(namespace or f"mcp-server:{lowlevel.name}", settings)
+    gateway = _gateway(namespace or server_namespace(lowlevel.name), settings)
     resolve = principal if callable(principal) else _authenticated_client
     lowlevel.middleware.append(
         IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=settings.get("cancel", "absorb") == "absorb")

@@ -54,6 +54,8 @@ mod check_progress;
 mod cli_help;
 #[cfg(unix)]
 mod config_file;
+#[cfg(unix)]
+mod default_scope;
 mod demo;
 mod demo_server;
 #[cfg(unix)]

@@ -1,6 +1,7 @@
-//! Records in one store are scoped by namespace (default: derived from the wrapped command line)
-//! and principal (default: the local user): different servers never share records, the same server
-//! does across restarts.
+//! Records in one store are scoped by namespace and principal (default: the local user): different
+//! servers never share records, the same server does across restarts. The default namespace is the
+//! server's own name once it gave it (`default_scope` tests that); the calls here come before
+//! `initialize`, so they are decided under the namespace derived from the command line.
 
 use std::time::{Duration, Instant};
 

@@ -99,6 +99,8 @@ impl IdempotencyLayer {
     }
 
     /// The namespace of this server's records: two servers sharing a store must use different ones.
+    /// [`server_namespace`](crate::default_scope::server_namespace)`(name)` is the one `wrap`
+    /// and the bindings use by default, so the server keeps its records across those forms.
     pub fn namespace(self, namespace: impl Into<Arc<str>>) -> Self {
         let namespace = namespace.into();
         self.with(|shared| shared.namespace = namespace)

@@ -17,6 +17,7 @@
 //!   id, in any order.
 //! - Results of `initialize` and `server/discover` get `capabilities.tools.idempotency = {}` when
 //!   the server has a `tools` capability and the store is usable; every other member is kept as is.
+//!   The first one that names the server (its `serverInfo`) gives [`Interceptor::server_name`].
 //! - `notifications/cancelled` for a claimed call is absorbed ([`CancelPolicy::Absorb`], default) so
 //!   the call finishes and its outcome is recorded; or forwarded and the call recorded as
 //!   outcome-unknown ([`CancelPolicy::Forward`]).
@@ -224,6 +225,8 @@ pub struct Interceptor<C = Claim> {
     /// one, or that request's response would be recorded as the call's outcome.
     pending: HashSet<RequestId>,
     store_unusable: bool,
+    /// The server's `serverInfo.name`, from the first discovery result that had one.
+    server_name: Option<String>,
 }
 
 /// Most unanswered requests tracked in [`Interceptor::pending`]; past that (a server that never
@@ -238,6 +241,7 @@ impl<C> Default for Interceptor<C> {
             discovery: HashSet::new(),
             pending: HashSet::new(),
             store_unusable: false,
+            server_name: None,
         }
     }
 }
@@ -489,8 +493,11 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 forward: !call.cancelled,
             };
         }
-        if !self.discovery.is_empty() && self.discovery.remove(&id) && !self.store_unusable {
-            if let Some(rewritten) = inject_capability(&envelope) {
+        if !self.discovery.is_empty() && self.discovery.remove(&id) {
+            if self.server_name.is_none() {
+                self.server_name = server_name(&envelope);
+            }
+            if let Some(rewritten) = inject_capability(&envelope).filter(|_| !self.store_unusable) {
                 return ServerAction::ForwardRewritten(rewritten);
             }
         }
@@ -517,6 +524,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// gets the capability added, has not been seen yet.
     pub fn awaits_discovery_result(&self) -> bool {
         !self.discovery.is_empty()
+    }
+
+    /// The server's own name (its `serverInfo.name`) from the first `initialize` or
+    /// `server/discover` result that gave one; `None` until then. The default namespace of its records is
+    /// [`server_namespace`](crate::default_scope::server_namespace) of it.
+    pub fn server_name(&self) -> Option<&str> {
+        self.server_name.as_deref()
     }
 
     /// Whether calls are waiting for the server.
@@ -599,6 +613,18 @@ fn inject_capability(envelope: &RawObject<'_>) -> Option<String> {
     let capabilities = capabilities.to_string_with("tools", &tools);
     let result = result.to_string_with("capabilities", &capabilities);
     Some(envelope.to_string_with("result", &result))
+}
+
+/// The server's name in an `initialize` result (`result.serverInfo.name`) or a `server/discover`
+/// result (`result._meta["io.modelcontextprotocol/serverInfo"].name`), when it is a string.
+fn server_name(envelope: &RawObject<'_>) -> Option<String> {
+    let result = RawObject::parse(envelope.get("result")?.get())?;
+    let info = match result.get("serverInfo") {
+        Some(info) => info,
+        None => RawObject::parse(result.get("_meta")?.get())?
+            .get("io.modelcontextprotocol/serverInfo")?,
+    };
+    RawObject::parse(info.get())?.get_str("name")
 }
 
 fn rejection_response(id: &RequestId, rejection: &Rejection) -> String {

@@ -49,13 +49,14 @@ mod stopping;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
 
+use crate::default_scope::{embedded_legacy_namespace, server_namespace, LegacyNamespaceReads};
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::jsonrpc::{
     error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
@@ -148,6 +149,9 @@ fn joined<T>(result: Result<T, tokio::task::JoinError>) -> Option<T> {
 pub struct StdioProxy {
     dedup: Deduplicator,
     scope: Scope,
+    namespace_from_server: bool,
+    /// The scope under the server's own name, once it gave it.
+    named: OnceLock<Scope>,
     config: InterceptorConfig,
     max_line_bytes: usize,
     shutdown_grace: Duration,
@@ -168,6 +172,8 @@ impl StdioProxy {
         Self {
             dedup,
             scope,
+            namespace_from_server: false,
+            named: OnceLock::new(),
             config: InterceptorConfig::default(),
             max_line_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
@@ -188,6 +194,34 @@ impl StdioProxy {
     pub fn max_line_bytes(mut self, max: usize) -> Self {
         self.max_line_bytes = max;
         self
+    }
+
+    /// Record under the server's own name: once its `initialize` or `server/discover` result
+    /// names it, calls are decided under the namespace
+    /// [`server_namespace`](crate::default_scope::server_namespace)`(name)` with the principal
+    /// of the scope given to [`new`](Self::new); before that, under that scope (default: no, the
+    /// scope given to `new` throughout). See [`default_scope`](crate::default_scope).
+    pub fn namespace_from_server(mut self, learn: bool) -> Self {
+        self.namespace_from_server = learn;
+        self
+    }
+
+    /// The scope a call decided now is recorded under.
+    fn scope(&self, state: &Mutex<Interceptor<RunningClaim>>) -> &Scope {
+        if !self.namespace_from_server {
+            return &self.scope;
+        }
+        if let Some(named) = self.named.get() {
+            return named;
+        }
+        match lock(state).server_name() {
+            Some(name) => self.named.get_or_init(|| {
+                let scope = Scope::new(server_namespace(name), self.scope.principal());
+                tracing::info!(namespace = scope.namespace(), "the server named itself");
+                scope
+            }),
+            None => &self.scope,
+        }
     }
 
     /// Interceptor settings (key forwarding, cancellation policy).
@@ -454,7 +488,7 @@ impl StdioProxy {
                     let deciding = stopping.enter_decision();
                     let decision = self
                         .dedup
-                        .begin_guarded(&self.scope, &call.tool_call(), &deciding)
+                        .begin_guarded(self.scope(state), &call.tool_call(), &deciding)
                         .await;
                     let decided = lock(state).on_decision(call, decision);
                     drop(deciding);
@@ -573,26 +607,20 @@ impl StdioProxy {
 }
 
 /// This process's stdin and stdout with SEP-3182 in front, for an rmcp server to serve on: records
-/// in the store at `store_url` (`sqlite:PATH`, `memory`) under the namespace `embedded:<executable
-/// name>`, default settings, scoped to the local user. Use [`StdioProxy::spawn_in_process`] for
-/// other settings.
+/// in the store at `store_url` (`sqlite:PATH`, `memory`) under the namespace
+/// [`server_namespace`](crate::default_scope::server_namespace)`(the server's name)` (before the
+/// server named itself, and for records kept before that rule,
+/// [`embedded_legacy_namespace`](crate::default_scope::embedded_legacy_namespace)), default
+/// settings, scoped to the local user. Use [`StdioProxy::spawn_in_process`] for other settings.
 pub async fn idempotent_stdio(
     store_url: &str,
 ) -> Result<(ReadHalf<DuplexStream>, WriteHalf<DuplexStream>), StoreError> {
     let store = store::open(&store_url.parse::<StoreUrl>()?).await?;
-    let dedup = Deduplicator::new(EngineConfig::default(), store);
-    let proxy = StdioProxy::new(dedup, Scope::new(embedded_namespace(), local_user()));
+    let scope = Scope::new(embedded_legacy_namespace(), local_user());
+    let store = LegacyNamespaceReads::open(store, scope.namespace(), scope.principal()).await;
+    let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(store));
+    let proxy = StdioProxy::new(dedup, scope).namespace_from_server(true);
     Ok(proxy.spawn_in_process(tokio::io::stdin(), tokio::io::stdout()))
-}
-
-fn embedded_namespace() -> String {
-    let exe = std::env::current_exe().ok();
-    let name = exe
-        .as_deref()
-        .and_then(|path| path.file_stem())
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "server".into());
-    format!("embedded:{name}")
 }
 
 /// The authorization boundary of a stdio server: the local user running it.

@@ -8,14 +8,15 @@
 mod server;
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use mcp_idempotency::default_scope::{wrap_legacy_namespace, LegacyNamespaceReads};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
 use mcp_idempotency::stdio::{local_user, StdioProxy};
 use mcp_idempotency::{Deduplicator, Scope};
-use sha2::{Digest, Sha256};
 
 use super::engine_args::{purge_periodically, EngineArgs};
 use crate::ops::OpsArgs;
@@ -38,8 +39,10 @@ pub(crate) struct WrapArgs {
     #[command(flatten)]
     ops: OpsArgs,
 
-    /// Namespace of this server's records [default: derived from the command line, so two
-    /// different wrapped servers never share records].
+    /// Namespace of this server's records [default: `mcp-server:<name>`, the name the server
+    /// gives itself when initialized (as the Python and TypeScript bindings do), so it keeps its
+    /// records when moved into a binding; calls before that: `wrap:<program>:<hash of the
+    /// command line>`, which is also read for records kept by earlier versions].
     #[arg(long, env = "MCP_IDEM_NAMESPACE")]
     namespace: Option<String>,
 
@@ -112,13 +115,18 @@ impl WrapArgs {
     }
 
     async fn run(self) -> anyhow::Result<ExitCode> {
-        let store = self.ops.start(self.engine.open_store().await?).await?;
-        let dedup = Deduplicator::new(self.engine.engine_config(), store);
+        let mut store = self.ops.start(self.engine.open_store().await?).await?;
         let namespace = self
             .namespace
             .clone()
-            .unwrap_or_else(|| namespace_for(&self.command));
+            .unwrap_or_else(|| wrap_legacy_namespace(&self.command));
         let scope = Scope::new(namespace, self.principal.clone().unwrap_or_else(local_user));
+        let learn_namespace = self.namespace.is_none();
+        if learn_namespace {
+            let legacy = (scope.namespace(), scope.principal());
+            store = Arc::new(LegacyNamespaceReads::open(store, legacy.0, legacy.1).await);
+        }
+        let dedup = Deduplicator::new(self.engine.engine_config(), store);
         tracing::info!(
             namespace = scope.namespace(),
             principal = scope.principal(),
@@ -135,6 +143,7 @@ impl WrapArgs {
 
         let purge = purge_periodically(dedup.clone());
         let proxy = StdioProxy::new(dedup.clone(), scope)
+            .namespace_from_server(learn_namespace)
             .interceptor_config(
                 InterceptorConfig::default()
                     .forward_key(self.forward_key)
@@ -166,23 +175,6 @@ impl WrapArgs {
     }
 }
 
-/// `wrap:<program name>:<hash of the whole command line>`.
-fn namespace_for(command: &[String]) -> String {
-    let mut hasher = Sha256::new();
-    for arg in command {
-        hasher.update((arg.len() as u64).to_le_bytes());
-        hasher.update(arg.as_bytes());
-    }
-    let digest = hasher.finalize();
-    let program = command
-        .first()
-        .and_then(|p| std::path::Path::new(p).file_name())
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let hash: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    format!("wrap:{program}:{hash}")
-}
-
 fn exit_code(status: std::process::ExitStatus) -> ExitCode {
     if let Some(code) = status.code() {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
@@ -200,17 +192,6 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn namespaces_differ_per_command_line() {
-        let a = namespace_for(&["python".into(), "server.py".into()]);
-        let b = namespace_for(&["python".into(), "other.py".into()]);
-        let c = namespace_for(&["python server.py".into()]);
-        assert!(a.starts_with("wrap:python:"));
-        assert_ne!(a, b);
-        assert_ne!(a, c);
-        assert_eq!(a, namespace_for(&["python".into(), "server.py".into()]));
-    }
 
     #[test]
     fn sizes_parse_with_binary_units() {

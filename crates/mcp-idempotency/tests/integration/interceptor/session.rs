@@ -226,3 +226,53 @@ fn server_gone_forgets_pending_discovery() {
     assert!(h.interceptor.on_server_gone("gone").is_empty());
     assert!(is_server_forward(&h.server(DISCOVER_RESULT)));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The server's name
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn the_server_names_itself_in_its_initialize_result() {
+    let mut h = Harness::new();
+    assert_eq!(h.interceptor.server_name(), None);
+    // A result with a name that answers no discovery request teaches nothing.
+    assert!(is_server_forward(&h.server(INITIALIZE_RESULT)));
+    assert_eq!(h.interceptor.server_name(), None);
+    assert!(is_forward(&h.client(INITIALIZE)));
+    let _ = expect_rewritten(h.server(INITIALIZE_RESULT));
+    assert_eq!(h.interceptor.server_name(), Some("s"));
+    // The first name stays.
+    assert!(is_forward(&h.client(INITIALIZE)));
+    let _ =
+        expect_rewritten(h.server(&INITIALIZE_RESULT.replace(r#""name":"s""#, r#""name":"t""#)));
+    assert_eq!(h.interceptor.server_name(), Some("s"));
+}
+
+#[test]
+fn the_server_names_itself_in_its_discover_result_even_without_tools() {
+    let mut h = Harness::new();
+    assert!(is_forward(&h.client(DISCOVER)));
+    let _ = expect_rewritten(h.server(DISCOVER_RESULT));
+    assert_eq!(h.interceptor.server_name(), Some("s"));
+
+    let mut h = Harness::new();
+    assert!(is_forward(&h.client(INITIALIZE)));
+    let no_tools = r#"{"jsonrpc":"2.0","id":0,"result":{"capabilities":{},"serverInfo":{"name":"pay\u006dents"}}}"#;
+    assert!(is_server_forward(&h.server(no_tools)));
+    assert_eq!(h.interceptor.server_name(), Some("payments"));
+}
+
+#[test]
+fn a_result_without_a_string_name_names_nothing() {
+    let mut h = Harness::new();
+    for result in [
+        r#"{"jsonrpc":"2.0","id":0,"result":{"capabilities":{"tools":{}}}}"#,
+        r#"{"jsonrpc":"2.0","id":0,"result":{"capabilities":{"tools":{}},"serverInfo":{"name":7}}}"#,
+        r#"{"jsonrpc":"2.0","id":0,"result":{"serverInfo":"s"}}"#,
+        r#"{"jsonrpc":"2.0","id":0,"error":{"code":-32602,"message":"no"}}"#,
+    ] {
+        assert!(is_forward(&h.client(INITIALIZE)));
+        let _ = h.server(result);
+        assert_eq!(h.interceptor.server_name(), None, "{result}");
+    }
+}

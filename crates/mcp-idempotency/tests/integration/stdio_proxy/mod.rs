@@ -132,11 +132,15 @@ impl ServerEnds {
 type Run = JoinHandle<io::Result<ProxyExit>>;
 
 fn start(dedup: Deduplicator, config: InterceptorConfig) -> (Client, ServerEnds, Run) {
+    start_proxy(StdioProxy::new(dedup, scope()).interceptor_config(config))
+}
+
+/// [`start`] with a proxy set up by the test.
+fn start_proxy(proxy: StdioProxy) -> (Client, ServerEnds, Run) {
     let (client_to_proxy, proxy_client_in) = tokio::io::duplex(PIPE);
     let (proxy_client_out, proxy_to_client) = tokio::io::duplex(PIPE);
     let (proxy_server_in, server_requests) = tokio::io::duplex(PIPE);
     let (server_to_proxy, proxy_server_out) = tokio::io::duplex(PIPE);
-    let proxy = StdioProxy::new(dedup, scope()).interceptor_config(config);
     let run = tokio::spawn(proxy.run(
         proxy_client_in,
         proxy_client_out,

@@ -266,3 +266,41 @@ async fn claimed_call_that_cannot_reach_the_server_is_outcome_unknown() {
     );
     assert_recorded_unknown(&*store, "undelivered").await;
 }
+
+/// With `namespace_from_server`, calls are recorded under the scope given until the server names
+/// itself, then under `mcp-server:<its name>` with the same principal.
+#[tokio::test]
+async fn calls_are_recorded_under_the_servers_own_name_once_it_gave_it() {
+    let (dedup, store) = memory_dedup(EngineConfig::default());
+    let proxy = StdioProxy::new(dedup, scope()).namespace_from_server(true);
+    let (mut client, server, run) = start_proxy(proxy);
+    let (log, server_task) = spawn_echo_server(server);
+
+    client.send(&call(1, "before", json!({"n": 1}))).await;
+    assert_eq!(client.recv().await["id"], json!(1));
+    client
+        .send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#)
+        .await;
+    client.recv().await;
+    client.send(&call(2, "after", json!({"n": 2}))).await;
+    assert_eq!(client.recv().await["id"], json!(2));
+    assert_eq!(log.executions(), 2);
+
+    let named = |key: &str| RecordId {
+        scope: Scope::new("mcp-server:echo", "alice"),
+        key: IdempotencyKey::new(key, 255).unwrap(),
+    };
+    let now = Timestamp::now();
+    assert!(store
+        .get(&record_id("before"), now)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store.get(&named("before"), now).await.unwrap().is_none());
+    assert!(store.get(&named("after"), now).await.unwrap().is_some());
+    assert!(store.get(&record_id("after"), now).await.unwrap().is_none());
+
+    client.close().await;
+    finished(run).await;
+    server_task.await.unwrap();
+}
