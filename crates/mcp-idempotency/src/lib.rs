@@ -105,6 +105,7 @@ pub mod store;
 mod time;
 #[cfg(any(feature = "http-client", feature = "postgres", feature = "redis"))]
 mod tls;
+pub mod upkeep;
 
 pub use config::{AfterCrash, EngineConfig};
 pub use deduplicator::Deduplicator;
