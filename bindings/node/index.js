@@ -18,7 +18,7 @@
 const native = loadNative();
 
 /** Where a claimed call's key reaches the tool: `params._meta['mcp-idem/idempotencyKey']`. */
-const META_KEY = 'mcp-idem/idempotencyKey';
+const META_KEY = native.metaKey();
 
 /** Every option `idempotent` takes besides `store`, `namespace` and `principal`, by `wrap`'s names. */
 const OPTIONS = native.options();
@@ -33,11 +33,14 @@ class IdempotencyError extends Error {
     }
 }
 
-/** How long an exiting process waits for outcomes still being sent to the store (as `wrap`). */
-const SETTLE_GRACE_MS = 5000;
+/** A gateway that cannot be set up, as the library says why. */
+function setupError(failure) {
+    return new IdempotencyError(failure.message, failure.type, failure.code);
+}
 
-/** Gateways by namespace and options: a server factory called per request opens its store once. */
-const gateways = new Map();
+// Outcomes the store failed to take at first are still being sent as the process exits: the
+// library gives them a moment (`settleGraceMs()`, as `wrap`).
+process.once('exit', () => native.settleAtExit());
 
 /**
  * Gives `server` SEP-3182 and returns it. Call it before `connect` (inside the factory that
@@ -67,11 +70,9 @@ function idempotent(server, options = {}) {
     if (store !== undefined) settings.store = optionText('store', store);
     if (typeof principal === 'string') settings.principal = principal;
     else if (principal !== undefined && typeof principal !== 'function') {
-        throw new IdempotencyError('invalid value for option "principal": expected a string or a function', 'idempotency_invalid_option', -32602);
+        throw setupError(native.invalidOption('principal', shown(principal), 'expected a string or a function'));
     }
-    for (const [name, value] of Object.entries(rest)) {
-        settings[name.replace(/[A-Z]/g, (upper) => `-${upper.toLowerCase()}`).replaceAll('_', '-')] = optionText(name, value);
-    }
+    for (const [name, value] of Object.entries(rest)) settings[name] = optionText(name, value);
     const gateway = openGateway(namespace ?? native.serverNamespace(lowlevel._serverInfo?.name ?? 'unnamed'), settings);
     const principalOf = typeof principal === 'function' ? principal : authenticatedClient;
     const connect = lowlevel.connect.bind(lowlevel);
@@ -85,18 +86,11 @@ function idempotencyKey(ctx) {
     return typeof key === 'string' ? key : undefined;
 }
 
+/** One gateway per namespace and options (the library's): a server factory called per request opens its store once. */
 function openGateway(namespace, settings) {
-    const cacheKey = JSON.stringify([namespace, Object.entries(settings).sort()]);
-    let gateway = gateways.get(cacheKey);
-    if (gateway === undefined) {
-        const opened = native.open(namespace, settings);
-        if (!(opened instanceof native.Gateway)) throw new IdempotencyError(opened.message, opened.type, opened.code);
-        gateway = opened;
-        gateways.set(cacheKey, gateway);
-        // Outcomes the store failed to take at first are still being sent: give them a moment.
-        process.once('exit', () => gateway.settle(SETTLE_GRACE_MS));
-    }
-    return gateway;
+    const opened = native.open(namespace, settings);
+    if (!(opened instanceof native.Gateway)) throw setupError(opened);
+    return opened;
 }
 
 function authenticatedClient(extra) {
@@ -107,11 +101,11 @@ function authenticatedClient(extra) {
 function optionText(name, value) {
     if (typeof value === 'boolean') return value ? 'true' : 'false';
     if (typeof value === 'string' || (typeof value === 'number' && Number.isFinite(value))) return String(value);
-    throw new IdempotencyError(
-        `invalid value ${JSON.stringify(value) ?? String(value)} for option "${name}": expected a string, a number or a boolean`,
-        'idempotency_invalid_option',
-        -32602
-    );
+    throw setupError(native.invalidOption(name, shown(value), 'expected a string, a number or a boolean'));
+}
+
+function shown(value) {
+    return JSON.stringify(value) ?? String(value);
 }
 
 /**

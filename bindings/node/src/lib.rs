@@ -12,11 +12,13 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use mcp_idempotency::embedded::{
-    self, now_or_later, Answer, Embedded, FromClient, FromServer, Settings, SetupError,
+    self, now_or_later, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings,
+    SetupError,
 };
+use mcp_idempotency::interceptor::META_KEY;
+use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
 use napi::bindgen_prelude::{block_on, within_runtime_if_available, Either, PromiseRaw};
 use napi::{Env, Result};
 use napi_derive::napi;
@@ -102,8 +104,13 @@ pub struct Gateway {
     inner: Embedded,
 }
 
-/// Opens the store and starts a gateway: `options` by `wrap`'s option names (`store`,
-/// `retention`, `lease`, …). Blocks until the store answers; a gateway, or why it cannot be set up.
+/// The gateways this process opened, by namespace and options.
+static GATEWAYS: Gateways = Gateways::new();
+
+/// The gateway of this namespace and options: the one this process opened before, or a new one
+/// (the store opened, the gateway started). `options` by `wrap`'s option names (`store`,
+/// `retention`, `maxKeyBytes`, …). Blocks until the store answers; a gateway, or why it cannot be
+/// set up.
 #[napi]
 pub fn open(namespace: String, options: HashMap<String, String>) -> Either<Gateway, SetupFailure> {
     let mut settings = Settings::new(namespace);
@@ -114,7 +121,7 @@ pub fn open(namespace: String, options: HashMap<String, String>) -> Either<Gatew
             return Either::B(err.into());
         }
     }
-    match block_on(settings.open()) {
+    match block_on(GATEWAYS.open(settings)) {
         Ok(inner) => Either::A(Gateway { inner }),
         Err(err) => Either::B(err.into()),
     }
@@ -130,16 +137,37 @@ impl Gateway {
             inner: Arc::new(self.inner.connect(principal.as_deref())),
         }
     }
+}
 
-    /// Waits up to `graceMs` for outcomes still being sent to the store in the background, and
-    /// returns how many are still pending. Blocks: `index.js` calls it as the process exits, so
-    /// that an outcome the store failed to take at first is not lost with the process.
-    #[napi]
-    pub fn settle(&self, grace_ms: u32) -> u32 {
-        let grace = Duration::from_millis(u64::from(grace_ms));
-        let pending = block_on(self.inner.settle(grace));
-        u32::try_from(pending).unwrap_or(u32::MAX)
+/// As the process exits: waits up to `settleGraceMs()`, in all, for the outcomes the gateways
+/// still send again to their stores, so that an outcome the store failed to take at first is not
+/// lost with the process; returns how many are still pending. Blocks.
+#[napi]
+pub fn settle_at_exit() -> u32 {
+    if GATEWAYS.is_empty() {
+        return 0;
     }
+    u32::try_from(block_on(GATEWAYS.settle_at_exit())).unwrap_or(u32::MAX)
+}
+
+/// How long [`settle_at_exit`] waits at most, in milliseconds (`wrap`'s default
+/// `--shutdown-grace`).
+#[napi]
+pub fn settle_grace_ms() -> u32 {
+    u32::try_from(DEFAULT_SHUTDOWN_GRACE.as_millis()).unwrap_or(u32::MAX)
+}
+
+/// Where a claimed call's key reaches the tool: the `params._meta` member.
+#[napi]
+pub fn meta_key() -> String {
+    META_KEY.to_owned()
+}
+
+/// Why option `name` is refused with `value` (as the caller shows it): the library's words, type
+/// and code, for `index.js` to throw.
+#[napi]
+pub fn invalid_option(name: String, value: String, reason: String) -> SetupFailure {
+    SetupError::invalid_option(&name, value, reason).into()
 }
 
 /// One connection's interceptor state (see `mcp_idempotency::embedded::Connection`).
@@ -193,11 +221,11 @@ pub fn server_namespace(name: String) -> String {
     mcp_idempotency::default_scope::server_namespace(&name)
 }
 
-/// Every option `open` takes.
+/// Every option `open` takes, by `wrap`'s names.
 #[napi]
 pub fn options() -> Vec<String> {
-    embedded::OPTIONS
+    options::ALL
         .iter()
-        .map(|&name| name.to_owned())
+        .map(|option| option.name.to_owned())
         .collect()
 }

@@ -18,11 +18,13 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
-use std::time::Duration;
 
 use mcp_idempotency::embedded::{
-    self, now_or_later, Answer, Embedded, FromClient, FromServer, Settings, SetupError,
+    self, now_or_later, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings,
+    SetupError,
 };
+use mcp_idempotency::interceptor::{CancelPolicy, META_KEY};
+use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyOSError};
 use pyo3::prelude::*;
@@ -37,8 +39,12 @@ create_exception!(
 );
 
 /// The runtime every store round trip of this process runs on, started at the first use.
+static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
+
+/// The gateways this process opened, by namespace and options.
+static GATEWAYS: Gateways = Gateways::new();
+
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
-    static RUNTIME: OnceLock<Result<tokio::runtime::Runtime, String>> = OnceLock::new();
     RUNTIME
         .get_or_init(|| {
             tokio::runtime::Builder::new_multi_thread()
@@ -202,17 +208,19 @@ fn answer<'py>(
 }
 
 /// A gateway in process: the store, the scope of its records and the interceptor's settings,
-/// shared by every connection.
-#[pyclass(frozen, module = "mcp_idempotency._native")]
+/// shared by every connection. Two are equal when they are the same gateway.
+#[pyclass(frozen, eq, module = "mcp_idempotency._native")]
+#[derive(PartialEq)]
 struct Gateway {
     inner: Embedded,
 }
 
 #[pymethods]
 impl Gateway {
-    /// Opens the store and starts the gateway. `options` are `(name, value)` pairs of `wrap`'s
-    /// option names (`store`, `retention`, `lease`, …). Blocks until the store answers (without
-    /// holding the GIL); raises `IdempotencyError` when it cannot be set up.
+    /// The gateway of this namespace and options: the one this process opened before, or a new
+    /// one (the store opened, the gateway started). `options` are `(name, value)` pairs of
+    /// `wrap`'s option names (`store`, `retention`, `max_key_bytes`, …). Blocks until the store
+    /// answers (without holding the GIL); raises `IdempotencyError` when it cannot be set up.
     #[staticmethod]
     fn open(py: Python<'_>, namespace: String, options: Vec<(String, String)>) -> PyResult<Self> {
         let mut settings = Settings::new(namespace);
@@ -222,7 +230,7 @@ impl Gateway {
                 .map_err(|err| setup_error(py, err))?;
         }
         let runtime = runtime()?;
-        match py.detach(|| runtime.block_on(settings.open())) {
+        match py.detach(|| runtime.block_on(GATEWAYS.open(settings))) {
             Ok(inner) => Ok(Self { inner }),
             Err(err) => Err(setup_error(py, err)),
         }
@@ -237,13 +245,34 @@ impl Gateway {
         }
     }
 
-    /// Waits up to `grace` seconds for outcomes still being sent to the store in the background
-    /// (call it before the process exits); returns how many are still pending.
-    fn settle(&self, py: Python<'_>, grace: f64) -> PyResult<usize> {
-        let grace = Duration::try_from_secs_f64(grace).unwrap_or_default();
-        let runtime = runtime()?;
-        Ok(py.detach(|| runtime.block_on(self.inner.settle(grace))))
+    /// Whether a claimed call runs to its end when the client cancels it (`cancel=absorb`).
+    #[getter]
+    fn absorbs_cancellations(&self) -> bool {
+        self.inner.cancel_policy() == CancelPolicy::Absorb
     }
+}
+
+/// As the process exits: waits up to `SETTLE_GRACE_SECONDS`, in all, for the outcomes the
+/// gateways still send again to their stores; returns how many are still pending.
+#[pyfunction]
+fn settle_at_exit(py: Python<'_>) -> usize {
+    // No runtime: no gateway was opened, nothing to wait for.
+    match RUNTIME.get() {
+        Some(Ok(runtime)) => py.detach(|| runtime.block_on(GATEWAYS.settle_at_exit())),
+        _ => 0,
+    }
+}
+
+/// The `IdempotencyError` for option `name` refused with `value` (as the caller shows it) for
+/// `reason`: the library's words, type and code.
+#[pyfunction]
+fn invalid_option(
+    py: Python<'_>,
+    name: &str,
+    value: &str,
+    reason: &str,
+) -> Py<pyo3::exceptions::PyBaseException> {
+    setup_error(py, SetupError::invalid_option(name, value, reason)).into_value(py)
 }
 
 /// One connection's interceptor state (see `mcp_idempotency::embedded::Connection`).
@@ -311,7 +340,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Connection>()?;
     m.add_class::<Completions>()?;
     m.add("IdempotencyError", m.py().get_type::<IdempotencyError>())?;
-    m.add("OPTIONS", embedded::OPTIONS.to_vec())?;
+    m.add_function(wrap_pyfunction!(settle_at_exit, m)?)?;
+    m.add_function(wrap_pyfunction!(invalid_option, m)?)?;
+    let names: Vec<&str> = options::ALL.iter().map(|option| option.name).collect();
+    m.add("OPTIONS", names)?;
+    m.add("META_KEY", META_KEY)?;
+    m.add("SETTLE_GRACE_SECONDS", DEFAULT_SHUTDOWN_GRACE.as_secs_f64())?;
     m.add_function(wrap_pyfunction!(server_namespace, m)?)?;
     Ok(())
 }

@@ -117,4 +117,4 @@ def test_servers_with_the_same_options_share_one_gateway():
     idempotent(second, store="memory")
     [ours] = [m for m in first._lowlevel_server.middleware if hasattr(m, "gateway")]
     [theirs] = [m for m in second._lowlevel_server.middleware if hasattr(m, "gateway")]
-    assert ours.gateway is theirs.gateway
+    assert ours.gateway == theirs.gateway

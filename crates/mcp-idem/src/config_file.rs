@@ -17,6 +17,7 @@ use anyhow::{bail, Context};
 use clap::builder::Resettable;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
+use mcp_idempotency::embedded::options;
 
 /// The commands a config file configures.
 pub(crate) const CONFIGURABLE: [&str; 2] = ["wrap", "proxy"];
@@ -316,10 +317,9 @@ fn check_value(sub: &Command, id: &str, value: &str) -> anyhow::Result<()> {
         .find(|arg| arg.get_id() == id)
         .with_context(|| format!("no option {id}"))?;
     if !arg.get_action().takes_values() {
-        return match value {
-            "true" | "false" => Ok(()),
-            _ => bail!("expected true or false, got {value:?}"),
-        };
+        return options::boolean(value)
+            .map(drop)
+            .map_err(|reason| anyhow::anyhow!("{reason}, got {value:?}"));
     }
     let long = arg.get_long().unwrap_or(id);
     let probe = Command::new("config").arg(
@@ -347,4 +347,75 @@ fn with_file_defaults(mut sub: Command, values: &BTreeMap<String, String>) -> Co
         sub = sub.mut_arg(id, |arg| arg.default_value(value).required(false));
     }
     sub
+}
+
+#[cfg(test)]
+mod tests {
+    use mcp_idempotency::embedded::{options, Settings};
+
+    use super::*;
+
+    /// Values each option is tried with: some are right for one option, wrong for the others.
+    const PROBES: [&str; 13] = [
+        "0",
+        "1",
+        "255",
+        "1.5",
+        "many",
+        "24h",
+        "soon",
+        "true",
+        "yes",
+        "reject",
+        "reexecute",
+        "absorb",
+        "forward",
+    ];
+
+    #[test]
+    fn wraps_flags_and_config_file_take_each_option_as_the_librarys_table_says() {
+        let cli = crate::cli::command();
+        let wrap = cli.find_subcommand("wrap").unwrap();
+        for option in &options::ALL {
+            let arg = wrap
+                .get_arguments()
+                .find(|arg| arg.get_long() == Some(option.name))
+                .unwrap_or_else(|| panic!("wrap has no --{}", option.name));
+            let id = arg.get_id().as_str();
+            assert_eq!(option_id(wrap, option.name).as_deref(), Some(id));
+            let defaults: Vec<_> = arg.get_default_values().iter().collect();
+            if arg.get_action().takes_values() {
+                let expected: Vec<&str> = option.default.into_iter().collect();
+                assert_eq!(defaults, expected, "default of --{}", option.name);
+            } else {
+                // A flag: off unless given.
+                assert_eq!(option.default, Some("false"));
+            }
+            // Each front end describes its own default namespace and principal.
+            if !matches!(option.name, "namespace" | "principal") {
+                let help = arg.get_help().map(ToString::to_string);
+                assert_eq!(
+                    help.as_deref(),
+                    Some(option.help),
+                    "help of --{}",
+                    option.name
+                );
+                for value in PROBES {
+                    let in_file = check_value(wrap, id, value);
+                    let in_settings = Settings::new("n").set(option.name, value);
+                    assert_eq!(
+                        in_file.is_ok(),
+                        in_settings.is_ok(),
+                        "--{} {value:?}: {in_file:?} / {in_settings:?}",
+                        option.name
+                    );
+                    if let (Err(file), Err(settings)) = (in_file, in_settings) {
+                        let reason = settings.to_string();
+                        let reason = reason.rsplit(": ").next().unwrap_or_default();
+                        assert!(file.to_string().contains(reason), "{file} / {reason}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -108,6 +108,7 @@ pub mod store;
 mod time;
 #[cfg(any(feature = "http-client", feature = "postgres", feature = "redis"))]
 mod tls;
+pub mod upkeep;
 
 pub use claims::{Deduplicator, RunningClaim};
 pub use config::{AfterCrash, EngineConfig};

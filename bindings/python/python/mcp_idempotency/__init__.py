@@ -30,15 +30,14 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 from pydantic import ValidationError
 
-from ._native import OPTIONS, Completions, Gateway, IdempotencyError, server_namespace
+from ._native import META_KEY, OPTIONS, Completions, Gateway, IdempotencyError, invalid_option, server_namespace, settle_at_exit
 
+# `META_KEY`: where a claimed call's key reaches the tool, `params._meta["mcp-idem/idempotencyKey"]`.
 __all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempotent"]
 
-META_KEY = "mcp-idem/idempotencyKey"
-"""Where a claimed call's key reaches the tool: `params._meta["mcp-idem/idempotencyKey"]`."""
-
-SETTLE_GRACE_SECONDS = 5.0
-"""How long an exiting process waits for outcomes still being sent to the store (as `wrap`)."""
+# Outcomes the store failed to take at first are still being sent as the process exits: the
+# library gives them a moment (`_native.SETTLE_GRACE_SECONDS`, as `wrap`).
+atexit.register(settle_at_exit)
 
 Server = TypeVar("Server")
 
@@ -71,35 +70,23 @@ def idempotent(
     lowlevel = getattr(server, "_lowlevel_server", server)
     if not hasattr(lowlevel, "middleware"):
         raise TypeError(f"idempotent() takes an MCPServer or a low-level mcp Server, not {type(server).__name__}")
-    settings: dict[str, str] = {}
+    settings: list[tuple[str, str]] = []
     if store is not None:
-        settings["store"] = _option_text("store", store)
+        settings.append(("store", _option_text("store", store)))
     if isinstance(principal, str):
-        settings["principal"] = principal
+        settings.append(("principal", principal))
     elif principal is not None and not callable(principal):
-        raise _invalid_option("principal", principal, "expected a string or a function")
+        raise invalid_option("principal", repr(principal), "expected a string or a function")
     for name, value in options.items():
-        settings[name.replace("_", "-")] = _option_text(name, value)
-    gateway = _gateway(namespace or server_namespace(lowlevel.name), settings)
+        settings.append((name, _option_text(name, value)))
+    # One gateway per namespace and options (the library's): servers built per request or per
+    # session share one store.
+    gateway = Gateway.open(namespace or server_namespace(lowlevel.name), settings)
     resolve = principal if callable(principal) else _authenticated_client
     lowlevel.middleware.append(
-        IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=settings.get("cancel", "absorb") == "absorb")
+        IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=gateway.absorbs_cancellations)
     )
     return server
-
-
-_gateways: dict[tuple[str, tuple[tuple[str, str], ...]], Gateway] = {}
-"""Gateways by namespace and options: servers built per request or per session share one store."""
-
-
-def _gateway(namespace: str, settings: dict[str, str]) -> Gateway:
-    cache_key = (namespace, tuple(sorted(settings.items())))
-    gateway = _gateways.get(cache_key)
-    if gateway is None:
-        gateway = _gateways[cache_key] = Gateway.open(namespace, list(settings.items()))
-        # Outcomes the store failed to take at first are still being sent: give them a moment.
-        atexit.register(gateway.settle, SETTLE_GRACE_SECONDS)
-    return gateway
 
 
 def idempotency_key(context: Any) -> str | None:
@@ -146,7 +133,11 @@ class IdempotencyMiddleware:
         try:
             if self._absorb_cancel and action == "rewritten":
                 # A claimed call runs to its end and is recorded even if the client cancels it
-                # (`cancel=absorb`, as `wrap` does): the retry that follows gets its outcome.
+                # (`cancel=absorb`, as `wrap` does): the retry that follows gets its outcome. Not
+                # the library's `ClientAction::Absorb` (dropping the notification, as `wrap` and
+                # the Node binding do): this SDK's dispatcher acts on `notifications/cancelled`
+                # itself, cancelling the handler before any middleware sees the notification, so
+                # only a shield keeps the handler running.
                 with anyio.CancelScope(shield=True):
                     result, error = await _outcome(call_next, ctx)
             else:
@@ -265,10 +256,4 @@ def _option_text(name: str, value: Any) -> str:
         return str(value)
     if isinstance(value, datetime.timedelta):
         return f"{int(value.total_seconds() * 1000)}ms"
-    raise _invalid_option(name, value, "expected a string, a number, a bool or a timedelta")
-
-
-def _invalid_option(name: str, value: Any, reason: str) -> IdempotencyError:
-    error = IdempotencyError(f"invalid value {value!r} for option {name!r}: {reason}")
-    error.type, error.code = "idempotency_invalid_option", INVALID_PARAMS
-    return error
+    raise invalid_option(name, repr(value), "expected a string, a number, a bool or a timedelta")

@@ -7,56 +7,54 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use mcp_idempotency::embedded::options::{
+    self, AFTER_CRASH, LEASE, MAX_ARGUMENT_BYTES, MAX_KEY_BYTES, MAX_OUTCOME_BYTES,
+    MAX_RECORDS_PER_SCOPE, MAX_RECORDS_TOTAL, RETENTION, STORE,
+};
 use mcp_idempotency::store::{self, Store, StoreUrl};
-use mcp_idempotency::{AfterCrash, Deduplicator, EngineConfig};
+use mcp_idempotency::{AfterCrash, EngineConfig};
 
-/// How often expired records are purged.
-const PURGE_EVERY: Duration = Duration::from_secs(600);
-
-/// Where records live and how long, and the limits that protect the store.
+/// Where records live and how long, and the limits that protect the store: the library's
+/// [`options`] table gives each its name, default, parser and help (the same for the bindings).
 #[derive(Debug, Args)]
 pub(crate) struct EngineArgs {
-    /// Record store: `sqlite:PATH`, `memory` (this process only), `redis://…`,
-    /// `redis-cluster://HOST:PORT,…` or `postgres://…` (shared by many instances; over TLS:
-    /// `rediss://…`, `rediss-cluster://…`, `postgres://…?sslmode=verify-full`, each taking
-    /// `sslrootcert=CA.pem`) [default: sqlite: in the user's data directory, e.g.
-    /// ~/.local/share/mcp-idem/records.sqlite3, so records survive restarts].
-    /// On Redis, `?replicas=N[&replica_timeout_ms=T]` makes each write wait for N replicas (T ms,
-    /// default 1000) and fail closed without them.
-    #[arg(long, env = "MCP_IDEM_STORE", value_name = "URL")]
+    #[arg(long = STORE.name, env = "MCP_IDEM_STORE", value_name = "URL", help = STORE.help)]
     pub(crate) store: Option<String>,
 
-    /// How long a completed call's outcome is kept for replay.
-    #[arg(long, env = "MCP_IDEM_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    #[arg(long = RETENTION.name, env = "MCP_IDEM_RETENTION", help = RETENTION.help,
+          default_value = RETENTION.default, value_parser = options::duration)]
     pub(crate) retention: Duration,
 
-    /// How long a running call's claim lives without renewal (renewed every third of it).
-    #[arg(long, env = "MCP_IDEM_LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long = LEASE.name, env = "MCP_IDEM_LEASE", help = LEASE.help,
+          default_value = LEASE.default, value_parser = options::duration)]
     pub(crate) lease: Duration,
 
-    /// What a retry gets when the original call's owner died before recording an outcome:
-    /// `reject` (idempotency_outcome_unknown, never a second execution) or `reexecute`.
-    #[arg(long, env = "MCP_IDEM_AFTER_CRASH", default_value = "reject", value_parser = str::parse::<AfterCrash>)]
+    #[arg(long = AFTER_CRASH.name, env = "MCP_IDEM_AFTER_CRASH", help = AFTER_CRASH.help,
+          default_value = AFTER_CRASH.default, value_parser = options::after_crash)]
     pub(crate) after_crash: AfterCrash,
 
-    /// Longest accepted idempotencyKey, in bytes.
-    #[arg(long, env = "MCP_IDEM_MAX_KEY_BYTES", default_value_t = mcp_idempotency::EngineConfig::DEFAULT_MAX_KEY_BYTES)]
+    #[arg(long = MAX_KEY_BYTES.name, env = "MCP_IDEM_MAX_KEY_BYTES", help = MAX_KEY_BYTES.help,
+          default_value = MAX_KEY_BYTES.default, value_parser = options::size)]
     pub(crate) max_key_bytes: usize,
 
-    /// Largest accepted `arguments` of a keyed call, in bytes.
-    #[arg(long, env = "MCP_IDEM_MAX_ARGUMENT_BYTES", default_value_t = EngineConfig::DEFAULT_MAX_ARGUMENT_BYTES)]
+    #[arg(long = MAX_ARGUMENT_BYTES.name, env = "MCP_IDEM_MAX_ARGUMENT_BYTES",
+          help = MAX_ARGUMENT_BYTES.help, default_value = MAX_ARGUMENT_BYTES.default,
+          value_parser = options::size)]
     pub(crate) max_argument_bytes: usize,
 
-    /// Largest outcome kept for replay, in bytes; larger ones are recorded as not retained.
-    #[arg(long, env = "MCP_IDEM_MAX_OUTCOME_BYTES", default_value_t = EngineConfig::DEFAULT_MAX_OUTCOME_BYTES)]
+    #[arg(long = MAX_OUTCOME_BYTES.name, env = "MCP_IDEM_MAX_OUTCOME_BYTES",
+          help = MAX_OUTCOME_BYTES.help, default_value = MAX_OUTCOME_BYTES.default,
+          value_parser = options::size)]
     pub(crate) max_outcome_bytes: usize,
 
-    /// Most live records per principal.
-    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_PER_SCOPE", default_value_t = EngineConfig::DEFAULT_MAX_RECORDS_PER_SCOPE)]
+    #[arg(long = MAX_RECORDS_PER_SCOPE.name, env = "MCP_IDEM_MAX_RECORDS_PER_SCOPE",
+          help = MAX_RECORDS_PER_SCOPE.help, default_value = MAX_RECORDS_PER_SCOPE.default,
+          value_parser = options::count)]
     pub(crate) max_records_per_scope: u64,
 
-    /// Most live records in the store.
-    #[arg(long, env = "MCP_IDEM_MAX_RECORDS_TOTAL", default_value_t = EngineConfig::DEFAULT_MAX_RECORDS_TOTAL)]
+    #[arg(long = MAX_RECORDS_TOTAL.name, env = "MCP_IDEM_MAX_RECORDS_TOTAL",
+          help = MAX_RECORDS_TOTAL.help, default_value = MAX_RECORDS_TOTAL.default,
+          value_parser = options::count)]
     pub(crate) max_records_total: u64,
 }
 
@@ -96,9 +94,4 @@ impl EngineArgs {
 pub(crate) fn default_sqlite_path() -> anyhow::Result<PathBuf> {
     mcp_idempotency::embedded::default_sqlite_path()
         .map_err(|_| anyhow::anyhow!("cannot find the user's data directory; pass --store"))
-}
-
-/// Purges expired records every [`PURGE_EVERY`], forever.
-pub(crate) async fn purge_periodically(dedup: Deduplicator) -> std::convert::Infallible {
-    dedup.purge_periodically(PURGE_EVERY).await
 }

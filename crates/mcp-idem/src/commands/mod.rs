@@ -30,33 +30,15 @@ pub(crate) fn noting_when<F: std::future::Future<Output = ()>>(
 
 /// After a graceful stop: waits, for what is left of `grace` since `began` (the stop signal;
 /// counted from now if the run ended otherwise), for the completions the deduplicator still
-/// sends again in the background because the store failed them. Those still pending when the
-/// grace is over are logged: their records stay in progress until their leases run out.
+/// sends again in the background because the store failed them (the library's
+/// [`settle_completions`](mcp_idempotency::upkeep::settle_completions), as the bindings' at exit).
 pub(crate) async fn settle_completions(
     dedup: &mcp_idempotency::Deduplicator,
     grace: std::time::Duration,
     began: Option<std::time::Instant>,
 ) {
-    let pending = dedup.pending_completions();
-    if pending == 0 {
-        return;
-    }
     let left = grace.saturating_sub(began.map_or(std::time::Duration::ZERO, |at| at.elapsed()));
-    tracing::info!(
-        pending,
-        left_ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
-        "waiting for the outcomes the store has not taken yet"
-    );
-    if tokio::time::timeout(left, dedup.completions_settled())
-        .await
-        .is_err()
-    {
-        tracing::error!(
-            pending = dedup.pending_completions(),
-            "the shutdown grace ended before the store took these outcomes: their records stay \
-             in progress until their leases run out (then --after-crash answers them)"
-        );
-    }
+    mcp_idempotency::upkeep::settle_completions(dedup, left).await;
 }
 
 /// A future that resolves on SIGINT or, on Unix, SIGTERM. On Unix the handlers are installed at

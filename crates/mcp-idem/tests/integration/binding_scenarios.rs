@@ -457,6 +457,49 @@ fn own_tests(binding: Binding) {
     );
 }
 
+/// The binding's `_meta` key, exit-time settle grace (ms) and option names, as its language sees
+/// them: they are the library's, not copies of them.
+fn constants_are_the_librarys(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let (program, flag, code) = match binding {
+        Binding::Python => (
+            "python3",
+            "-c",
+            "import json, mcp_idempotency as m, mcp_idempotency._native as n; \
+             print(json.dumps([m.META_KEY, n.SETTLE_GRACE_SECONDS * 1000, m.OPTIONS]))",
+        ),
+        Binding::Node => (
+            "node",
+            "-e",
+            "const m = require('./index.js'); \
+             const n = require(`./mcp-idempotency.${require('./triple.js').platformTriple()}.node`); \
+             console.log(JSON.stringify([m.META_KEY, n.settleGraceMs(), m.OPTIONS]))",
+        ),
+    };
+    let output = Command::new(program)
+        .args([flag, code])
+        .current_dir(repo().join("bindings/node"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .unwrap_or_else(|err| panic!("cannot start {program}: {err}"));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let names: Vec<&str> = mcp_idempotency::embedded::options::ALL
+        .iter()
+        .map(|option| option.name)
+        .collect();
+    let grace_ms = mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE.as_millis();
+    assert_eq!(seen[0], mcp_idempotency::interceptor::META_KEY, "{seen}");
+    assert_eq!(seen[1].as_f64(), Some(grace_ms as f64), "{seen}");
+    assert_eq!(seen[2], json!(names), "{seen}");
+}
+
 macro_rules! scenarios {
     ($module:ident, $binding:expr) => {
         mod $module {
@@ -510,6 +553,11 @@ macro_rules! scenarios {
             #[test]
             fn the_bindings_own_tests_pass() {
                 own_tests($binding);
+            }
+
+            #[test]
+            fn the_meta_key_settle_grace_and_options_are_the_librarys() {
+                constants_are_the_librarys($binding);
             }
         }
     };

@@ -36,6 +36,8 @@
 //! outcome-unknown, answers them `idempotency_outcome_unknown`, and refuses later keyed calls with
 //! `idempotency_shutting_down`, as `wrap` does when its server exits.
 
+mod gateways;
+pub mod options;
 mod settings;
 
 use std::future::Future;
@@ -46,19 +48,31 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use crate::claims::StopGate;
-use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
+use crate::interceptor::{
+    CancelPolicy, ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction,
+};
 use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
-pub use settings::{default_sqlite_path, Settings, SetupError, OPTIONS};
+pub use gateways::Gateways;
+pub use settings::{default_sqlite_path, Settings, SetupError};
 
 /// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's
-/// settings, shared by every [`Connection`]. Cheap to clone. Expired records are purged every
-/// 10 minutes while a clone is alive (as `wrap` does).
+/// settings, shared by every [`Connection`]. Cheap to clone; clones are equal, other gateways are
+/// not. Expired records are purged every [`PURGE_EVERY`](crate::upkeep::PURGE_EVERY) while a
+/// clone is alive (as `wrap` does).
 #[derive(Clone, Debug)]
 pub struct Embedded {
     inner: Arc<Inner>,
 }
+
+impl PartialEq for Embedded {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Embedded {}
 
 #[derive(Debug)]
 struct Inner {
@@ -82,7 +96,7 @@ impl Embedded {
     pub fn new(dedup: Deduplicator, scope: Scope, config: InterceptorConfig) -> Self {
         let purge = tokio::runtime::Handle::try_current().ok().map(|runtime| {
             let dedup = dedup.clone();
-            let purge = async move { dedup.purge_periodically(settings::PURGE_EVERY).await };
+            let purge = crate::upkeep::purge_periodically(dedup);
             runtime.spawn(purge).abort_handle()
         });
         Self {
@@ -121,14 +135,16 @@ impl Embedded {
         &self.inner.dedup
     }
 
+    /// What is done with cancellations of claimed calls (the `cancel` option).
+    pub fn cancel_policy(&self) -> CancelPolicy {
+        self.inner.config.cancel()
+    }
+
     /// Waits up to `grace` for the outcomes the store failed to take and that are being sent again
-    /// in the background (call it before the process exits); returns how many are still pending.
+    /// in the background (call it before the process exits; [`Gateways::settle_at_exit`] does it
+    /// for every gateway a binding opened); returns how many are still pending.
     pub async fn settle(&self, grace: Duration) -> usize {
-        let dedup = &self.inner.dedup;
-        if dedup.pending_completions() > 0 {
-            let _ = tokio::time::timeout(grace, dedup.completions_settled()).await;
-        }
-        dedup.pending_completions()
+        crate::upkeep::settle_completions(&self.inner.dedup, grace).await
     }
 }
 

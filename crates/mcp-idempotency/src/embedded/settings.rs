@@ -1,22 +1,22 @@
 //! [`Settings`]: the options of an embedded gateway, by the names and in the spelling of
 //! `mcp-idem wrap`'s flags, parsed once here for every binding.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use crate::interceptor::{CancelPolicy, InterceptorConfig};
+use crate::interceptor::InterceptorConfig;
 use crate::stdio::local_user;
 use crate::store::{self, StoreError, StoreUrl};
-use crate::{AfterCrash, Deduplicator, EngineConfig, RejectionKind, Scope};
+use crate::{Deduplicator, EngineConfig, RejectionKind, Scope};
 
-use super::Embedded;
+use super::{options, Embedded};
 
 /// Why an embedded gateway could not be set up.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SetupError {
     /// An option the gateway does not know.
-    #[error("unknown option {name:?}; expected one of: {}", OPTIONS.join(", "))]
+    #[error("unknown option {name:?}; expected one of: {}", option_names())]
     UnknownOption {
         /// The option as given.
         name: String,
@@ -48,6 +48,17 @@ pub enum SetupError {
 }
 
 impl SetupError {
+    /// The option `name` (any spelling [`Settings::set`] takes) refused with `value`, for
+    /// `reason`: also what a binding raises for a value its language cannot pass on (a list, a
+    /// principal that is neither a string nor a function).
+    pub fn invalid_option(name: &str, value: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidValue {
+            name: options::find(name).map_or_else(|| name.to_owned(), |o| o.name.to_owned()),
+            value: value.into(),
+            reason: reason.into(),
+        }
+    }
+
     /// The error's stable type, as the bindings' exceptions carry it: the SEP's
     /// `idempotency_store_unavailable` for a store that cannot be opened,
     /// `idempotency_invalid_store_url` and `idempotency_invalid_option` for bad configuration.
@@ -73,6 +84,11 @@ impl SetupError {
     }
 }
 
+fn option_names() -> String {
+    let names: Vec<&str> = options::ALL.iter().map(|option| option.name).collect();
+    names.join(", ")
+}
+
 /// `wrap`'s words for a store error: its message and each of its causes, `: ` between them.
 fn store_message(url: &Option<String>, source: &StoreError) -> String {
     let mut message = match url {
@@ -88,34 +104,20 @@ fn store_message(url: &Option<String>, source: &StoreError) -> String {
     message
 }
 
-/// Every option [`Settings::set`] takes.
-pub const OPTIONS: &[&str] = &[
-    "store",
-    "namespace",
-    "principal",
-    "retention",
-    "lease",
-    "after-crash",
-    "forward-key",
-    "cancel",
-    "max-key-bytes",
-    "max-argument-bytes",
-    "max-outcome-bytes",
-    "max-records-per-scope",
-    "max-records-total",
-];
-
 /// The options of an [`Embedded`] gateway: the store, the scope of its records, the engine's
 /// limits and the interceptor's settings. Names and values are those of `mcp-idem wrap`'s flags
-/// (`retention` takes `24h`, `after-crash` takes `reject` or `reexecute`, …), so a server moved
-/// from `wrap` into process keeps its configuration; `_` may stand for `-`.
+/// (`retention` takes `24h`, `after-crash` takes `reject` or `reexecute`, …; see [`options`]), so
+/// a server moved from `wrap` into process keeps its configuration.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    store: Option<String>,
-    namespace: String,
-    principal: Option<String>,
-    engine: EngineConfig,
-    interceptor: InterceptorConfig,
+    pub(super) store: Option<String>,
+    pub(super) namespace: String,
+    pub(super) principal: Option<String>,
+    pub(super) engine: EngineConfig,
+    pub(super) interceptor: InterceptorConfig,
+    /// The options set, by their kebab-case names: with the namespace, what tells two gateways
+    /// apart ([`Gateways`](super::Gateways)).
+    given: BTreeMap<&'static str, String>,
 }
 
 impl Settings {
@@ -128,57 +130,25 @@ impl Settings {
             principal: None,
             engine: EngineConfig::default(),
             interceptor: InterceptorConfig::default(),
+            given: BTreeMap::new(),
         }
     }
 
-    /// Sets the option `name` to `value` (see [`OPTIONS`]). `forward-key` takes `true` or
-    /// `false`; the `max-*` options take a positive whole number.
+    /// Sets the option `name` to `value` (see [`options::ALL`]). `name` is `wrap`'s, or the same
+    /// in snake_case or camelCase (`max_key_bytes`, `maxKeyBytes`).
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), SetupError> {
-        let option = name.replace('_', "-");
-        let invalid = |reason: String| SetupError::InvalidValue {
-            name: option.clone(),
-            value: value.to_owned(),
-            reason,
-        };
-        let duration = || humantime::parse_duration(value).map_err(|err| invalid(err.to_string()));
-        let count = || {
-            value
-                .parse::<u64>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| invalid("expected a positive whole number".into()))
-        };
-        let size = || count().map(|n| usize::try_from(n).unwrap_or(usize::MAX));
-        let engine = self.engine.clone();
-        match option.as_str() {
-            "store" => self.store = Some(value.to_owned()),
-            "namespace" => self.namespace = non_empty(value).map_err(invalid)?,
-            "principal" => self.principal = Some(non_empty(value).map_err(invalid)?),
-            "retention" => self.engine = engine.with_retention(duration()?),
-            "lease" => self.engine = engine.with_lease(duration()?),
-            "after-crash" => {
-                self.engine = engine.with_after_crash(value.parse::<AfterCrash>().map_err(invalid)?)
-            }
-            "forward-key" => {
-                let forward = match value {
-                    "true" => true,
-                    "false" => false,
-                    _ => return Err(invalid("expected true or false".into())),
-                };
-                self.interceptor = self.interceptor.clone().forward_key(forward);
-            }
-            "cancel" => {
-                let policy = value.parse::<CancelPolicy>().map_err(invalid)?;
-                self.interceptor = self.interceptor.clone().cancel_policy(policy);
-            }
-            "max-key-bytes" => self.engine = engine.with_max_key_bytes(size()?),
-            "max-argument-bytes" => self.engine = engine.with_max_argument_bytes(size()?),
-            "max-outcome-bytes" => self.engine = engine.with_max_outcome_bytes(size()?),
-            "max-records-per-scope" => self.engine = engine.with_max_records_per_scope(count()?),
-            "max-records-total" => self.engine = engine.with_max_records_total(count()?),
-            _ => return Err(SetupError::UnknownOption { name: name.into() }),
-        }
+        let option = options::find(name).ok_or_else(|| SetupError::UnknownOption {
+            name: name.to_owned(),
+        })?;
+        (option.set)(self, value)
+            .map_err(|reason| SetupError::invalid_option(option.name, value, reason))?;
+        self.given.insert(option.name, value.to_owned());
         Ok(())
+    }
+
+    /// What tells this gateway apart from another: its namespace and the options set.
+    pub(super) fn identity(&self) -> (String, BTreeMap<&'static str, String>) {
+        (self.namespace.clone(), self.given.clone())
     }
 
     /// The store URL, with the default SQLite file when none was set.
@@ -210,14 +180,6 @@ impl Settings {
     }
 }
 
-fn non_empty(value: &str) -> Result<String, String> {
-    if value.is_empty() {
-        Err("must not be empty".into())
-    } else {
-        Ok(value.to_owned())
-    }
-}
-
 /// The SQLite file every gateway uses when no store is given (`mcp-idem wrap` and `inspect`
 /// too): `mcp-idem/records.sqlite3` in the user's data directory, e.g.
 /// `~/.local/share/mcp-idem/records.sqlite3`.
@@ -226,12 +188,13 @@ pub fn default_sqlite_path() -> Result<PathBuf, SetupError> {
     Ok(data.join("mcp-idem").join("records.sqlite3"))
 }
 
-/// How often an embedded gateway purges expired records (as `wrap` does).
-pub(super) const PURGE_EVERY: Duration = Duration::from_secs(600);
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::interceptor::CancelPolicy;
+    use crate::AfterCrash;
 
     #[test]
     fn options_take_wraps_spellings() {
@@ -239,8 +202,20 @@ mod tests {
         settings.set("retention", "2h").unwrap();
         settings.set("after_crash", "reexecute").unwrap();
         settings.set("max-key-bytes", "16").unwrap();
-        settings.set("forward-key", "true").unwrap();
+        settings.set("forwardKey", "true").unwrap();
+        settings.set("cancel", "forward").unwrap();
         assert_eq!(settings.engine.retention(), Duration::from_secs(7200));
+        assert_eq!(settings.interceptor.cancel(), CancelPolicy::Forward);
+        assert_eq!(
+            settings.identity().1.keys().copied().collect::<Vec<_>>(),
+            [
+                "after-crash",
+                "cancel",
+                "forward-key",
+                "max-key-bytes",
+                "retention"
+            ]
+        );
         assert_eq!(settings.engine.after_crash(), AfterCrash::Reexecute);
     }
 

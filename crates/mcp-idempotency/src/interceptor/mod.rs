@@ -73,7 +73,7 @@ impl std::str::FromStr for CancelPolicy {
 }
 
 /// Settings of an [`Interceptor`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InterceptorConfig {
     forward_key: bool,
     cancel: CancelPolicy,
@@ -91,6 +91,11 @@ impl InterceptorConfig {
     pub fn cancel_policy(mut self, policy: CancelPolicy) -> Self {
         self.cancel = policy;
         self
+    }
+
+    /// What is done with cancellations of claimed calls.
+    pub fn cancel(&self) -> CancelPolicy {
+        self.cancel
     }
 }
 

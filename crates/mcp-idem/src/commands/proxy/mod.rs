@@ -21,7 +21,7 @@ use tower::{Layer, Service};
 
 mod conn;
 
-use super::engine_args::{purge_periodically, EngineArgs};
+use super::engine_args::EngineArgs;
 use super::scope_args::ScopeArgs;
 use crate::allowed_hosts::{AllowedHosts, GuardHosts};
 use crate::ops::{self, OpsArgs};
@@ -184,7 +184,7 @@ impl ProxyArgs {
         };
         tokio::select! {
             () = conn::serve(listener, routes, limits, stop, calls, self.shutdown_grace) => {}
-            never = purge_periodically(dedup.clone()) => match never {},
+            never = mcp_idempotency::upkeep::purge_periodically(dedup.clone()) => match never {},
         }
         super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
         Ok(())

@@ -14,11 +14,12 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::default_scope::{wrap_legacy_namespace, LegacyNamespaceReads};
+use mcp_idempotency::embedded::options::{self, CANCEL, FORWARD_KEY, NAMESPACE, PRINCIPAL};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
 use mcp_idempotency::stdio::{local_user, StdioProxy};
 use mcp_idempotency::{Deduplicator, Scope};
 
-use super::engine_args::{purge_periodically, EngineArgs};
+use super::engine_args::EngineArgs;
 use crate::ops::OpsArgs;
 pub(crate) use server::ExecServerArgs;
 
@@ -43,20 +44,18 @@ pub(crate) struct WrapArgs {
     /// gives itself when initialized (as the Python and TypeScript bindings do), so it keeps its
     /// records when moved into a binding; calls before that: `wrap:<program>:<hash of the
     /// command line>`, which is also read for records kept by earlier versions].
-    #[arg(long, env = "MCP_IDEM_NAMESPACE")]
+    #[arg(long = NAMESPACE.name, env = "MCP_IDEM_NAMESPACE")]
     namespace: Option<String>,
 
     /// Principal the records belong to [default: the local user].
-    #[arg(long, env = "MCP_IDEM_PRINCIPAL")]
+    #[arg(long = PRINCIPAL.name, env = "MCP_IDEM_PRINCIPAL")]
     principal: Option<String>,
 
-    /// Also forward `idempotencyKey` to the server (it is always in `_meta["mcp-idem/idempotencyKey"]`).
-    #[arg(long, env = "MCP_IDEM_FORWARD_KEY")]
+    #[arg(long = FORWARD_KEY.name, env = "MCP_IDEM_FORWARD_KEY", help = FORWARD_KEY.help)]
     forward_key: bool,
 
-    /// What to do with `notifications/cancelled` for a keyed call: `absorb` (let it finish and
-    /// record its outcome) or `forward` (and record it as outcome-unknown).
-    #[arg(long, env = "MCP_IDEM_CANCEL", default_value = "absorb", value_parser = str::parse::<CancelPolicy>)]
+    #[arg(long = CANCEL.name, env = "MCP_IDEM_CANCEL", help = CANCEL.help,
+          default_value = CANCEL.default, value_parser = options::cancel)]
     cancel: CancelPolicy,
 
     /// Longest client message (one line) read, e.g. 4MiB, 512KiB; a longer one is discarded
@@ -141,7 +140,7 @@ impl WrapArgs {
         let (input_closed, closing) = tokio::sync::oneshot::channel();
         let child_in = server::ServerInput::new(child_in, input_closed);
 
-        let purge = purge_periodically(dedup.clone());
+        let purge = mcp_idempotency::upkeep::purge_periodically(dedup.clone());
         let proxy = StdioProxy::new(dedup.clone(), scope)
             .namespace_from_server(learn_namespace)
             .interceptor_config(
