@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::common::{ledger_lines, meta_2026, TIMEOUT};
-use crate::http_support::{charge, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw};
+use crate::support::common::{ledger_lines, meta_2026, TIMEOUT};
+use crate::support::http::{charge, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw};
 
 /// Demo server + proxy (sqlite store) and the ledger.
 struct Setup {
@@ -62,7 +62,7 @@ fn assert_no_panic(proxy: &Proxy) {
 }
 
 /// `(error.code, error.data.type)` of a JSON answer.
-fn error_of(answer: &crate::http_support::Answer) -> (i64, String) {
+fn error_of(answer: &crate::support::http::Answer) -> (i64, String) {
     let json = answer.json();
     (
         json["error"]["code"]
@@ -84,7 +84,7 @@ fn raw_keyed_charge(id: u64, key: &str, arguments: &str) -> String {
 }
 
 /// POSTs `body` as is, with the headers of a `charge_payment` call.
-async fn post_raw(raw: &Raw, body: impl Into<Bytes>) -> crate::http_support::Answer {
+async fn post_raw(raw: &Raw, body: impl Into<Bytes>) -> crate::support::http::Answer {
     let request = raw.post(&charge(0, 0, None));
     raw.send_bytes(request, body.into()).await
 }

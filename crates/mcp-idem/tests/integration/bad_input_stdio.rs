@@ -6,8 +6,8 @@
 
 use serde_json::json;
 
-use crate::common::{ledger_lines, meta_2026, StdioPeer, TIMEOUT};
-use crate::wrap_support::{
+use crate::support::common::{ledger_lines, meta_2026, StdioPeer, TIMEOUT};
+use crate::support::wrap::{
     assert_rejected, call, charge, charge_id, padded_charge, peak_rss_kb, sh_quote, Sandbox, EXE,
 };
 
@@ -226,7 +226,7 @@ fn a_response_nobody_asked_for_passes_through() {
         .expect("the stray response passes through");
     assert_eq!(stray["result"], json!({"stray": true}));
     // ... and logged (at debug level).
-    crate::wrap_support::wait_until("the stray response is logged", TIMEOUT, || {
+    crate::support::wrap::wait_until("the stray response is logged", TIMEOUT, || {
         wrap.stderr()
             .contains("passing through a response to no known request")
     });

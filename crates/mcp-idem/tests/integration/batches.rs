@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{ledger_lines, meta_2026};
-use crate::http_support::{self, Proxy, Raw};
-use crate::upstream_support::RecordingUpstream;
-use crate::wrap_support::{charge, charge_id, wait_until, Sandbox};
+use crate::support;
+use crate::support::common::{ledger_lines, meta_2026};
+use crate::support::http::{Proxy, Raw};
+use crate::support::upstream::RecordingUpstream;
+use crate::support::wrap::{charge, charge_id, wait_until, Sandbox};
 
 const BATCH_REFUSED: &str = "mcp_idem_batch_refused";
 
@@ -47,7 +48,7 @@ fn wrap_refuses_a_batch_with_a_keyed_call_and_forwards_one_without() {
     let refused = json!([charge(1, amount.clone(), "batch-1"), tools_list(2)]);
     wrap.send(&refused);
     let answer = wrap
-        .next_message(crate::common::TIMEOUT)
+        .next_message(crate::support::common::TIMEOUT)
         .expect("an answer to the batch");
     assert_refused(&answer, &[json!(1), json!(2)]);
 
@@ -56,7 +57,7 @@ fn wrap_refuses_a_batch_with_a_keyed_call_and_forwards_one_without() {
     let replayed = charge_id(&wrap.request(charge(4, amount, "batch-1")));
     assert_eq!(ran, replayed);
     assert_eq!(ledger_lines(&ledger).len(), 1);
-    let seen = crate::wrap_support::captured(&capture);
+    let seen = crate::support::wrap::captured(&capture);
     assert!(seen.iter().all(|line| !line.is_array()), "{seen:?}");
 
     // A batch without a keyed call goes to the server as sent.
@@ -82,7 +83,7 @@ async fn proxy_refuses_a_batch_with_a_keyed_call_and_forwards_one_without() {
     let proxy = Proxy::spawn(&upstream.origin, &["--store", "memory"]);
     let raw = Raw::new(&proxy);
 
-    let keyed = http_support::charge(1, 7, Some("batch-http"));
+    let keyed = support::http::charge(1, 7, Some("batch-http"));
     let answer = raw.call(json!([keyed, tools_list(2)])).await;
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert!(answer.content_type().starts_with("application/json"));
@@ -91,11 +92,11 @@ async fn proxy_refuses_a_batch_with_a_keyed_call_and_forwards_one_without() {
 
     // The same call on its own is forwarded once, then replayed.
     let ran = raw
-        .call(http_support::charge(3, 7, Some("batch-http")))
+        .call(support::http::charge(3, 7, Some("batch-http")))
         .await;
     assert_eq!(ran.json()["result"]["path"], "/mcp", "{}", ran.body);
     let replayed = raw
-        .call(http_support::charge(4, 7, Some("batch-http")))
+        .call(support::http::charge(4, 7, Some("batch-http")))
         .await;
     assert_eq!(replayed.json()["id"], 4);
     assert_eq!(replayed.json()["result"], ran.json()["result"]);

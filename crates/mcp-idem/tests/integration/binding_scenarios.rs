@@ -31,11 +31,11 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::check::{witness_options, Run};
-use crate::common::{ledger_lines, StdioPeer};
-use crate::http_support::{unique_namespace, Answer, Raw, SharedStore, Spawned};
 use crate::interop_clients::assert_dedup;
-use crate::interop_support::{run_report, script, Toolchain};
-use crate::wrap_support::{charge, discover, Sandbox};
+use crate::support::common::{ledger_lines, StdioPeer};
+use crate::support::http::{unique_namespace, Answer, Raw, SharedStore, Spawned};
+use crate::support::interop::{run_report, script, Toolchain};
+use crate::support::wrap::{charge, discover, Sandbox};
 
 /// A language binding of the library, with its payments server.
 #[derive(Clone, Copy, Debug)]
@@ -214,7 +214,7 @@ fn sdk_client_over_http(binding: Binding, toolchain: Toolchain, client: &str, ex
 
 /// A keyed `charge_payment` of 100 EUR that takes `delay_ms`.
 fn keyed_charge(id: u64, key: &str, delay_ms: u64) -> Value {
-    crate::http_support::tool_call(
+    crate::support::http::tool_call(
         id,
         "charge_payment",
         json!({"amount": 100, "currency": "eur", "delay_ms": delay_ms}),

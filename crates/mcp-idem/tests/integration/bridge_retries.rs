@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::bridge_support::{Fault, Forwarder, Plan};
-use crate::common::{ledger_lines, meta_2026, StdioPeer};
-use crate::http_support::{ledger_in, HttpDemo, Proxy};
+use crate::support::bridge::{Fault, Forwarder, Plan};
+use crate::support::common::{ledger_lines, meta_2026, StdioPeer};
+use crate::support::http::{ledger_in, HttpDemo, Proxy};
 
 /// `mcp-idem bridge ARGS URL` as a stdio peer, logging at `warn` (the re-issue lines).
 fn bridge(dir: &tempfile::TempDir, url: &str, args: &[&str]) -> StdioPeer {
@@ -162,7 +162,7 @@ fn without_the_capability_a_lost_answer_is_not_reissued() {
         "charge_payment",
         json!({"amount": 5, "currency": "usd", "delay_ms": 3000}),
     ));
-    crate::common::wait_for_ledger(&ledger, 1);
+    crate::support::common::wait_for_ledger(&ledger, 1);
     std::thread::sleep(Duration::from_millis(300));
     drop(demo.take());
     let lost = bridge.response(&json!(2));
@@ -187,7 +187,7 @@ fn a_cancelled_call_stops_being_reissued_and_gets_no_answer() {
         "charge_payment",
         json!({"amount": 6, "currency": "usd", "delay_ms": 4000}),
     ));
-    let deadline = std::time::Instant::now() + crate::common::TIMEOUT;
+    let deadline = std::time::Instant::now() + crate::support::common::TIMEOUT;
     while reissues(&bridge) < 2 {
         assert!(std::time::Instant::now() < deadline, "{}", bridge.stderr());
         std::thread::sleep(Duration::from_millis(20));
@@ -214,7 +214,7 @@ fn a_cancelled_call_stops_being_reissued_and_gets_no_answer() {
         next["result"]["structuredContent"]["chargeId"].is_string(),
         "{next}"
     );
-    assert_eq!(crate::common::wait_for_ledger(&ledger, 2).len(), 2);
+    assert_eq!(crate::support::common::wait_for_ledger(&ledger, 2).len(), 2);
     assert!(bridge.finish().success());
 }
 
@@ -227,22 +227,28 @@ fn malformed_and_oversized_lines_are_answered_and_the_bridge_goes_on() {
 
     bridge.send_raw(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"#);
     let parse_error = bridge
-        .next_message(crate::common::TIMEOUT)
+        .next_message(crate::support::common::TIMEOUT)
         .expect("an answer");
     assert_eq!(parse_error["error"]["code"], -32700, "{parse_error}");
     bridge.send_bytes(b"\xff\xfe\n");
     assert_eq!(
-        bridge.next_message(crate::common::TIMEOUT).unwrap()["error"]["code"],
+        bridge
+            .next_message(crate::support::common::TIMEOUT)
+            .unwrap()["error"]["code"],
         -32700
     );
     bridge.send_raw("[1,2]x");
     assert_eq!(
-        bridge.next_message(crate::common::TIMEOUT).unwrap()["error"]["code"],
+        bridge
+            .next_message(crate::support::common::TIMEOUT)
+            .unwrap()["error"]["code"],
         -32700
     );
     bridge.send_raw(r#"{"jsonrpc":"2.0","id":7,"nothing":true}"#);
     assert_eq!(
-        bridge.next_message(crate::common::TIMEOUT).unwrap()["error"]["code"],
+        bridge
+            .next_message(crate::support::common::TIMEOUT)
+            .unwrap()["error"]["code"],
         -32600
     );
     let long = format!(

@@ -5,7 +5,7 @@
 //! stdio server and make sequential `charge_payment` calls with the SDKs' plain call APIs.
 //!
 //! Between the bridge and the server sits the fault-injecting HTTP forwarder of
-//! `bridge_support`, which lets the upstream execute a call and then drops its answer, cuts
+//! `support::bridge`, which lets the upstream execute a call and then drops its answer, cuts
 //! it in the middle (a JSON body, an SSE stream), or holds it back past the attempt timeout:
 //! - with the capability (forwarder -> two `mcp-idem proxy` instances on one Redis namespace ->
 //!   `demo-server --http` and `--http-sse`, one ledger): every call gets its original charge, each
@@ -28,11 +28,11 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
-use crate::bridge_support::{Done, Exchange, Fault, Forwarder, Plan};
-use crate::common::ledger_lines;
-use crate::http_support::{tool_call, unique_namespace, HttpDemo, Proxy, Raw, SharedStore};
-use crate::interop_support::{run_report, script, Toolchain};
-use crate::wrap_support::{sh_join, Sandbox, EXE};
+use crate::support::bridge::{Done, Exchange, Fault, Forwarder, Plan};
+use crate::support::common::ledger_lines;
+use crate::support::http::{tool_call, unique_namespace, HttpDemo, Proxy, Raw, SharedStore};
+use crate::support::interop::{run_report, script, Toolchain};
+use crate::support::wrap::{sh_join, Sandbox, EXE};
 
 /// The bridge's `--attempt-timeout`.
 const ATTEMPT_TIMEOUT: &str = "2s";
@@ -100,7 +100,7 @@ fn bridge_command(url: &str, log: &Path) -> Vec<OsString> {
     let script = format!(
         "exec {} 2>>{}",
         sh_join(&bridge),
-        crate::wrap_support::sh_quote(log)
+        crate::support::wrap::sh_quote(log)
     );
     vec!["sh".into(), "-c".into(), script.into()]
 }
@@ -440,7 +440,7 @@ fn no_capability_no_second_execution(sdk: Sdk, base: u64) {
         if !dropped.contains(&i) {
             let charge = charge_id(call, base + i, &context);
             assert_eq!(
-                crate::common::count_charge(&ledger, &charge),
+                crate::support::common::count_charge(&ledger, &charge),
                 1,
                 "{context}"
             );
@@ -538,10 +538,11 @@ async fn post(raw: &Raw, message: &Value) -> Seen {
         .post(message)
         .body(Full::new(Bytes::from(message.to_string())))
         .unwrap();
-    let response = tokio::time::timeout(crate::common::TIMEOUT, raw.client.request(request))
-        .await
-        .map_err(|_| "no answer in time".to_owned())?
-        .map_err(|err| err.to_string())?;
+    let response =
+        tokio::time::timeout(crate::support::common::TIMEOUT, raw.client.request(request))
+            .await
+            .map_err(|_| "no answer in time".to_owned())?
+            .map_err(|err| err.to_string())?;
     let status = response.status().as_u16();
     let content_type = response
         .headers()
@@ -563,7 +564,7 @@ async fn post(raw: &Raw, message: &Value) -> Seen {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarder_injects_the_planned_faults() {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = crate::http_support::ledger_in(&dir);
+    let ledger = crate::support::http::ledger_in(&dir);
     let (json_demo, sse_demo) = (
         HttpDemo::spawn(&ledger, &[]),
         HttpDemo::spawn(&ledger, &["--http-sse"]),
@@ -596,7 +597,7 @@ async fn forwarder_injects_the_planned_faults() {
     // Forward, and a non-tools/call request passes through.
     let seen = post(&raw, &call(0)).await;
     assert!(complete(&seen)["result"]["structuredContent"]["chargeId"].is_string());
-    let seen = post(&raw, &crate::http_support::discover(9)).await;
+    let seen = post(&raw, &crate::support::http::discover(9)).await;
     assert!(complete(&seen)["result"]["capabilities"].is_object());
     // Drop: no response head at all.
     let seen = post(&raw, &call(1)).await;

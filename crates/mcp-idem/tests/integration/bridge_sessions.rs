@@ -14,16 +14,16 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::bridge_sessions_support::{
+use crate::support::bridge_sessions::{
     bridge, bridge_command, charge_id, initialize, initialized, legacy_call, legacy_charge,
     run_until_exit, server_request, sessions_opened, spawn, streams_opened, tool_names,
     wait_for_sessions, Fault, FaultyRemote, TestCa, TlsFront, EXE,
 };
-use crate::common::{count_charge, free_port, ledger_lines, StdioPeer, TIMEOUT};
-use crate::http_support::{
+use crate::support::common::{count_charge, free_port, ledger_lines, StdioPeer, TIMEOUT};
+use crate::support::http::{
     charge, closed_port_url, discover, ledger_in, tool_call, HttpDemo, Proxy,
 };
-use crate::wrap_support::wait_until;
+use crate::support::wrap::wait_until;
 
 /// The tools of `demo-server --http-stateful`.
 const STATEFUL_TOOLS: [&str; 5] = [
@@ -243,7 +243,7 @@ fn stored_keys(store: &str) -> Vec<String> {
 fn a_2026_client_discovers_the_capability_and_the_bridge_keys_its_calls() {
     let dir = tempfile::tempdir().unwrap();
     let ledger = ledger_in(&dir);
-    let store = crate::http_support::sqlite_in(&dir);
+    let store = crate::support::http::sqlite_in(&dir);
     let demo = HttpDemo::spawn(&ledger, &[]);
     let proxy = Proxy::spawn(&demo.base_url(), &["--store", &store]);
     let mut bridge = bridge(&proxy.url, &[], dir.path());
@@ -431,7 +431,7 @@ fn answers_to_malformed_lines(mut peer: StdioPeer) -> Vec<Vec<i64>> {
 /// server of its own to ask, answers what JSON-RPC 2.0 prescribes: a parse error, -32700, id null.
 #[test]
 fn malformed_client_lines_are_answered_as_wrap_answers_them() {
-    let sandbox = crate::wrap_support::Sandbox::new();
+    let sandbox = crate::support::wrap::Sandbox::new();
     let wrap = sandbox.wrap_demo(&[]);
     let by_wrap = answers_to_malformed_lines(wrap);
 

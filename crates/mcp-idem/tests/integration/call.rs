@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use crate::common::{ledger_lines, TIMEOUT};
-use crate::http_support::{closed_port_url, HttpDemo, Proxy};
+use crate::support::common::{ledger_lines, TIMEOUT};
+use crate::support::http::{closed_port_url, HttpDemo, Proxy};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 

@@ -10,7 +10,7 @@
 //! same arguments: once with `--after-crash reject`, three times with `reexecute`.
 //!
 //! At the end the demo server's ledger (one line per execution; the amount names the logical
-//! call) is compared with what the clients saw (see `crate::chaos_support::verify`). With `reject`: no
+//! call) is compared with what the clients saw (see `crate::support::chaos::verify`). With `reject`: no
 //! logical call executed twice; every call the client saw succeed executed exactly once, with the
 //! charge id the client got; calls answered `idempotency_outcome_unknown` (possible for calls in
 //! flight at the SIGKILL) executed at most once. With `reexecute`: a call executed at most once
@@ -35,12 +35,12 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::chaos_support::{
+use crate::support::chaos::{
     classify, executions, size_and_seed, unix_ms, verify, AfterCrash, AnswerMeans, CallResult,
     Outcome,
 };
-use crate::common::TIMEOUT;
-use crate::http_support::{
+use crate::support::common::TIMEOUT;
+use crate::support::http::{
     charge, ledger_in, unique_namespace, Answer, HttpDemo, Raw, SharedStore,
 };
 

@@ -38,12 +38,12 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::chaos_support::{
+use crate::support::chaos::{
     classify, executions, size_and_seed, unix_ms, verify, AfterCrash, AnswerMeans, CallResult,
     Outcome,
 };
-use crate::common::TIMEOUT;
-use crate::wrap_support::{charge, is_running, EXE};
+use crate::support::common::TIMEOUT;
+use crate::support::wrap::{charge, is_running, EXE};
 
 const CLIENTS: usize = 6;
 /// How long a client waits for one answer before it retries.

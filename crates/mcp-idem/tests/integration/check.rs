@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::http_support::{ledger_in, HttpDemo, Proxy};
+use crate::support::http::{ledger_in, HttpDemo, Proxy};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 
@@ -158,7 +158,7 @@ fn check_passes_wrap_around_the_demo_server_over_stdio() {
         .starts_with("2026-07-28"));
     // Executions: two calls without a key, then one per key that ran (replay, three
     // equivalences, conflict, in-progress, error); rejected and replayed calls ran nothing.
-    let charges = crate::common::ledger_lines(Path::new(ledger)).len();
+    let charges = crate::support::common::ledger_lines(Path::new(ledger)).len();
     assert_eq!(charges, 9, "{:#}", run.report);
 }
 
@@ -172,7 +172,7 @@ fn check_through_the_proxy(extra: &[&str]) {
     run.assert_outcome(&[], &["mrtr.continuation"]);
     assert_eq!(run.code(), Some(0));
     assert_eq!(
-        crate::common::ledger_lines(&ledger).len(),
+        crate::support::common::ledger_lines(&ledger).len(),
         9,
         "{:#}",
         run.report

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::http_support::{charge, ledger_in, HttpDemo, Proxy, Raw};
+use crate::support::http::{charge, ledger_in, HttpDemo, Proxy, Raw};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 
@@ -254,7 +254,7 @@ async fn a_proxy_runs_with_the_file_and_a_flag_overrides_it() {
         "{}",
         refused.body
     );
-    assert_eq!(crate::common::ledger_lines(&ledger).len(), 0);
+    assert_eq!(crate::support::common::ledger_lines(&ledger).len(), 0);
 
     let overridden = Proxy::spawn(
         &server.base_url(),
@@ -264,5 +264,5 @@ async fn a_proxy_runs_with_the_file_and_a_flag_overrides_it() {
         .call(charge(2, 10, Some(long_key)))
         .await;
     assert!(charged.charge_id().is_some(), "{}", charged.body);
-    assert_eq!(crate::common::ledger_lines(&ledger).len(), 1);
+    assert_eq!(crate::support::common::ledger_lines(&ledger).len(), 1);
 }

@@ -10,8 +10,8 @@ use mcp_idempotency::default_scope::wrap_legacy_namespace;
 use serde_json::json;
 
 use crate::binding_scenarios::Binding;
-use crate::common::{ledger_lines, StdioPeer};
-use crate::wrap_support::{assert_rejected, charge, charge_id, discover, Sandbox};
+use crate::support::common::{ledger_lines, StdioPeer};
+use crate::support::wrap::{assert_rejected, charge, charge_id, discover, Sandbox};
 
 /// The binding's payments server, first without the binding under `wrap`, then with it on the
 /// same SQLite file: the retry of a call answered under `wrap` is a replay.

@@ -35,7 +35,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{count_charge, ledger_lines, meta_2026, wait_for_ledger, StdioPeer, TIMEOUT};
+use crate::support::common::{
+    count_charge, ledger_lines, meta_2026, wait_for_ledger, StdioPeer, TIMEOUT,
+};
 
 fn legacy_initialize(id: u64) -> Value {
     json!({"jsonrpc":"2.0","id":id,"method":"initialize","params":{

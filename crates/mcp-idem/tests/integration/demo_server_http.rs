@@ -26,8 +26,8 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::StreamableHttpClientTransport;
 use serde_json::{json, Value};
 
-use crate::common::{ledger_lines, meta_2026, wait_for_ledger, TIMEOUT};
-use crate::http_support::{content_type, ledger_in, HttpDemo, Raw};
+use crate::support::common::{ledger_lines, meta_2026, wait_for_ledger, TIMEOUT};
+use crate::support::http::{content_type, ledger_in, HttpDemo, Raw};
 
 async fn rmcp_client(url: &str) -> RunningService<RoleClient, ClientConfig> {
     let transport = StreamableHttpClientTransport::with_client(

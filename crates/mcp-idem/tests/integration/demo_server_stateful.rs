@@ -30,9 +30,9 @@ use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::ClientHandler;
 use serde_json::{json, Value};
 
-use crate::bridge_sessions_support::{assert_sessions_opened, sessions_opened, streams_opened};
-use crate::common::{free_port, ledger_lines, TIMEOUT};
-use crate::http_support::{ledger_in, sse_messages, HttpDemo, Raw};
+use crate::support::bridge_sessions::{assert_sessions_opened, sessions_opened, streams_opened};
+use crate::support::common::{free_port, ledger_lines, TIMEOUT};
+use crate::support::http::{ledger_in, sse_messages, HttpDemo, Raw};
 
 /// A POST of `message` as a 2025-06-18 client sends it: no per-request protocol metadata, the
 /// session id once it has one.

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::ledger_lines;
-use crate::http_support::{charge, ledger_in, tool_call, unique_namespace, HttpDemo, Proxy, Raw};
+use crate::support::common::ledger_lines;
+use crate::support::http::{charge, ledger_in, tool_call, unique_namespace, HttpDemo, Proxy, Raw};
 
 const PER_SCOPE: u64 = 500;
 const TOTAL: u64 = 2000;

@@ -30,9 +30,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::chaos::logical_call;
-use crate::chaos_support::{executions, size_and_seed, verify, AfterCrash, Outcome, Verdict};
-use crate::http_support::{ledger_in, unique_namespace, HttpDemo, Proxy, Raw};
-use crate::redis_own_cluster::OwnCluster;
+use crate::support::chaos::{executions, size_and_seed, verify, AfterCrash, Outcome, Verdict};
+use crate::support::http::{ledger_in, unique_namespace, HttpDemo, Proxy, Raw};
+use crate::support::redis_own_cluster::OwnCluster;
 
 const INSTANCES: usize = 3;
 const CLIENTS: usize = 8;

@@ -15,9 +15,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::chaos::{attempt, response_of};
-use crate::common::ledger_lines;
-use crate::http_support::{ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw};
-use crate::redis_own_cluster::OwnCluster;
+use crate::support::common::ledger_lines;
+use crate::support::http::{ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw};
+use crate::support::redis_own_cluster::OwnCluster;
 
 const INSTANCES: usize = 3;
 const CALLERS: u64 = 200;

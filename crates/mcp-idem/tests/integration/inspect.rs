@@ -7,8 +7,8 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::{json, Value};
 
-use crate::common::ledger_lines;
-use crate::wrap_support::{charge, charge_id, raw_outcome, Sandbox, EXE};
+use crate::support::common::ledger_lines;
+use crate::support::wrap::{charge, charge_id, raw_outcome, Sandbox, EXE};
 
 /// Options that put `wrap`'s records in the `shop` namespace for principal `alice`.
 const SHOP: [&str; 4] = ["--namespace", "shop", "--principal", "alice"];
@@ -373,7 +373,7 @@ fn delete_asks_on_a_terminal() {
     );
     // `script` gives the command a pseudo-terminal; its stdin is what we type.
     let answer = |typed: &str| -> Inspect {
-        let line = crate::wrap_support::sh_join(&[
+        let line = crate::support::wrap::sh_join(&[
             EXE.to_owned(),
             "inspect".into(),
             "--store".into(),

@@ -13,8 +13,8 @@ use mcp_idempotency::store::{ClaimOutcome, ClaimRequest, RecordLimits, RedisStor
 use mcp_idempotency::{FencingToken, IdempotencyKey, RecordId, Scope, Timestamp};
 use serde_json::Value;
 
-use crate::http_support::{unique_namespace, SharedStore};
-use crate::wrap_support::EXE;
+use crate::support::http::{unique_namespace, SharedStore};
+use crate::support::wrap::EXE;
 
 const PRINCIPALS: usize = 24;
 

@@ -13,10 +13,10 @@ use std::ffi::OsString;
 
 use serde_json::Value;
 
-use crate::common::ledger_lines;
-use crate::http_support::{HttpDemo, Proxy};
-use crate::interop_support::{assert_advertises_idempotency, run_report, script, Toolchain};
-use crate::wrap_support::{Sandbox, EXE};
+use crate::support::common::ledger_lines;
+use crate::support::http::{HttpDemo, Proxy};
+use crate::support::interop::{assert_advertises_idempotency, run_report, script, Toolchain};
+use crate::support::wrap::{Sandbox, EXE};
 
 /// `-32602` with `error.data.type == kind`.
 fn assert_rejection(step: &Value, kind: &str, report: &Value) {

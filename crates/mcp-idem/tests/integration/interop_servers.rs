@@ -10,11 +10,11 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::http_support::{Proxy, Raw};
-use crate::interop_support::{
+use crate::support::http::{Proxy, Raw};
+use crate::support::interop::{
     assert_advertises_idempotency, executions, script, HttpFixture, Toolchain,
 };
-use crate::wrap_support::{call, discover, Sandbox};
+use crate::support::wrap::{call, discover, Sandbox};
 
 const KEY: &str = "interop-server-key";
 

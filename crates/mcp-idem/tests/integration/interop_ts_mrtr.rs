@@ -15,11 +15,11 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::http_support::Proxy;
-use crate::interop_support::{
+use crate::support::http::Proxy;
+use crate::support::interop::{
     assert_advertises_idempotency, executions, run_report, script, HttpFixture, Toolchain,
 };
-use crate::wrap_support::{Sandbox, EXE};
+use crate::support::wrap::{Sandbox, EXE};
 
 const KEY: &str = "interop-mrtr-key";
 

@@ -14,8 +14,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
-use crate::common::{ledger_lines, TIMEOUT};
-use crate::http_support::{
+use crate::support::common::{ledger_lines, TIMEOUT};
+use crate::support::http::{
     charge, discover, ledger_in, slow_charge, sqlite_in, HttpDemo, Proxy, Raw,
 };
 
@@ -78,7 +78,7 @@ impl Connection {
         let json = if text.trim_start().starts_with('{') {
             serde_json::from_str(&text).unwrap()
         } else {
-            crate::http_support::sse_messages(&text)
+            crate::support::http::sse_messages(&text)
                 .into_iter()
                 .find(|m| m.get("id").is_some())
                 .unwrap_or_else(|| panic!("no response in {text}"))

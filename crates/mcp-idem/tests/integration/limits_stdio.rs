@@ -9,8 +9,8 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
-use crate::common::{ledger_lines, StdioPeer, TIMEOUT};
-use crate::wrap_support::{charge, charge_id, padded_charge, peak_rss_kb, Sandbox, EXE};
+use crate::support::common::{ledger_lines, StdioPeer, TIMEOUT};
+use crate::support::wrap::{charge, charge_id, padded_charge, peak_rss_kb, Sandbox, EXE};
 
 /// A keyed charge still executes once and replays: the session survived what came before.
 fn assert_still_serving(wrap: &mut StdioPeer, id: u64, key: &str) {

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{free_port, ledger_lines, PrivateRedis, StdioPeer};
-use crate::wrap_support::{charge, charge_id, discover, Sandbox, EXE};
+use crate::support::common::{free_port, ledger_lines, PrivateRedis, StdioPeer};
+use crate::support::wrap::{charge, charge_id, discover, Sandbox, EXE};
 
 fn error_type(response: &Value) -> Option<&str> {
     response["error"]["data"]["type"].as_str()

@@ -2,7 +2,7 @@
 //! demo server's ledger, on Redis and on PostgreSQL.
 //!
 //! Proxy A reaches the shared store through the fault-injecting forwarder
-//! (`store_faults_support`), which lets A's claim of a key reach the store and be applied, drops
+//! (`support::store_faults`), which lets A's claim of a key reach the store and be applied, drops
 //! the reply, closes the connection and keeps the store away for a moment. A answers
 //! `idempotency_store_unavailable` and the tool does not run; the claim holds the key, as proxy B
 //! (the same store, directly) shows: it sees the call in progress. Once the store is back, the
@@ -12,12 +12,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::ops::{metrics_authority, sample, scrape};
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     charge, ledger_in, unique_namespace, Answer, HttpDemo, Proxy, Raw, SharedStore,
 };
-use crate::ops::{metrics_authority, sample, scrape};
-use crate::store_faults_support::{
+use crate::support::store_faults::{
     assert_unavailable, behind_forwarder, until_available, ReplyEnd,
 };
 

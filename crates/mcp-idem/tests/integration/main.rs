@@ -1,31 +1,12 @@
 //! The end-to-end tests of `mcp-idem`, in one test binary (one link of the crate instead of one
 //! per file): the real `mcp-idem` binary (`CARGO_BIN_EXE_mcp-idem`) driven over stdio and
 //! Streamable HTTP, real SDK clients and servers, the demo server's ledger counting side effects.
-//! One module per concern; the `*_support` modules, `common` and `http_support` are the shared
-//! helpers.
+//! One module per concern; the helpers they share are under `support/`.
 //!
 //! Run one concern with a filter, e.g. `cargo test -p mcp-idem --test integration proxy_scope::`.
 
-// Shared helpers.
-#[cfg(unix)]
-mod bridge_sessions_support;
-#[cfg(unix)]
-mod bridge_support;
-#[cfg(unix)]
-mod chaos_support;
-mod common;
-mod http_support;
-#[cfg(unix)]
-mod interop_support;
-#[cfg(unix)]
-mod pg_restart_support;
-#[cfg(unix)]
-mod redis_own_cluster;
-#[cfg(unix)]
-mod store_faults_support;
-mod upstream_support;
-#[cfg(unix)]
-mod wrap_support;
+// Shared helpers: `support/`, one module per helper.
+mod support;
 
 // One module per concern.
 #[cfg(unix)]
@@ -103,9 +84,9 @@ mod proxy_scope;
 mod proxy_shutdown;
 #[cfg(unix)]
 mod proxy_store_outage;
-// The README's Python and TypeScript snippets, run with the bindings.
 #[cfg(unix)]
 mod proxy_upstream;
+// The README's Python and TypeScript snippets, run with the bindings.
 mod readme_bindings;
 #[cfg(target_os = "linux")]
 mod store_faults;

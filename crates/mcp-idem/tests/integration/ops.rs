@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::{free_port, ledger_lines, PrivateRedis, TIMEOUT};
-use crate::http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
-use crate::wrap_support::Sandbox;
+use crate::support::common::{free_port, ledger_lines, PrivateRedis, TIMEOUT};
+use crate::support::http::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
+use crate::support::wrap::Sandbox;
 
 /// `GET path` on `authority` (`HOST:PORT`): the status and the body.
 fn get(authority: &str, path: &str) -> (u16, String) {
@@ -170,16 +170,16 @@ fn wrap_serves_metrics_while_it_runs() {
     let sandbox = Sandbox::new();
     let mut wrap = sandbox.wrap_demo(&["--metrics-listen", "127.0.0.1:0"]);
     let arguments = json!({"amount": 5, "currency": "EUR"});
-    let first = wrap.request(crate::wrap_support::charge(1, arguments.clone(), "w-1"));
-    let charged = crate::wrap_support::charge_id(&first);
-    let replay = wrap.request(crate::wrap_support::charge(2, arguments, "w-1"));
-    assert_eq!(crate::wrap_support::charge_id(&replay), charged);
-    let conflict = wrap.request(crate::wrap_support::charge(
+    let first = wrap.request(crate::support::wrap::charge(1, arguments.clone(), "w-1"));
+    let charged = crate::support::wrap::charge_id(&first);
+    let replay = wrap.request(crate::support::wrap::charge(2, arguments, "w-1"));
+    assert_eq!(crate::support::wrap::charge_id(&replay), charged);
+    let conflict = wrap.request(crate::support::wrap::charge(
         3,
         json!({"amount": 6, "currency": "EUR"}),
         "w-1",
     ));
-    crate::wrap_support::assert_rejected(
+    crate::support::wrap::assert_rejected(
         &conflict,
         -32602,
         "idempotency_key_conflict",

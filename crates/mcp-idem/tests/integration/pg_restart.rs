@@ -1,5 +1,5 @@
 //! The PostgreSQL server restarted mid-run (issue 15): three `mcp-idem proxy` instances share a
-//! PostgreSQL store (a server of the test's own, `pg_restart_support::PrivatePostgres`) in front
+//! PostgreSQL store (a server of the test's own, `support::pg_restart::PrivatePostgres`) in front
 //! of one `demo-server --http`. Eight client tasks send keyed `charge_payment` calls (each
 //! logical call has one key and a unique amount, and takes 0 to 40 ms to run); a quarter of them
 //! are sent by two callers at once, to different instances, and every caller retries with the
@@ -35,10 +35,10 @@ use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::chaos_support::{classify, executions, size_and_seed, AnswerMeans, Outcome};
-use crate::common::ledger_lines;
-use crate::http_support::{ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw};
-use crate::pg_restart_support::{
+use crate::support::chaos::{classify, executions, size_and_seed, AnswerMeans, Outcome};
+use crate::support::common::ledger_lines;
+use crate::support::http::{ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw};
+use crate::support::pg_restart::{
     lost_completions, refusals, retried_completions, PrivatePostgres, Shutdown,
 };
 

@@ -1,6 +1,6 @@
 //! A call in flight (claimed, executing) when the PostgreSQL server restarts before its completion
 //! is written (issue 15). Two `mcp-idem proxy` instances, A and B, share a PostgreSQL server of
-//! the test's own (`pg_restart_support::PrivatePostgres`); the call, a charge that takes a while,
+//! the test's own (`support::pg_restart::PrivatePostgres`); the call, a charge that takes a while,
 //! goes to A.
 //!
 //! - The server restarts (`-m fast`, then `-m immediate`) 0.5 s into an 8 s call (lease 10 s) and
@@ -15,11 +15,11 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     call_until_settled, charge, ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw,
 };
-use crate::pg_restart_support::{lost_completions, PrivatePostgres, Shutdown};
+use crate::support::pg_restart::{lost_completions, PrivatePostgres, Shutdown};
 
 /// How long the charge in flight runs: longer than a restart takes, even on a loaded machine
 /// (a crash's WAL replay and end-of-recovery checkpoint took up to 4.4 s here).

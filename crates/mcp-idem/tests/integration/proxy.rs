@@ -9,8 +9,8 @@
 
 use serde_json::{json, Value};
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     await_ledger, call_until_settled, charge, closed_port_url, discover, initialize, ledger_in,
     slow_charge, sqlite_in, tool_call, Answer, HttpDemo, Proxy, Raw,
 };

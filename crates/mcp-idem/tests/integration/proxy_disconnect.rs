@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     call_until_settled, ledger_in, slow_charge, sqlite_in, unique_namespace, HttpDemo, Proxy, Raw,
     SharedStore,
 };

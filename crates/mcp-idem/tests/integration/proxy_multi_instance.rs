@@ -14,8 +14,8 @@
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     call_until_settled, ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw, SharedStore,
 };
 

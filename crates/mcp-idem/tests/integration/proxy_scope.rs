@@ -13,8 +13,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::common::ledger_lines;
-use crate::http_support::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
+use crate::support::common::ledger_lines;
+use crate::support::http::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
 
 const ISSUER: &str = "https://issuer.mcp-idem.test";
 const AUDIENCE: &str = "mcp-idem-proxy-tests";

@@ -17,11 +17,11 @@ use std::net::TcpStream;
 
 use serde_json::Value;
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     call_until_settled, ledger_in, slow_charge, unique_namespace, HttpDemo, Proxy, Raw, SharedStore,
 };
-use crate::wrap_support::signal_pid;
+use crate::support::wrap::signal_pid;
 
 const DEMO_LOG: &str = "warn,mcp_idem::commands::demo_server=info";
 const PROXY_LOG: &str = "warn,mcp_idem::commands::proxy=info";

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{free_port, ledger_lines, PrivateRedis};
-use crate::http_support::{charge, discover, ledger_in, HttpDemo, Proxy, Raw};
+use crate::support::common::{free_port, ledger_lines, PrivateRedis};
+use crate::support::http::{charge, discover, ledger_in, HttpDemo, Proxy, Raw};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_outage_fails_closed_and_the_proxy_recovers() {

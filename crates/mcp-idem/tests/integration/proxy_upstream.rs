@@ -9,10 +9,10 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
-use crate::bridge_sessions_support::{TestCa, TlsFront};
-use crate::common::ledger_lines;
-use crate::http_support::{charge, discover, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
-use crate::upstream_support::RecordingUpstream;
+use crate::support::bridge_sessions::{TestCa, TlsFront};
+use crate::support::common::ledger_lines;
+use crate::support::http::{charge, discover, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
+use crate::support::upstream::RecordingUpstream;
 
 /// A keyed charge runs once and its retry replays it, through `raw`; returns the charge id.
 async fn charges_once(raw: &Raw, ledger: &std::path::Path, key: &str) -> String {

@@ -9,8 +9,8 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 use crate::binding_scenarios::Binding;
-use crate::common::StdioPeer;
-use crate::wrap_support::{assert_rejected, call, discover, Sandbox};
+use crate::support::common::StdioPeer;
+use crate::support::wrap::{assert_rejected, call, discover, Sandbox};
 
 fn readme() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");

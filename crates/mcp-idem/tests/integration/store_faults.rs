@@ -19,13 +19,13 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::ledger_lines;
-use crate::http_support::{
+use crate::support::common::ledger_lines;
+use crate::support::http::{
     call_until_settled, charge, discover, ledger_in, slow_charge, unique_namespace, HttpDemo,
     Proxy, Raw, SharedStore,
 };
-use crate::store_faults_support::{assert_unavailable, behind_forwarder, until_available};
-use crate::wrap_support::signal_pid;
+use crate::support::store_faults::{assert_unavailable, behind_forwarder, until_available};
+use crate::support::wrap::signal_pid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_outage_fails_closed_and_the_proxy_recovers() {

@@ -7,10 +7,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::bridge_sessions_support::{TestCa, TlsFront};
 use crate::check::{witness_options, Run};
-use crate::common::ledger_lines;
-use crate::http_support::{ledger_in, HttpDemo, Proxy};
+use crate::support::bridge_sessions::{TestCa, TlsFront};
+use crate::support::common::ledger_lines;
+use crate::support::http::{ledger_in, HttpDemo, Proxy};
 
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 

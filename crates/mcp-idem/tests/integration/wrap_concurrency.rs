@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::{count_charge, ledger_lines, TIMEOUT};
-use crate::wrap_support::{
+use crate::support::common::{count_charge, ledger_lines, TIMEOUT};
+use crate::support::wrap::{
     assert_rejected, call, charge, charge_id, raw_outcome, request_while_in_progress, Sandbox,
 };
 
@@ -140,8 +140,8 @@ fn a_cancelled_keyed_call_is_absorbed_by_default_or_forwarded_as_outcome_unknown
         let arguments = json!({"amount":4,"currency":"EUR","delay_ms":300});
         wrap.send(&charge(1, arguments.clone(), "cancelled-1"));
         wrap.send(&json!({"jsonrpc":"2.0","method":"notifications/cancelled",
-            "params":{"_meta": crate::common::meta_2026(), "requestId":1, "reason":"timeout"}}));
-        let lines = crate::common::wait_for_ledger(&sandbox.ledger(), 1);
+            "params":{"_meta": crate::support::common::meta_2026(), "requestId":1, "reason":"timeout"}}));
+        let lines = crate::support::common::wait_for_ledger(&sandbox.ledger(), 1);
 
         // The server charged; `wrap` records its (dropped) response a moment later.
         let retry = request_while_in_progress(&mut wrap, 2, |id| {

@@ -5,8 +5,8 @@
 
 use serde_json::{json, Value};
 
-use crate::common::{meta_2026, StdioPeer};
-use crate::wrap_support::{charge_id, discover, legacy_initialize, raw_outcome, Sandbox};
+use crate::support::common::{meta_2026, StdioPeer};
+use crate::support::wrap::{charge_id, discover, legacy_initialize, raw_outcome, Sandbox};
 
 /// `response["result"]` of the bare demo server, with `tools.idempotency = {}` added.
 fn expected_with_capability(bare: &Value) -> Value {
@@ -66,7 +66,10 @@ fn legacy_initialize_advertises_idempotency_and_keeps_the_rest() {
         raw_outcome(&wrapped, &json!(4)),
         raw_outcome(&wrapped, &json!(3))
     );
-    assert_eq!(crate::common::ledger_lines(&sandbox.ledger()).len(), 1);
+    assert_eq!(
+        crate::support::common::ledger_lines(&sandbox.ledger()).len(),
+        1
+    );
 
     assert_eq!(bare.finish().code(), Some(0));
     assert_eq!(wrapped.finish().code(), Some(0));

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::common::{ledger_lines, TIMEOUT};
-use crate::wrap_support::{
+use crate::support::common::{ledger_lines, TIMEOUT};
+use crate::support::wrap::{
     assert_rejected, call, charge, charge_id, is_running, kill_pid, raw_outcome, read_pid,
     wait_until, PidGuard, Sandbox, EXE,
 };
@@ -92,7 +92,8 @@ fn kill_wrap_mid_call(sandbox: &Sandbox, lease: &str, key: &str) -> (Instant, Va
     let upstream = sandbox.demo_with_pid_file(&sandbox.ledger(), &pid_file);
     let mut command = sandbox.wrap_command(&["--lease", lease], &upstream);
     command.env("MCP_IDEM_LOG", "warn,mcp_idem::commands::demo_server=info");
-    let mut wrap = crate::common::StdioPeer::spawn(command, &sandbox.path("killed-wrap.stderr"));
+    let mut wrap =
+        crate::support::common::StdioPeer::spawn(command, &sandbox.path("killed-wrap.stderr"));
     wrap.request(call(0, "noop", json!({}), None));
     let pid = read_pid(&pid_file);
     let _guard = PidGuard {

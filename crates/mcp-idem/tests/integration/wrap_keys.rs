@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::common::{ledger_lines, meta_2026};
-use crate::wrap_support::{
+use crate::support::common::{ledger_lines, meta_2026};
+use crate::support::wrap::{
     assert_rejected, call, captured, charge, charge_id, raw_outcome, wait_until, Sandbox,
 };
 

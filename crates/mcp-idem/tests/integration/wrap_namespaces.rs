@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::ledger_lines;
-use crate::wrap_support::{assert_rejected, charge, charge_id, Sandbox};
+use crate::support::common::ledger_lines;
+use crate::support::wrap::{assert_rejected, charge, charge_id, Sandbox};
 
 #[test]
 fn different_commands_on_one_store_do_not_share_records_and_the_same_command_does() {

@@ -18,8 +18,8 @@ use rmcp::service::{ClientLifecycleMode, ClientServiceExt, PeerRequestOptions, S
 use rmcp::transport::TokioChildProcess;
 use serde_json::{json, Value};
 
-use crate::common::ledger_lines;
-use crate::wrap_support::{captured, sh_join, sh_quote, Sandbox, EXE};
+use crate::support::common::ledger_lines;
+use crate::support::wrap::{captured, sh_join, sh_quote, Sandbox, EXE};
 
 /// What each `tee` recorded.
 struct Captures {

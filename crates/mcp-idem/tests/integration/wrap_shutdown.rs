@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::{ledger_lines, StdioPeer, TIMEOUT};
-use crate::wrap_support::{
+use crate::support::common::{ledger_lines, StdioPeer, TIMEOUT};
+use crate::support::wrap::{
     assert_rejected, call, charge, charge_id, is_running, kill_pid, process_group, read_pid,
     signal_group, signal_pid, wait_for_log, wait_until, PidGuard, Sandbox,
 };
@@ -142,9 +142,9 @@ fn a_server_that_ignores_sigterm_is_killed() {
     // SIGTERM ignored (the disposition is inherited across exec), and busy for a minute.
     let script = format!(
         "trap '' TERM; echo $$ > {}; exec {} demo-server --ledger {}",
-        crate::wrap_support::sh_quote(&pid_file),
-        crate::wrap_support::sh_quote(crate::wrap_support::EXE),
-        crate::wrap_support::sh_quote(sandbox.ledger()),
+        crate::support::wrap::sh_quote(&pid_file),
+        crate::support::wrap::sh_quote(crate::support::wrap::EXE),
+        crate::support::wrap::sh_quote(sandbox.ledger()),
     );
     let upstream = ["sh".into(), "-c".into(), script.into()];
     let (mut wrap, server) = spawn_wrap(

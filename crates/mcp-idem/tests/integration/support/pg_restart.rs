@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::common::free_port;
+use crate::support::common::free_port;
 
 /// The script that starts, restarts and stops the server.
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-server.sh");

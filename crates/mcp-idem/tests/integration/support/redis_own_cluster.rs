@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::common::TIMEOUT;
+use crate::support::common::TIMEOUT;
 
 /// One node, as `CLUSTER NODES` shows it.
 #[derive(Clone, Debug)]

@@ -25,8 +25,8 @@ use tokio_rustls::rustls::crypto::aws_lc_rs;
 use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio_rustls::rustls::ServerConfig;
 
-use crate::common::{StdioPeer, TIMEOUT};
-use crate::http_support::HttpDemo;
+use crate::support::common::{StdioPeer, TIMEOUT};
+use crate::support::http::HttpDemo;
 
 /// The binary under test.
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
@@ -192,11 +192,11 @@ pub(crate) fn sessions_opened(server: &HttpDemo) -> Vec<String> {
     ids_after(server, "session opened: ")
 }
 
-/// Waits (up to [`TIMEOUT`](crate::common::TIMEOUT)) until [`sessions_opened`] is `expected`: the
+/// Waits (up to [`TIMEOUT`](crate::support::common::TIMEOUT)) until [`sessions_opened`] is `expected`: the
 /// server logs a session around the time it answers, and a drain thread reads that log, so the
 /// line may arrive a little after the answer.
 pub(crate) fn assert_sessions_opened(server: &HttpDemo, expected: &[String]) {
-    let deadline = std::time::Instant::now() + crate::common::TIMEOUT;
+    let deadline = std::time::Instant::now() + crate::support::common::TIMEOUT;
     while sessions_opened(server) != expected && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

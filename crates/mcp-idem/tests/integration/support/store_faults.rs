@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::AbortHandle;
 
-use crate::http_support::{Answer, Raw, SharedStore};
+use crate::support::http::{Answer, Raw, SharedStore};
 
 /// Where a server's reply to one command ends, so that all of it is dropped (and the command
 /// has been carried out) before the connection is closed.

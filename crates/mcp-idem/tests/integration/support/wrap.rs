@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use crate::common::{meta_2026, StdioPeer, TIMEOUT};
+use crate::support::common::{meta_2026, StdioPeer, TIMEOUT};
 
 /// The binary under test.
 pub(crate) const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");

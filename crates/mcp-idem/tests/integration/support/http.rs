@@ -18,7 +18,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 
-use crate::common::{meta_2026, TIMEOUT};
+use crate::support::common::{meta_2026, TIMEOUT};
 
 /// A child process killed on drop; its stderr is drained into [`Spawned::stderr`] (and echoed
 /// with a prefix, which the test harness shows for failing tests).
@@ -582,7 +582,7 @@ pub(crate) async fn call_until_settled_with(
 /// [`TIMEOUT`].
 pub(crate) async fn await_ledger(ledger: &Path, lines: usize) -> Vec<Value> {
     let path = ledger.to_path_buf();
-    tokio::task::spawn_blocking(move || crate::common::wait_for_ledger(&path, lines))
+    tokio::task::spawn_blocking(move || crate::support::common::wait_for_ledger(&path, lines))
         .await
         .expect("the ledger wait panicked")
 }

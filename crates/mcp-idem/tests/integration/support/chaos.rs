@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::common::ledger_lines;
+use crate::support::common::ledger_lines;
 
 /// `CHAOS_CALLS` (default `default_calls`) and `CHAOS_SEED` (default: from the clock).
 pub(crate) fn size_and_seed(default_calls: u64) -> (u64, u64) {
