@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use mcp_idempotency::RejectionKind;
 use serde_json::{json, Value};
 
 use crate::ledger;
@@ -208,7 +209,7 @@ impl Demo {
             .await?;
         println!("  <- {}", summary(&conflict));
         let ok =
-            error_type(&conflict) == Some("idempotency_key_conflict") && self.charges()?.len() == 3;
+            rejection(&conflict) == Some(RejectionKind::KeyConflict) && self.charges()?.len() == 3;
         self.check(
             ok,
             "rejected with idempotency_key_conflict; nothing charged",
@@ -231,7 +232,7 @@ impl Demo {
         );
         let slow = client.response(slow, Duration::from_secs(30)).await?;
         println!("  <- {}", summary(&slow));
-        let ok = error_type(&duplicate) == Some("idempotency_key_in_progress")
+        let ok = rejection(&duplicate) == Some(RejectionKind::KeyInProgress)
             && waited < SLOW_CHARGE / 2
             && charge_id(&slow).is_some()
             && self.charges()?.len() == 4;
@@ -308,8 +309,8 @@ fn charge_id(response: &Value) -> Option<&str> {
         .as_str()
 }
 
-fn error_type(response: &Value) -> Option<&str> {
-    response.pointer("/error/data/type")?.as_str()
+fn rejection(response: &Value) -> Option<RejectionKind> {
+    response.pointer("/error/data/type")?.as_str()?.parse().ok()
 }
 
 fn summary(response: &Value) -> String {
