@@ -95,7 +95,7 @@ function openGateway(namespace, settings) {
 
 function authenticatedClient(extra) {
     const client = extra?.authInfo?.clientId;
-    return typeof client === 'string' ? `client:${client}` : undefined;
+    return typeof client === 'string' ? native.clientPrincipal(client) : undefined;
 }
 
 function optionText(name, value) {

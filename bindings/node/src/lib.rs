@@ -221,6 +221,13 @@ pub fn server_namespace(name: String) -> String {
     mcp_idempotency::default_scope::server_namespace(&name)
 }
 
+/// The default principal of a request authenticated as the OAuth client `clientId`: the
+/// library's one rule (`mcp_idempotency::default_scope::client_principal`).
+#[napi]
+pub fn client_principal(client_id: String) -> String {
+    mcp_idempotency::default_scope::client_principal(&client_id)
+}
+
 /// Every option `open` takes, by `wrap`'s names.
 #[napi]
 pub fn options() -> Vec<String> {

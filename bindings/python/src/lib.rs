@@ -334,6 +334,13 @@ fn server_namespace(name: &str) -> String {
     mcp_idempotency::default_scope::server_namespace(name)
 }
 
+/// The default principal of a request authenticated as the OAuth client `client_id`: the
+/// library's one rule (`mcp_idempotency::default_scope::client_principal`).
+#[pyfunction]
+fn client_principal(client_id: &str) -> String {
+    mcp_idempotency::default_scope::client_principal(client_id)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Gateway>()?;
@@ -347,5 +354,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("META_KEY", META_KEY)?;
     m.add("SETTLE_GRACE_SECONDS", DEFAULT_SHUTDOWN_GRACE.as_secs_f64())?;
     m.add_function(wrap_pyfunction!(server_namespace, m)?)?;
+    m.add_function(wrap_pyfunction!(client_principal, m)?)?;
     Ok(())
 }

@@ -32,6 +32,12 @@ pub fn server_namespace(server_name: &str) -> String {
     format!("mcp-server:{server_name}")
 }
 
+/// The default principal of a request an HTTP server authenticated as the OAuth client
+/// `client_id` (the bindings read it from their SDK's access token): `client:<client_id>`.
+pub fn client_principal(client_id: &str) -> String {
+    format!("client:{client_id}")
+}
+
 /// The namespace `mcp-idem wrap` used by default before [`server_namespace`], and still uses
 /// for calls made before the server named itself: `wrap:<program name>:<hash of the whole
 /// command line>`, `command` being the program and its arguments.
@@ -248,6 +254,7 @@ mod tests {
     #[test]
     fn the_rule_names_the_server() {
         assert_eq!(server_namespace("payments"), "mcp-server:payments");
+        assert_eq!(client_principal("app-1"), "client:app-1");
     }
 
     #[test]

@@ -30,7 +30,17 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
 from pydantic import ValidationError
 
-from ._native import META_KEY, OPTIONS, Completions, Gateway, IdempotencyError, invalid_option, server_namespace, settle_at_exit
+from ._native import (
+    META_KEY,
+    OPTIONS,
+    Completions,
+    Gateway,
+    IdempotencyError,
+    client_principal,
+    invalid_option,
+    server_namespace,
+    settle_at_exit,
+)
 
 # `META_KEY`: where a claimed call's key reaches the tool, `params._meta["mcp-idem/idempotencyKey"]`.
 __all__ = ["META_KEY", "OPTIONS", "IdempotencyError", "idempotency_key", "idempotent"]
@@ -242,7 +252,7 @@ def _authenticated_client(ctx: Any) -> str | None:
     except ImportError:  # pragma: no cover - an SDK without its auth module
         return None
     token = get_access_token()
-    return None if token is None else f"client:{token.client_id}"
+    return None if token is None else client_principal(token.client_id)
 
 
 def _dumps(message: Mapping[str, Any]) -> str:
