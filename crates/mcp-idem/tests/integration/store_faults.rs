@@ -199,7 +199,7 @@ async fn a_graceful_stop_waits_for_a_completion_the_store_failed() {
     let mut first = Proxy::spawn_with_log(
         &server.base_url(),
         &[&args[..], &["--shutdown-grace", "8s"]].concat(),
-        "warn,mcp_idem::commands=info",
+        "warn,mcp_idem::commands=info,mcp_idempotency::upkeep=info",
     );
     let raw = Raw::new(&first);
     let call = {
