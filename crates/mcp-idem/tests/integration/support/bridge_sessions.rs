@@ -347,9 +347,15 @@ impl TlsFront {
         self.handshakes.load(Ordering::SeqCst)
     }
 
-    /// Connections whose TLS handshake failed (e.g. the client did not trust the certificate).
-    pub(crate) fn failed_handshakes(&self) -> usize {
-        self.refused.load(Ordering::SeqCst)
+    /// Waits until a connection's TLS handshake has failed (e.g. the client did not trust the
+    /// certificate). The listener notices only after the client has hung up, so the client's
+    /// error can come first.
+    pub(crate) fn wait_for_a_failed_handshake(&self) {
+        crate::support::wrap::wait_until(
+            "a failed TLS handshake",
+            crate::support::common::TIMEOUT,
+            || self.refused.load(Ordering::SeqCst) >= 1,
+        );
     }
 }
 
