@@ -148,7 +148,7 @@ fn the_demo_server_over_http_as_json() {
     let balance = &json["tools"][1];
     assert_eq!(balance["annotations"], json!({"readOnlyHint": true}));
     assert_eq!(balance["policy"], Value::Null);
-    assert_eq!(balance["leftOut"]["hint"], "readOnlyHint");
+    assert_eq!(balance["leftOut"]["reason"], "readOnlyHint");
     let charge = &json["tools"][0];
     assert_eq!(charge["identifiers"], json!([]));
     assert_eq!(charge["policy"], json!({"window": "30s"}));
@@ -255,7 +255,7 @@ fn a_python_sdk_server_gets_keys_from_its_identifiers_over_every_page() {
             .clone()
     };
     let get_order = by_name("get_order");
-    assert_eq!(get_order["leftOut"]["hint"], "readOnlyHint");
+    assert_eq!(get_order["leftOut"]["reason"], "readOnlyHint");
     assert_eq!(get_order["policy"], Value::Null);
     assert_eq!(
         get_order["identifiers"],

@@ -4,7 +4,7 @@
 //!
 //! The rules, in order:
 //! 1. `readOnlyHint: true` or `idempotentHint: true`: left out (the server says a repeat does no
-//!    harm).
+//!    harm). So is a tool named `*`, which the config reads as every tool: no `[tools."*"]`.
 //! 2. An argument named `idempotency_key` (any of `idempotencyKey`, `idempotency-key`, …):
 //!    `key-argument` naming it.
 //! 3. Required identifier-looking arguments: `key-from` with their JSON Pointers, `required`.
@@ -103,6 +103,9 @@ pub(crate) enum LeftOut {
     /// `idempotentHint: true`: a repeat has no further effect.
     #[serde(rename = "idempotentHint")]
     Idempotent,
+    /// Named `*`: `[tools."*"]` would be read as the table of every tool.
+    #[serde(rename = "name")]
+    Wildcard,
 }
 
 impl LeftOut {
@@ -112,6 +115,9 @@ impl LeftOut {
             Self::ReadOnly => "readOnlyHint: true, the server says it changes nothing",
             Self::Idempotent => {
                 "idempotentHint: true, the server says a repeat has no further effect"
+            }
+            Self::Wildcard => {
+                "named \"*\", which in the config means every tool: no table is written"
             }
         }
     }
@@ -178,7 +184,9 @@ fn classify_tool(tool: &Value) -> Option<ToolReport> {
         .flatten()
         .map(|(argument, _)| argument)
         .find(|argument| is_key_argument(argument));
-    let suggestion = if annotations.read_only_hint == Some(true) {
+    let suggestion = if name == "*" {
+        Suggestion::LeftOut(LeftOut::Wildcard)
+    } else if annotations.read_only_hint == Some(true) {
         Suggestion::LeftOut(LeftOut::ReadOnly)
     } else if annotations.idempotent_hint == Some(true) {
         Suggestion::LeftOut(LeftOut::Idempotent)
@@ -531,6 +539,17 @@ mod tests {
             &["message"],
         ));
         assert_eq!(plain.suggestion, Suggestion::Window);
+    }
+
+    #[test]
+    fn a_tool_named_star_gets_no_table() {
+        let star = one(&tool(
+            "*",
+            Value::Null,
+            json!({"order_id": {"type": "string"}}),
+            &["order_id"],
+        ));
+        assert_eq!(star.suggestion, Suggestion::LeftOut(LeftOut::Wildcard));
     }
 
     #[test]

@@ -25,7 +25,7 @@ Output: the tools as TOML comments (annotations readOnlyHint, idempotentHint, de
 openWorldHint; the arguments that look like identifiers, and why), then a starting policy: one \
 [tools.NAME] table per tool that may change things. Save stdout as the config file, then check \
 each table. The rules, in order:
-  readOnlyHint or idempotentHint true   left out (listed in a comment)
+  readOnlyHint or idempotentHint true   left out (listed in a comment; so is a tool named *)
   an argument idempotency_key           key-argument = \"idempotency_key\"
   required identifier-like arguments    key-from = [\"/order_id\", ...], required = true
   otherwise                             window = \"30s\" (two identical calls within it run once)
@@ -34,7 +34,7 @@ Identifier-like: a string or integer argument named id, *_id, *Id, *ID, request_
 
 With --json, stdout holds one object: {\"server\", \"tools\": [{\"name\", \"annotations\", \
 \"identifiers\": [{\"argument\", \"pointer\", \"type\", \"required\", \"pattern\", \"reason\"}], \
-\"policy\" (the table, or null), \"leftOut\" ({\"hint\", \"why\"} or null)}], \"policy\": \
+\"policy\" (the table, or null), \"leftOut\" ({\"reason\", \"why\"} or null)}], \"policy\": \
 {\"tools\": {NAME: TABLE}}}.
 
 Exit status: 0 listed, 2 the server could not be reached or listed (or a usage error).")]

@@ -73,7 +73,7 @@ pub(crate) fn text(server: &str, reports: &[ToolReport]) -> String {
         })
         .collect();
     if !left_out.is_empty() {
-        out.push_str("\n# Left out: calling them twice does no harm, by their annotations.\n");
+        out.push_str("\n# Left out of the policy:\n");
         for (report, why) in left_out {
             let _ = writeln!(out, "#   {}: {}", comment(&report.name), why.why());
         }
@@ -113,7 +113,12 @@ fn listing(out: &mut String, server: &str, reports: &[ToolReport]) {
         } else {
             out.push_str("#   identifier-looking arguments:\n");
             for id in &report.identifiers {
-                let _ = writeln!(out, "#     {}: {}", comment(&id.pointer), id.reason);
+                let _ = writeln!(
+                    out,
+                    "#     {}: {}",
+                    comment(&id.pointer),
+                    comment(&id.reason)
+                );
             }
         }
         let _ = writeln!(
@@ -238,7 +243,7 @@ pub(crate) fn json(server: &str, reports: &[ToolReport]) -> Value {
                 "annotations": report.annotations,
                 "identifiers": report.identifiers,
                 "policy": table(&report.suggestion),
-                "leftOut": left_out.map(|why: LeftOut| json!({"hint": why, "why": why.why()})),
+                "leftOut": left_out.map(|why: LeftOut| json!({"reason": why, "why": why.why()})),
             })
         })
         .collect();
@@ -264,6 +269,7 @@ mod tests {
             json!({"name": "refund", "inputSchema": {"properties": {"idempotencyKey": {"type": "string"}}}}),
             json!({"name": "billing.log event\n[x]", "inputSchema": {"properties": {"a/b~c_ref": {"type": "string"}}}}),
             json!({"name": "set", "annotations": {"idempotentHint": true}}),
+            json!({"name": "*"}),
         ])
     }
 
@@ -286,7 +292,11 @@ mod tests {
             Some(WINDOW)
         );
         assert!(!tools.contains_key("get_order") && !tools.contains_key("set"));
-        assert!(!tools.contains_key("*"));
+        assert!(!tools.contains_key("*"), "{text}");
+        assert!(
+            text.contains("#   *: named \"*\", which in the config means every tool"),
+            "{text}"
+        );
         assert_eq!(parsed.len(), 1, "only [tools]: {text}");
         assert_eq!(
             toml::Value::Table(policy(&reports())),
@@ -335,10 +345,10 @@ mod tests {
         let json = json("srv", &reports());
         assert_eq!(json["server"], "srv");
         let tools = json["tools"].as_array().unwrap();
-        assert_eq!(tools.len(), 5);
+        assert_eq!(tools.len(), 6);
         assert_eq!(tools[0]["annotations"], json!({"readOnlyHint": true}));
         assert_eq!(tools[0]["policy"], Value::Null);
-        assert_eq!(tools[0]["leftOut"]["hint"], "readOnlyHint");
+        assert_eq!(tools[0]["leftOut"]["reason"], "readOnlyHint");
         assert_eq!(
             tools[1]["identifiers"][0],
             json!({"argument": "order_id", "pointer": "/order_id", "type": "string",
