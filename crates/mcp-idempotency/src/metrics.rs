@@ -110,7 +110,13 @@ pub const STORE_OPERATIONS: [&str; 10] = [
 ];
 
 const REPLAY_OUTCOMES: [&str; 2] = ["result", "error"];
-const BYPASS_REASONS: [&str; 2] = ["no_key", "mrtr_continuation"];
+const BYPASS_REASONS: [&str; 4] = [
+    "no_key",
+    "mrtr_continuation",
+    "missing_identifier",
+    "store_down",
+];
+const KEY_SOURCE_DECISIONS: [&str; 4] = ["execute", "replay", "reject", "bypass"];
 const OUTCOME_KINDS: [OutcomeKind; 4] = [
     OutcomeKind::Success,
     OutcomeKind::Error,
@@ -186,6 +192,12 @@ pub fn describe() {
     }
     for kind in OUTCOME_KINDS {
         counter!(OUTCOMES_RECORDED_TOTAL, "outcome" => kind.as_str()).increment(0);
+    }
+    for source in KeySource::ALL {
+        for decision in KEY_SOURCE_DECISIONS {
+            counter!(DECISIONS_BY_KEY_SOURCE_TOTAL, "source" => source.as_str(), "decision" => decision)
+                .increment(0);
+        }
     }
     for operation in STORE_OPERATIONS {
         for error in STORE_ERROR_KINDS {
