@@ -128,3 +128,30 @@ fn server_discover_advertises_idempotency_and_keeps_the_rest() {
     assert_eq!(bare.finish().code(), Some(0));
     assert_eq!(wrapped.finish().code(), Some(0));
 }
+
+/// A tool policy naming a tool the server does not list is logged when the first `tools/list`
+/// answer passes (once), and the answer reaches the client untouched (issue 34).
+#[test]
+fn a_policy_for_an_unlisted_tool_is_logged_at_the_first_tools_list() {
+    let sandbox = Sandbox::new();
+    let tools = r#"{"charge_paymnet": {"window": "5s"}, "charge_payment": {"window": "5s"}}"#;
+    let mut wrap = sandbox.wrap_demo(&["--tools", tools]);
+    let _ = wrap.request(legacy_initialize(1));
+    let listed = wrap.request(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    let names: Vec<&str> = listed["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|tool| tool["name"].as_str())
+        .collect();
+    assert!(names.contains(&"charge_payment"), "{listed}");
+    crate::support::wrap::wait_for_log(&wrap, "does not list");
+    let _ = wrap.request(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}));
+    let stderr = wrap.stderr();
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("does not list"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(warnings[0].contains("charge_paymnet"), "{stderr}");
+}
