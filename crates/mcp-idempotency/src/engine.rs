@@ -51,6 +51,9 @@ pub struct ToolCall<'a> {
     /// The tool's policy, when it has one: retention of a window, what an error outcome leaves,
     /// what a store outage does.
     pub policy: Option<&'a ToolPolicy>,
+    /// The client's own key (SEP or `_meta`) when a business identifier decides a call that also
+    /// carries one: the SEP's rules still hold for it (see [`Engine::client_key_claim`]).
+    pub client_key: Option<(KeySource, &'a Value)>,
 }
 
 /// Why a call is forwarded without deduplication.
@@ -77,7 +80,23 @@ pub struct Claim {
     retention: Duration,
     /// Whether an error outcome is forgotten (the record dropped) rather than recorded.
     forget_errors: bool,
+    /// The record of the client's own key, written beside the business identifier's with the
+    /// same outcome.
+    companion: Option<Companion>,
 }
+
+/// The claim of a client's key recorded beside a business identifier's record. Two are equal
+/// when they name the same record.
+#[derive(Clone, Debug)]
+pub(crate) struct Companion(pub(crate) Box<ClaimRequest>);
+
+impl PartialEq for Companion {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Eq for Companion {}
 
 impl Claim {
     /// Scope and key of the claimed record.
@@ -99,6 +118,10 @@ impl Claim {
     /// ([`OnError::Forget`] under a key that is not the client's).
     pub fn forgets_errors(&self) -> bool {
         self.forget_errors
+    }
+
+    pub(crate) fn take_companion(&mut self) -> Option<Companion> {
+        self.companion.take()
     }
 }
 
@@ -283,6 +306,54 @@ impl Engine {
         })
     }
 
+    /// The claim of the client's own key of a call a business identifier decides, to check
+    /// before it decides: `None` when there is none; an invalid key is refused as the SEP says.
+    ///
+    /// Both keys are checked: the client's key is read first (a record of it with other
+    /// arguments is `idempotency_key_conflict`; one with these arguments decides, as the SEP
+    /// says), and when the business identifier executes the call, the client's key is recorded
+    /// beside it with the same outcome ([`Engine::with_companion`]).
+    pub fn client_key_claim(
+        &self,
+        scope: &Scope,
+        call: &ToolCall<'_>,
+        owner: FencingToken,
+        now: Timestamp,
+    ) -> Option<Result<ClaimRequest, Rejection>> {
+        let (source, key) = call
+            .client_key
+            .filter(|_| call.key_source == KeySource::KeyFrom)?;
+        let own = ToolCall {
+            key_source: source,
+            idempotency_key: Some(key),
+            identifier: None,
+            client_key: None,
+            ..*call
+        };
+        match self.begin(scope, &own, owner, now) {
+            Step::TryClaim(req) => Some(Ok(req)),
+            Step::Done(Decision::Reject(rejection)) => Some(Err(rejection)),
+            Step::Done(_) | Step::TakeOver(_) => None,
+        }
+    }
+
+    /// The call decided by its client's key (found in the store with `record`): the same steps
+    /// as a claim that found it.
+    pub fn on_client_key_record(&self, req: ClaimRequest, record: Record) -> Step {
+        self.on_existing(req, record)
+    }
+
+    /// `decision` with the client's key `req` to record beside an executed call.
+    pub fn with_companion(&self, decision: Decision, req: ClaimRequest) -> Decision {
+        match decision {
+            Decision::Execute(mut claim) => {
+                claim.companion = Some(Companion(Box::new(req)));
+                Decision::Execute(claim)
+            }
+            other => other,
+        }
+    }
+
     /// How long the outcome of `call` is kept: a window's length for a window's key, the
     /// configured retention otherwise.
     fn retention_of(&self, call: &ToolCall<'_>) -> Duration {
@@ -353,6 +424,7 @@ impl Engine {
                 id: req.id,
                 retention: self.config.retention,
                 forget_errors: false,
+                companion: None,
             })),
             Ok(ClaimOutcome::Existing(record)) => self.on_existing(req, record),
             Ok(ClaimOutcome::QuotaExceeded(quota)) => {
@@ -443,6 +515,7 @@ impl Engine {
                 id: req.id,
                 retention: self.config.retention,
                 forget_errors: false,
+                companion: None,
             })),
             // Someone else took the record over or completed it first: the key is busy or done, and
             // the client's next retry will see which.

@@ -237,9 +237,50 @@ impl Deduplicator {
     }
 
     /// One look at the store: the engine's loop of claims and take-overs, then the call's terms.
+    /// A business identifier's call that carries the client's own key reads that key first
+    /// ([`Engine::client_key_claim`]).
     async fn decide_once(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
         let engine = self.engine();
-        let mut step = engine.begin(scope, call, FencingToken::random(), self.clock().now());
+        let now = self.clock().now();
+        let mut companion = None;
+        let step = match engine.client_key_claim(scope, call, FencingToken::random(), now) {
+            None => engine.begin(scope, call, FencingToken::random(), now),
+            Some(Err(rejection)) => Step::Done(Decision::Reject(rejection)),
+            Some(Ok(own)) => match self.store().get(&own.id, now).await {
+                Ok(None) => {
+                    companion = Some(own);
+                    engine.begin(scope, call, FencingToken::random(), now)
+                }
+                Ok(Some(record)) => {
+                    // Decided by the client's key, as the SEP says: its replay stays byte for
+                    // byte, its conflict is the SEP's.
+                    let own_call = ToolCall {
+                        key_source: call
+                            .client_key
+                            .map_or(call.key_source, |(source, _)| source),
+                        identifier: None,
+                        ..*call
+                    };
+                    let decision = self
+                        .run_steps(engine.on_client_key_record(own, record))
+                        .await;
+                    return engine.settle(&own_call, decision);
+                }
+                Err(err) => engine.on_claim(own, Err(err)),
+            },
+        };
+        let decision = self.run_steps(step).await;
+        let decision = match companion {
+            Some(own) => engine.with_companion(decision, own),
+            None => decision,
+        };
+        engine.settle(call, decision)
+    }
+
+    /// The engine's loop of claims and take-overs from `step` to a decision; the store's
+    /// usability follows the answers.
+    async fn run_steps(&self, mut step: Step) -> Decision {
+        let engine = self.engine();
         let decision = loop {
             step = match step {
                 Step::Done(decision) => break decision,
@@ -262,7 +303,7 @@ impl Deduplicator {
             }
             _ => {}
         }
-        engine.settle(call, decision)
+        decision
     }
 
     /// Records the outcome of an executed call. [`Fenced::NotOwner`] means the lease was lost and

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use super::completion::{CompletionRetry, Next, Settled};
 use super::renewals::{self, Registration, Renewals};
 use super::writes::{CompletionSlot, StoreWrites};
-use crate::engine::Claim;
+use crate::engine::{Claim, Companion, Decision, Step};
 use crate::record::Outcome;
 use crate::store::{CompleteRequest, Fenced, StoreError};
 
@@ -81,6 +81,7 @@ impl RunningClaim {
     /// logged as an error.
     pub async fn finish(mut self, outcome: Outcome) -> Result<Fenced, StoreError> {
         self.end();
+        let companion = self.claim.take_companion();
         if self.claim.forgets_errors() && outcome.is_error() {
             tracing::info!(
                 key = %self.claim.id().key.for_tool(),
@@ -93,6 +94,9 @@ impl RunningClaim {
             .engine
             .completion(&self.claim, outcome, self.writes.clock.now());
         let result = self.writes.send_completion(&req).await;
+        if let Some(companion) = companion {
+            record_beside(&self.writes, companion, req.outcome.clone()).await;
+        }
         if let Err(error) = &result {
             complete_later(self.writes.clone(), self.claim.clone(), req, error);
         }
@@ -201,6 +205,29 @@ fn lost(req: &CompleteRequest, why: &'static str, error: &str) {
 /// attempts it renews `claim`'s lease when due (after a failed renewal, every sixth of the lease),
 /// so that the record is not taken over while the store takes renewals but not the completion.
 /// One task does both, one write at a time: a renewal never races the completion.
+/// Records the client's own key beside a business identifier's record, with the same outcome
+/// (see [`Engine::client_key_claim`](crate::Engine::client_key_claim)). It serves the SEP's rules
+/// for that key; failing to write it is logged, never the call's error.
+async fn record_beside(writes: &StoreWrites, companion: Companion, outcome: Outcome) {
+    let mut req = *companion.0;
+    let now = writes.clock.now();
+    let elapsed = now.saturating_since(req.now);
+    req.lease_expires_at = req.lease_expires_at.saturating_add(elapsed);
+    req.expires_at = req.expires_at.saturating_add(elapsed);
+    req.now = now;
+    let key = req.id.key.for_tool().to_owned();
+    let answer = writes.claim(&req).await;
+    match writes.engine.on_claim(req, answer) {
+        Step::Done(Decision::Execute(claim)) => {
+            let done = writes.engine.completion(&claim, outcome, now);
+            if let Err(error) = writes.send_completion(&done).await {
+                tracing::warn!(key, %error, "cannot record the client's key beside its business identifier");
+            }
+        }
+        _ => tracing::debug!(key, "the client's key was recorded already"),
+    }
+}
+
 async fn retry_completion(
     writes: StoreWrites,
     mut claim: Claim,

@@ -176,6 +176,7 @@ pub struct KeyedCall {
     key: Option<Value>,
     source: KeySource,
     identifier: Option<String>,
+    client_key: Option<(KeySource, Value)>,
     policies: Arc<ToolPolicies>,
     mrtr_continuation: bool,
 }
@@ -191,6 +192,7 @@ impl KeyedCall {
             key_source: self.source,
             identifier: self.identifier.as_deref(),
             policy: self.policies.for_tool(&self.tool_name),
+            client_key: self.client_key.as_ref().map(|(source, key)| (*source, key)),
         }
     }
 
@@ -397,12 +399,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         };
         let mrtr_continuation =
             params.contains("requestState") || params.contains("inputResponses");
-        let (source, key, identifier) = if mrtr_continuation {
+        let (source, key, identifier, client_key) = if mrtr_continuation {
             // Out of scope whatever the policy: only a SEP key is taken off it.
             match params.get("idempotencyKey") {
                 Some(raw) => (
                     KeySource::Sep,
                     Some(serde_json::from_str(raw.get()).unwrap_or(Value::Null)),
+                    None,
                     None,
                 ),
                 None => return unkeyed(None),
@@ -420,12 +423,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 }
                 Chosen::Key {
                     source,
+                    client_key,
                     value,
                     identifier,
                 } => {
                     let named = identifier.or_else(|| carrier_name(source, &policies, &tool));
                     let value = (source != KeySource::Window).then_some(value);
-                    (source, value, named)
+                    (source, value, named, client_key)
                 }
             }
         };
@@ -460,6 +464,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             key,
             source,
             identifier,
+            client_key,
             policies,
             mrtr_continuation,
             id,

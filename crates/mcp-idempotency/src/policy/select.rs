@@ -30,6 +30,9 @@ pub(crate) enum Chosen {
     /// Decide on this key.
     Key {
         source: KeySource,
+        /// The client's own key (SEP, then `_meta`) when a business identifier decides a call
+        /// that carries one: checked and recorded beside it.
+        client_key: Option<(KeySource, Value)>,
         /// The client's key as sent (SEP, `_meta`, argument); the identifier's digest
         /// (`key-from`); `null` for a window (the engine keys it by the call's fingerprint).
         value: Value,
@@ -48,6 +51,7 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
             Ok(Some((digest, shown))) => {
                 return Chosen::Key {
                     source: KeySource::KeyFrom,
+                    client_key: clients_own_key(policies, params),
                     value: Value::String(digest),
                     identifier: Some(shown),
                 }
@@ -91,6 +95,7 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
     if policy.window.is_some() {
         return Chosen::Key {
             source: KeySource::Window,
+            client_key: None,
             value: Value::Null,
             identifier: None,
         };
@@ -101,9 +106,24 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
 fn client_key(source: KeySource, raw: &RawValue) -> Chosen {
     Chosen::Key {
         source,
+        client_key: None,
         value: serde_json::from_str(raw.get()).unwrap_or(Value::Null),
         identifier: None,
     }
+}
+
+/// The client's own key, as sources 2 and 3 would take it.
+fn clients_own_key(policies: &ToolPolicies, params: &RawObject<'_>) -> Option<(KeySource, Value)> {
+    let parse = |raw: &RawValue| serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+    if let Some(raw) = params.get("idempotencyKey") {
+        return Some((KeySource::Sep, parse(raw)));
+    }
+    let meta = RawObject::parse(params.get("_meta")?.get())?;
+    policies
+        .meta_keys()
+        .iter()
+        .find_map(|name| meta.get(name))
+        .map(|raw| (KeySource::Meta, parse(raw)))
 }
 
 /// The business identifier's digest and how it reads, `Ok(None)` when a member is absent or null.

@@ -448,3 +448,79 @@ async fn calls_no_policy_names_pass_untouched() {
     let other = call(1, json!({"name": "lookup", "arguments": {"order_id": "o"}}));
     assert_eq!(connection.from_client(&other).await, FromClient::Forward);
 }
+
+#[tokio::test]
+async fn a_clients_own_key_beside_a_business_identifier_keeps_the_seps_rules() {
+    let gateway = gateway(json!({"charge": {"key-from": ["/order_id"]}})).await;
+    let connection = gateway.connect(None);
+    let keyed = |id, order: &str, amount, key: &str| {
+        call(
+            id,
+            json!({"name": "charge", "idempotencyKey": key,
+                        "arguments": {"order_id": order, "amount": amount}}),
+        )
+    };
+    let _ = forwarded(connection.from_client(&keyed(1, "o1", 5, "K")).await);
+    let _ = connection.from_server(&answer(1, "ch_o1")).await;
+
+    // The client's key reused for another order: the SEP's conflict, though the order is new.
+    let reused = responded(connection.from_client(&keyed(2, "o2", 5, "K")).await);
+    assert_eq!(error_type(&reused), "idempotency_key_conflict");
+    assert_eq!(reused["error"]["data"]["idempotencyKey"], "K");
+
+    // A retry with the client's key replays byte for byte (no marker) ...
+    let retry = responded(connection.from_client(&keyed(3, "o1", 5, "K")).await);
+    assert_eq!(text(&retry), "ch_o1");
+    assert!(retry["result"].get("_meta").is_none(), "{retry}");
+    // ... and a model-style retry with a fresh key replays by the identifier, marked.
+    let fresh = responded(connection.from_client(&keyed(4, "o1", 5, "K2")).await);
+    assert_eq!(text(&fresh), "ch_o1");
+    assert_eq!(fresh["result"]["_meta"][REPLAYED_META], "key-from");
+    // A key in `_meta` is the client's too (a key space of its own: not the SEP's "K").
+    let meta = |id, order: &str| {
+        call(
+            id,
+            json!({"name": "charge", "_meta": {"idempotencyKey": "K"},
+                        "arguments": {"order_id": order, "amount": 5}}),
+        )
+    };
+    let _ = forwarded(connection.from_client(&meta(5, "o3")).await);
+    let _ = connection.from_server(&answer(5, "ch_o3")).await;
+    assert_eq!(
+        error_type(&responded(connection.from_client(&meta(7, "o5")).await)),
+        "idempotency_key_conflict"
+    );
+    // An invalid client key is refused as the SEP says, whatever the identifier.
+    let invalid = responded(connection.from_client(&keyed(6, "o4", 5, "")).await);
+    assert_eq!(error_type(&invalid), "idempotency_key_invalid");
+}
+
+#[tokio::test]
+async fn a_call_keyed_before_its_tool_had_a_policy_is_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("records.sqlite3").display());
+    let open = |tools: Option<Value>| {
+        let store = store.clone();
+        async move {
+            let mut settings = Settings::new("key-sources");
+            settings.set("store", &store).unwrap();
+            if let Some(tools) = tools {
+                settings.set("tools", &tools.to_string()).unwrap();
+            }
+            settings.open().await.unwrap()
+        }
+    };
+    let keyed = call(
+        1,
+        json!({"name": "charge", "idempotencyKey": "before",
+                               "arguments": {"order_id": "o", "amount": 5}}),
+    );
+    let old = open(None).await;
+    let connection = old.connect(None);
+    let _ = forwarded(connection.from_client(&keyed).await);
+    let _ = connection.from_server(&answer(1, "ch_before")).await;
+
+    let new = open(Some(json!({"charge": {"key-from": "/order_id"}}))).await;
+    let retry = responded(new.connect(None).from_client(&keyed).await);
+    assert_eq!(text(&retry), "ch_before");
+}
