@@ -127,6 +127,7 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
         "OUTCOME",
         "NAMESPACE",
         "PRINCIPAL",
+        "SOURCE",
         "KEY",
     ] {
         assert!(lines[0].contains(column), "{table}");
@@ -143,7 +144,14 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
     assert_eq!(shop_1[0], "completed");
     assert_eq!(
         &shop_1[2..],
-        ["charge_payment", "success", "shop", "alice", "order-1"]
+        [
+            "charge_payment",
+            "success",
+            "shop",
+            "alice",
+            "sep",
+            "order-1"
+        ]
     );
     assert_eq!(row("order-2", "shop")[3], "error");
     assert_eq!(row("order-1", "shop-short")[0], "expired");
@@ -174,6 +182,7 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
         .unwrap();
     assert_eq!(record["namespace"], "shop");
     assert_eq!(record["principal"], "alice");
+    assert_eq!(record["key_source"], "sep");
     assert_eq!(record["state"], "completed");
     assert_eq!(record["tool"], "charge_payment");
     assert_eq!(record["outcome_kind"], "error");
@@ -445,4 +454,218 @@ fn inspect_refuses_stores_it_cannot_read() {
     let memory = Inspect::from(memory);
     assert_eq!(memory.code, Some(2));
     assert!(memory.stderr.contains("memory store"), "{}", memory.stderr);
+}
+
+/// The tool policies of the key-source records: a business identifier, a key argument, a window.
+fn key_policies() -> Value {
+    json!({
+        "charge_payment": {"key-from": ["/order_id"]},
+        "refund": {"key-argument": "idempotency_key"},
+        "ping": {"window": "10min"},
+    })
+}
+
+/// What a call through [`through_gateway`] got.
+#[derive(Debug)]
+enum Got {
+    /// It ran; the tool saw this key in `_meta["mcp-idem/idempotencyKey"]`.
+    Ran(String),
+    /// It was answered from a record with this response; nothing ran.
+    Answered(Value),
+}
+
+/// Sends each `tools/call` params of `calls` through a gateway on the sandbox's store, in
+/// namespace `shop` for principal `alice`, with [`key_policies`] set by the option table's `tools`
+/// (what `wrap --tools` sets); a call that runs is answered with a text naming its tool.
+fn through_gateway(sandbox: &Sandbox, calls: &[Value]) -> Vec<Got> {
+    use mcp_idempotency::embedded::{FromClient, FromServer, Settings};
+    use mcp_idempotency::interceptor::META_KEY;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut settings = Settings::new("shop");
+        let store = format!("sqlite:{}", sandbox.path("r.sqlite3").display());
+        settings.set("store", &store).unwrap();
+        settings.set("principal", "alice").unwrap();
+        settings.set("tools", &key_policies().to_string()).unwrap();
+        let gateway = settings.open().await.expect("the gateway opens");
+        let mut got = Vec::new();
+        for (id, params) in calls.iter().enumerate() {
+            let connection = gateway.connect(None);
+            let request =
+                json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+            let sent = match connection.from_client(&request.to_string()).await {
+                FromClient::ForwardRewritten(message) => message,
+                FromClient::Respond(response) => {
+                    got.push(Got::Answered(serde_json::from_str(&response).unwrap()));
+                    continue;
+                }
+                other => panic!("{params}: unexpected {other:?}"),
+            };
+            let sent: Value = serde_json::from_str(&sent).unwrap();
+            let key = sent["params"]["_meta"][META_KEY].as_str().expect("a key");
+            let text = format!("ran {}", params["name"].as_str().unwrap());
+            let answer = json!({"jsonrpc": "2.0", "id": id,
+                                "result": {"content": [{"type": "text", "text": text}]}});
+            assert_eq!(
+                connection.from_server(&answer.to_string()).await,
+                FromServer::Forward
+            );
+            got.push(Got::Ran(key.to_owned()));
+        }
+        got
+    })
+}
+
+/// `inspect` shows each record's key source and its key as the tool saw it (no U+001F prefix),
+/// filters on sources (`--source`, repeated or comma-separated), finds a key as shown (of
+/// whichever source, or the one `--source` names), and deletes a derived record so that its call
+/// runs again.
+#[test]
+fn inspect_shows_filters_and_finds_records_by_key_source() {
+    let sandbox = Sandbox::new();
+    let charge = json!({"name": "charge_payment", "arguments": {"order_id": "ord_1", "amount": 5}});
+    let calls = [
+        charge.clone(),
+        json!({"name": "send", "arguments": {"to": "a"}, "idempotencyKey": "k-1"}),
+        json!({"name": "send", "arguments": {"to": "a"}, "_meta": {"idempotencyKey": "k-1"}}),
+        json!({"name": "refund", "arguments": {"idempotency_key": "k-1", "amount": 2}}),
+        json!({"name": "ping", "arguments": {"host": "a"}}),
+    ];
+    let seen: Vec<String> = through_gateway(&sandbox, &calls)
+        .into_iter()
+        .map(|got| match got {
+            Got::Ran(key) => key,
+            other => panic!("expected every call to run, got {other:?}"),
+        })
+        .collect();
+    let sources = ["key-from", "sep", "meta", "argument", "window"];
+    assert!(seen[0].starts_with("charge_payment:"), "{seen:?}");
+    assert_eq!(seen[1..4], ["k-1", "k-1", "refund:k-1"]);
+    assert!(seen[4].starts_with("ping:"), "{seen:?}");
+
+    // JSON: the key as the tool saw it, and its source.
+    let listed = inspect(&sandbox, &["list", "--json"]).ok().json();
+    let mut shown: Vec<(String, String)> = listed["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["key_source"].as_str().unwrap().to_owned(),
+                r["key"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    shown.sort();
+    let mut expected: Vec<(String, String)> = sources
+        .iter()
+        .zip(&seen)
+        .map(|(source, key)| ((*source).to_owned(), key.clone()))
+        .collect();
+    expected.sort();
+    assert_eq!(shown, expected);
+
+    // The table: a SOURCE column, keys without the prefix (not even escaped).
+    let table = inspect(&sandbox, &["list"]).ok().stdout;
+    assert!(
+        table.lines().next().unwrap().contains(" SOURCE "),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1f}') && !table.contains("u{1f}"),
+        "{table}"
+    );
+    for (source, key) in sources.iter().zip(&seen) {
+        assert!(
+            table.lines().any(|line| {
+                let cells: Vec<&str> = line.split_whitespace().collect();
+                cells.ends_with(&[source, key.as_str()])
+            }),
+            "no {source} row with {key} in\n{table}"
+        );
+    }
+
+    // Filters on sources, alone and with a key as shown.
+    let listed_sources = |args: &[&str]| {
+        let mut all = vec!["list", "--json"];
+        all.extend_from_slice(args);
+        let mut got: Vec<String> = inspect(&sandbox, &all).ok().json()["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key_source"].as_str().unwrap().to_owned())
+            .collect();
+        got.sort();
+        got
+    };
+    for (args, want) in [
+        (&["--source", "window"][..], &["window"][..]),
+        (&["--source", "sep,meta"], &["meta", "sep"]),
+        (
+            &["--source", "key-from", "--source", "argument"],
+            &["argument", "key-from"],
+        ),
+        (&["--key", "k-1"], &["meta", "sep"]),
+        (&["--key", "k-1", "--source", "meta,window"], &["meta"]),
+        (&["--key", "refund:k-1"], &["argument"]),
+        (&["--key", seen[0].as_str()], &["key-from"]),
+        (&["--key", seen[4].as_str(), "--source", "sep"], &[]),
+    ] {
+        assert_eq!(listed_sources(args), want, "{args:?}");
+    }
+    let bad = inspect(&sandbox, &["list", "--source", "header"]);
+    assert_eq!(bad.code, Some(2));
+    assert!(
+        bad.stderr
+            .contains("expected key-from, sep, meta, argument or window"),
+        "{}",
+        bad.stderr
+    );
+
+    // `show` of a key that names two records (a SEP key and a `_meta` key) asks for a source.
+    let ambiguous = inspect(&sandbox, &["show", "k-1"]);
+    assert_eq!(ambiguous.code, Some(2));
+    for option in ["--source sep", "--source meta"] {
+        assert!(ambiguous.stderr.contains(option), "{}", ambiguous.stderr);
+    }
+    let meta = inspect(&sandbox, &["show", "k-1", "--source", "meta", "--json"])
+        .ok()
+        .json();
+    assert_eq!(
+        (&meta["key"], &meta["key_source"]),
+        (&json!("k-1"), &json!("meta"))
+    );
+    assert_eq!(meta["outcome"]["result"]["content"][0]["text"], "ran send");
+    let argument = inspect(&sandbox, &["show", "refund:k-1"]).ok().stdout;
+    assert!(
+        argument.contains("\nsource         argument\n"),
+        "{argument}"
+    );
+    let missing = inspect(&sandbox, &["show", "refund:k-1", "--source", "sep"]);
+    assert_eq!(missing.code, Some(1));
+    assert!(
+        missing.stderr.contains("from source sep"),
+        "{}",
+        missing.stderr
+    );
+
+    // A derived record deleted by its key as shown: the replay stops, the call runs again.
+    assert!(matches!(
+        &through_gateway(&sandbox, &[charge.clone()])[0],
+        Got::Answered(response) if response["result"]["_meta"]["mcp-idem/replayed"] == "key-from"
+    ));
+    let deleted = inspect(&sandbox, &["delete", seen[0].as_str(), "--yes"]).ok();
+    assert!(
+        deleted.stdout.contains("(source key-from,"),
+        "{}",
+        deleted.stdout
+    );
+    assert!(matches!(
+        &through_gateway(&sandbox, &[charge])[0],
+        Got::Ran(key) if *key == seen[0]
+    ));
 }
