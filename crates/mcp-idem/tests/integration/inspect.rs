@@ -655,7 +655,7 @@ fn inspect_shows_filters_and_finds_records_by_key_source() {
 
     // A derived record deleted by its key as shown: the replay stops, the call runs again.
     assert!(matches!(
-        &through_gateway(&sandbox, &[charge.clone()])[0],
+        &through_gateway(&sandbox, std::slice::from_ref(&charge))[0],
         Got::Answered(response) if response["result"]["_meta"]["mcp-idem/replayed"] == "key-from"
     ));
     let deleted = inspect(&sandbox, &["delete", seen[0].as_str(), "--yes"]).ok();
