@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::{json, Value};
 
 use crate::support::common::ledger_lines;
-use crate::support::wrap::{charge, charge_id, raw_outcome, Sandbox, EXE};
+use crate::support::wrap::{call, charge, charge_id, raw_outcome, Sandbox, EXE};
 
 /// Options that put `wrap`'s records in the `shop` namespace for principal `alice`.
 const SHOP: [&str; 4] = ["--namespace", "shop", "--principal", "alice"];
@@ -456,118 +456,78 @@ fn inspect_refuses_stores_it_cannot_read() {
     assert!(memory.stderr.contains("memory store"), "{}", memory.stderr);
 }
 
-/// The tool policies of the key-source records: a business identifier, a key argument, a window.
-fn key_policies() -> Value {
-    json!({
-        "charge_payment": {"key-from": ["/order_id"]},
-        "refund": {"key-argument": "idempotency_key"},
-        "ping": {"window": "10min"},
-    })
+/// `charge_payment`'s policy for the key-source records: its business identifier `/order_id`,
+/// then (for a call without one and without a client's key) its argument `idempotency_key`, then
+/// a duplicate window.
+const POLICY: &str = r#"{"charge_payment": {"key-from": ["/order_id"],
+    "key-argument": "idempotency_key", "window": "10min"}}"#;
+
+/// A `charge_payment` of each key source, in the order `key-from`, `sep`, `meta`, `argument`,
+/// `window`, each with its own amount.
+fn charge_of_each_source() -> Vec<Value> {
+    let usd = |amount: u64| json!({"amount": amount, "currency": "usd"});
+    let mut with_meta = call(3, "charge_payment", usd(3), None);
+    with_meta["params"]["_meta"]["idempotencyKey"] = json!("k-1");
+    let mut with_argument = usd(4);
+    with_argument["idempotency_key"] = json!("k-1");
+    let mut with_identifier = usd(1);
+    with_identifier["order_id"] = json!("ord_1");
+    vec![
+        call(1, "charge_payment", with_identifier, None),
+        charge(2, usd(2), "k-1"),
+        with_meta,
+        call(4, "charge_payment", with_argument, None),
+        call(5, "charge_payment", usd(5), None),
+    ]
 }
 
-/// What a call through [`through_gateway`] got.
-#[derive(Debug)]
-enum Got {
-    /// It ran; the tool saw this key in `_meta["mcp-idem/idempotencyKey"]`.
-    Ran(String),
-    /// It was answered from a record with this response; nothing ran.
-    Answered(Value),
-}
-
-/// Sends each `tools/call` params of `calls` through a gateway on the sandbox's store, in
-/// namespace `shop` for principal `alice`, with [`key_policies`] set by the option table's `tools`
-/// (what `wrap --tools` sets); a call that runs is answered with a text naming its tool.
-fn through_gateway(sandbox: &Sandbox, calls: &[Value]) -> Vec<Got> {
-    use mcp_idempotency::embedded::{FromClient, FromServer, Settings};
-    use mcp_idempotency::interceptor::META_KEY;
-
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
-        let mut settings = Settings::new("shop");
-        let store = format!("sqlite:{}", sandbox.path("r.sqlite3").display());
-        settings.set("store", &store).unwrap();
-        settings.set("principal", "alice").unwrap();
-        settings.set("tools", &key_policies().to_string()).unwrap();
-        let gateway = settings.open().await.expect("the gateway opens");
-        let mut got = Vec::new();
-        for (id, params) in calls.iter().enumerate() {
-            let connection = gateway.connect(None);
-            let request =
-                json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
-            let sent = match connection.from_client(&request.to_string()).await {
-                FromClient::ForwardRewritten(message) => message,
-                FromClient::Respond(response) => {
-                    got.push(Got::Answered(serde_json::from_str(&response).unwrap()));
-                    continue;
-                }
-                other => panic!("{params}: unexpected {other:?}"),
-            };
-            let sent: Value = serde_json::from_str(&sent).unwrap();
-            let key = sent["params"]["_meta"][META_KEY].as_str().expect("a key");
-            let text = format!("ran {}", params["name"].as_str().unwrap());
-            let answer = json!({"jsonrpc": "2.0", "id": id,
-                                "result": {"content": [{"type": "text", "text": text}]}});
-            assert_eq!(
-                connection.from_server(&answer.to_string()).await,
-                FromServer::Forward
-            );
-            got.push(Got::Ran(key.to_owned()));
-        }
-        got
-    })
+/// Runs `wrap --tools POLICY` (namespace `shop`, principal `alice`) and sends `calls`; returns
+/// the responses.
+fn through_wrap(sandbox: &Sandbox, calls: &[Value]) -> Vec<Value> {
+    let mut options = SHOP.to_vec();
+    options.extend(["--tools", POLICY]);
+    let mut wrap = sandbox.wrap_demo(&options);
+    let answers = calls.iter().map(|c| wrap.request(c.clone())).collect();
+    assert_eq!(wrap.finish().code(), Some(0));
+    answers
 }
 
 /// `inspect` shows each record's key source and its key as the tool saw it (no U+001F prefix),
 /// filters on sources (`--source`, repeated or comma-separated), finds a key as shown (of
 /// whichever source, or the one `--source` names), and deletes a derived record so that its call
-/// runs again.
+/// runs again. The records are those `wrap --tools` kept for a call of each source.
 #[test]
 fn inspect_shows_filters_and_finds_records_by_key_source() {
     let sandbox = Sandbox::new();
-    let charge = json!({"name": "charge_payment", "arguments": {"order_id": "ord_1", "amount": 5}});
-    let calls = [
-        charge.clone(),
-        json!({"name": "send", "arguments": {"to": "a"}, "idempotencyKey": "k-1"}),
-        json!({"name": "send", "arguments": {"to": "a"}, "_meta": {"idempotencyKey": "k-1"}}),
-        json!({"name": "refund", "arguments": {"idempotency_key": "k-1", "amount": 2}}),
-        json!({"name": "ping", "arguments": {"host": "a"}}),
-    ];
-    let seen: Vec<String> = through_gateway(&sandbox, &calls)
-        .into_iter()
-        .map(|got| match got {
-            Got::Ran(key) => key,
-            other => panic!("expected every call to run, got {other:?}"),
-        })
-        .collect();
+    let calls = charge_of_each_source();
+    for answer in through_wrap(&sandbox, &calls) {
+        charge_id(&answer);
+    }
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 5);
     let sources = ["key-from", "sep", "meta", "argument", "window"];
-    assert!(seen[0].starts_with("charge_payment:"), "{seen:?}");
-    assert_eq!(seen[1..4], ["k-1", "k-1", "refund:k-1"]);
-    assert!(seen[4].starts_with("ping:"), "{seen:?}");
 
     // JSON: the key as the tool saw it, and its source.
     let listed = inspect(&sandbox, &["list", "--json"]).ok().json();
-    let mut shown: Vec<(String, String)> = listed["records"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["key_source"].as_str().unwrap().to_owned(),
-                r["key"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    shown.sort();
-    let mut expected: Vec<(String, String)> = sources
-        .iter()
-        .zip(&seen)
-        .map(|(source, key)| ((*source).to_owned(), key.clone()))
-        .collect();
-    expected.sort();
-    assert_eq!(shown, expected);
+    let key_of = |source: &str| -> String {
+        let records = listed["records"].as_array().unwrap();
+        let mut of_source = records.iter().filter(|r| r["key_source"] == source);
+        let record = of_source
+            .next()
+            .unwrap_or_else(|| panic!("no {source}: {listed}"));
+        assert!(of_source.next().is_none(), "{listed}");
+        record["key"].as_str().unwrap().to_owned()
+    };
+    let seen: Vec<String> = sources.iter().map(|source| key_of(source)).collect();
+    assert_eq!(listed["records"].as_array().unwrap().len(), 5, "{listed}");
+    for hashed in [&seen[0], &seen[4]] {
+        let hex = hashed.strip_prefix("charge_payment:").expect(hashed);
+        assert!(
+            hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+            "{hashed}"
+        );
+    }
+    assert_ne!(seen[0], seen[4]);
+    assert_eq!(seen[1..4], ["k-1", "k-1", "charge_payment:k-1"]);
 
     // The table: a SOURCE column, keys without the prefix (not even escaped).
     let table = inspect(&sandbox, &["list"]).ok().stdout;
@@ -611,7 +571,7 @@ fn inspect_shows_filters_and_finds_records_by_key_source() {
         ),
         (&["--key", "k-1"], &["meta", "sep"]),
         (&["--key", "k-1", "--source", "meta,window"], &["meta"]),
-        (&["--key", "refund:k-1"], &["argument"]),
+        (&["--key", "charge_payment:k-1"], &["argument"]),
         (&["--key", seen[0].as_str()], &["key-from"]),
         (&["--key", seen[4].as_str(), "--source", "sep"], &[]),
     ] {
@@ -639,13 +599,15 @@ fn inspect_shows_filters_and_finds_records_by_key_source() {
         (&meta["key"], &meta["key_source"]),
         (&json!("k-1"), &json!("meta"))
     );
-    assert_eq!(meta["outcome"]["result"]["content"][0]["text"], "ran send");
-    let argument = inspect(&sandbox, &["show", "refund:k-1"]).ok().stdout;
+    assert_eq!(meta["outcome"]["result"]["structuredContent"]["amount"], 3);
+    let argument = inspect(&sandbox, &["show", "charge_payment:k-1"])
+        .ok()
+        .stdout;
     assert!(
         argument.contains("\nsource         argument\n"),
         "{argument}"
     );
-    let missing = inspect(&sandbox, &["show", "refund:k-1", "--source", "sep"]);
+    let missing = inspect(&sandbox, &["show", "charge_payment:k-1", "--source", "sep"]);
     assert_eq!(missing.code, Some(1));
     assert!(
         missing.stderr.contains("from source sep"),
@@ -654,18 +616,19 @@ fn inspect_shows_filters_and_finds_records_by_key_source() {
     );
 
     // A derived record deleted by its key as shown: the replay stops, the call runs again.
-    assert!(matches!(
-        &through_gateway(&sandbox, std::slice::from_ref(&charge))[0],
-        Got::Answered(response) if response["result"]["_meta"]["mcp-idem/replayed"] == "key-from"
-    ));
+    let by_identifier = std::slice::from_ref(&calls[0]);
+    let replayed = &through_wrap(&sandbox, by_identifier)[0];
+    assert_eq!(
+        replayed["result"]["_meta"]["mcp-idem/replayed"], "key-from",
+        "{replayed}"
+    );
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 5);
     let deleted = inspect(&sandbox, &["delete", seen[0].as_str(), "--yes"]).ok();
     assert!(
         deleted.stdout.contains("(source key-from,"),
         "{}",
         deleted.stdout
     );
-    assert!(matches!(
-        &through_gateway(&sandbox, &[charge])[0],
-        Got::Ran(key) if *key == seen[0]
-    ));
+    charge_id(&through_wrap(&sandbox, by_identifier)[0]);
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 6);
 }
