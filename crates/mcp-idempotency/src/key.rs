@@ -110,6 +110,23 @@ impl IdempotencyKey {
         Self(format!("{DERIVED}{}:{rest}", source.as_str()).into())
     }
 
+    /// A key as a store holds it, read back: a client's key (as [`IdempotencyKey::new`] accepts
+    /// it, of any length) or a key of the derived key space (U+001F, the name of a source other
+    /// than the SEP, `:`, and the rest as the engine wrote it). Anything else is refused, so a
+    /// store that reads a key it could not have written reports a corrupt record.
+    pub(crate) fn from_stored(key: &str) -> Result<Self, KeyError> {
+        let derived = key
+            .strip_prefix(DERIVED)
+            .and_then(|rest| rest.split_once(':'))
+            .and_then(|(source, rest)| source.parse::<KeySource>().ok().zip(Some(rest)));
+        match derived {
+            Some((source, rest)) if source != KeySource::Sep && !rest.is_empty() => {
+                Ok(Self(key.into()))
+            }
+            _ => Self::new(key, usize::MAX),
+        }
+    }
+
     /// Where the key came from, read off the key itself.
     pub fn source(&self) -> KeySource {
         self.0
@@ -135,7 +152,7 @@ impl IdempotencyKey {
 }
 
 /// The first character of every key that is not a SEP key: U+001F, the unit separator.
-const DERIVED: char = '\u{1F}';
+pub(crate) const DERIVED: char = '\u{1F}';
 
 /// Where the key that decides a call came from, in the order they are tried: a business
 /// identifier (`key-from`), the SEP's `params.idempotencyKey`, a `_meta` carrier, a tool argument
@@ -173,6 +190,25 @@ impl KeySource {
             Self::Meta => "meta",
             Self::Argument => "argument",
             Self::Window => "window",
+        }
+    }
+
+    /// The key as a store holds it for a key of this source that reads `shown` without its
+    /// prefix (as [`IdempotencyKey::for_tool`] shows it): `shown` itself for a SEP key, else
+    /// U+001F, the source's name, `:` and `shown`. How `inspect` finds the record of a key a
+    /// person typed as it was shown.
+    pub fn stored_key(self, shown: &str) -> String {
+        let mut key = self.stored_prefix();
+        key.push_str(shown);
+        key
+    }
+
+    /// How every stored key of this source begins: U+001F, the source's name and `:`; empty for
+    /// the SEP, whose keys are the client's (and never begin with U+001F).
+    pub(crate) fn stored_prefix(self) -> String {
+        match self {
+            Self::Sep => String::new(),
+            other => format!("{DERIVED}{}:", other.as_str()),
         }
     }
 
@@ -282,6 +318,35 @@ mod tests {
             Err(KeyError::TooLong { len: 2, max: 1 })
         );
         assert!(IdempotencyKey::new(&"k".repeat(1000), 1000).is_ok());
+    }
+
+    #[test]
+    fn stored_keys_read_back_as_written_and_nothing_else() {
+        for source in KeySource::ALL {
+            for value in ["ord_1", "k:with:colons", "é 🔑"] {
+                let key = IdempotencyKey::derived(source, "charge", value, MAX);
+                let read = IdempotencyKey::from_stored(key.as_str()).unwrap();
+                assert_eq!(read, key);
+                assert_eq!(read.source(), source);
+                assert_eq!(source.stored_key(read.for_tool()), key.as_str());
+            }
+        }
+        // A tool name is not validated as a key is: whatever the engine wrote reads back.
+        let odd = IdempotencyKey::derived(KeySource::Window, "a\tb", "00", MAX);
+        assert!(IdempotencyKey::from_stored(odd.as_str()).is_ok());
+        for bad in [
+            "\u{1F}",
+            "\u{1F}sep:k",
+            "\u{1F}nope:k",
+            "\u{1F}meta:",
+            "\u{1F}window",
+            "k\u{1F}",
+            "",
+        ] {
+            assert!(IdempotencyKey::from_stored(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(KeySource::Sep.stored_key("k"), "k");
+        assert_eq!(KeySource::Meta.stored_key("k"), "\u{1F}meta:k");
     }
 
     #[test]

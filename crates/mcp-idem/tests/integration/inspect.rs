@@ -8,7 +8,7 @@ use std::process::{Command, Output, Stdio};
 use serde_json::{json, Value};
 
 use crate::support::common::ledger_lines;
-use crate::support::wrap::{charge, charge_id, raw_outcome, Sandbox, EXE};
+use crate::support::wrap::{call, charge, charge_id, raw_outcome, Sandbox, EXE};
 
 /// Options that put `wrap`'s records in the `shop` namespace for principal `alice`.
 const SHOP: [&str; 4] = ["--namespace", "shop", "--principal", "alice"];
@@ -127,6 +127,7 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
         "OUTCOME",
         "NAMESPACE",
         "PRINCIPAL",
+        "SOURCE",
         "KEY",
     ] {
         assert!(lines[0].contains(column), "{table}");
@@ -143,7 +144,14 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
     assert_eq!(shop_1[0], "completed");
     assert_eq!(
         &shop_1[2..],
-        ["charge_payment", "success", "shop", "alice", "order-1"]
+        [
+            "charge_payment",
+            "success",
+            "shop",
+            "alice",
+            "sep",
+            "order-1"
+        ]
     );
     assert_eq!(row("order-2", "shop")[3], "error");
     assert_eq!(row("order-1", "shop-short")[0], "expired");
@@ -174,6 +182,7 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
         .unwrap();
     assert_eq!(record["namespace"], "shop");
     assert_eq!(record["principal"], "alice");
+    assert_eq!(record["key_source"], "sep");
     assert_eq!(record["state"], "completed");
     assert_eq!(record["tool"], "charge_payment");
     assert_eq!(record["outcome_kind"], "error");
@@ -445,4 +454,181 @@ fn inspect_refuses_stores_it_cannot_read() {
     let memory = Inspect::from(memory);
     assert_eq!(memory.code, Some(2));
     assert!(memory.stderr.contains("memory store"), "{}", memory.stderr);
+}
+
+/// `charge_payment`'s policy for the key-source records: its business identifier `/order_id`,
+/// then (for a call without one and without a client's key) its argument `idempotency_key`, then
+/// a duplicate window.
+const POLICY: &str = r#"{"charge_payment": {"key-from": ["/order_id"],
+    "key-argument": "idempotency_key", "window": "10min"}}"#;
+
+/// A `charge_payment` of each key source, in the order `key-from`, `sep`, `meta`, `argument`,
+/// `window`, each with its own amount.
+fn charge_of_each_source() -> Vec<Value> {
+    let usd = |amount: u64| json!({"amount": amount, "currency": "usd"});
+    let mut with_meta = call(3, "charge_payment", usd(3), None);
+    with_meta["params"]["_meta"]["idempotencyKey"] = json!("k-1");
+    let mut with_argument = usd(4);
+    with_argument["idempotency_key"] = json!("k-1");
+    let mut with_identifier = usd(1);
+    with_identifier["order_id"] = json!("ord_1");
+    vec![
+        call(1, "charge_payment", with_identifier, None),
+        charge(2, usd(2), "k-1"),
+        with_meta,
+        call(4, "charge_payment", with_argument, None),
+        call(5, "charge_payment", usd(5), None),
+    ]
+}
+
+/// Runs `wrap --tools POLICY` (namespace `shop`, principal `alice`) and sends `calls`; returns
+/// the responses.
+fn through_wrap(sandbox: &Sandbox, calls: &[Value]) -> Vec<Value> {
+    let mut options = SHOP.to_vec();
+    options.extend(["--tools", POLICY]);
+    let mut wrap = sandbox.wrap_demo(&options);
+    let answers = calls.iter().map(|c| wrap.request(c.clone())).collect();
+    assert_eq!(wrap.finish().code(), Some(0));
+    answers
+}
+
+/// `inspect` shows each record's key source and its key as the tool saw it (no U+001F prefix),
+/// filters on sources (`--source`, repeated or comma-separated), finds a key as shown (of
+/// whichever source, or the one `--source` names), and deletes a derived record so that its call
+/// runs again. The records are those `wrap --tools` kept for a call of each source.
+#[test]
+fn inspect_shows_filters_and_finds_records_by_key_source() {
+    let sandbox = Sandbox::new();
+    let calls = charge_of_each_source();
+    for answer in through_wrap(&sandbox, &calls) {
+        charge_id(&answer);
+    }
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 5);
+    let sources = ["key-from", "sep", "meta", "argument", "window"];
+
+    // JSON: the key as the tool saw it, and its source.
+    let listed = inspect(&sandbox, &["list", "--json"]).ok().json();
+    let key_of = |source: &str| -> String {
+        let records = listed["records"].as_array().unwrap();
+        let mut of_source = records.iter().filter(|r| r["key_source"] == source);
+        let record = of_source
+            .next()
+            .unwrap_or_else(|| panic!("no {source}: {listed}"));
+        assert!(of_source.next().is_none(), "{listed}");
+        record["key"].as_str().unwrap().to_owned()
+    };
+    let seen: Vec<String> = sources.iter().map(|source| key_of(source)).collect();
+    assert_eq!(listed["records"].as_array().unwrap().len(), 5, "{listed}");
+    for hashed in [&seen[0], &seen[4]] {
+        let hex = hashed.strip_prefix("charge_payment:").expect(hashed);
+        assert!(
+            hex.len() == 64 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+            "{hashed}"
+        );
+    }
+    assert_ne!(seen[0], seen[4]);
+    assert_eq!(seen[1..4], ["k-1", "k-1", "charge_payment:k-1"]);
+
+    // The table: a SOURCE column, keys without the prefix (not even escaped).
+    let table = inspect(&sandbox, &["list"]).ok().stdout;
+    assert!(
+        table.lines().next().unwrap().contains(" SOURCE "),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1f}') && !table.contains("u{1f}"),
+        "{table}"
+    );
+    for (source, key) in sources.iter().zip(&seen) {
+        assert!(
+            table.lines().any(|line| {
+                let cells: Vec<&str> = line.split_whitespace().collect();
+                cells.ends_with(&[source, key.as_str()])
+            }),
+            "no {source} row with {key} in\n{table}"
+        );
+    }
+
+    // Filters on sources, alone and with a key as shown.
+    let listed_sources = |args: &[&str]| {
+        let mut all = vec!["list", "--json"];
+        all.extend_from_slice(args);
+        let mut got: Vec<String> = inspect(&sandbox, &all).ok().json()["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["key_source"].as_str().unwrap().to_owned())
+            .collect();
+        got.sort();
+        got
+    };
+    for (args, want) in [
+        (&["--source", "window"][..], &["window"][..]),
+        (&["--source", "sep,meta"], &["meta", "sep"]),
+        (
+            &["--source", "key-from", "--source", "argument"],
+            &["argument", "key-from"],
+        ),
+        (&["--key", "k-1"], &["meta", "sep"]),
+        (&["--key", "k-1", "--source", "meta,window"], &["meta"]),
+        (&["--key", "charge_payment:k-1"], &["argument"]),
+        (&["--key", seen[0].as_str()], &["key-from"]),
+        (&["--key", seen[4].as_str(), "--source", "sep"], &[]),
+    ] {
+        assert_eq!(listed_sources(args), want, "{args:?}");
+    }
+    let bad = inspect(&sandbox, &["list", "--source", "header"]);
+    assert_eq!(bad.code, Some(2));
+    assert!(
+        bad.stderr
+            .contains("expected key-from, sep, meta, argument or window"),
+        "{}",
+        bad.stderr
+    );
+
+    // `show` of a key that names two records (a SEP key and a `_meta` key) asks for a source.
+    let ambiguous = inspect(&sandbox, &["show", "k-1"]);
+    assert_eq!(ambiguous.code, Some(2));
+    for option in ["--source sep", "--source meta"] {
+        assert!(ambiguous.stderr.contains(option), "{}", ambiguous.stderr);
+    }
+    let meta = inspect(&sandbox, &["show", "k-1", "--source", "meta", "--json"])
+        .ok()
+        .json();
+    assert_eq!(
+        (&meta["key"], &meta["key_source"]),
+        (&json!("k-1"), &json!("meta"))
+    );
+    assert_eq!(meta["outcome"]["result"]["structuredContent"]["amount"], 3);
+    let argument = inspect(&sandbox, &["show", "charge_payment:k-1"])
+        .ok()
+        .stdout;
+    assert!(
+        argument.contains("\nsource         argument\n"),
+        "{argument}"
+    );
+    let missing = inspect(&sandbox, &["show", "charge_payment:k-1", "--source", "sep"]);
+    assert_eq!(missing.code, Some(1));
+    assert!(
+        missing.stderr.contains("from source sep"),
+        "{}",
+        missing.stderr
+    );
+
+    // A derived record deleted by its key as shown: the replay stops, the call runs again.
+    let by_identifier = std::slice::from_ref(&calls[0]);
+    let replayed = &through_wrap(&sandbox, by_identifier)[0];
+    assert_eq!(
+        replayed["result"]["_meta"]["mcp-idem/replayed"], "key-from",
+        "{replayed}"
+    );
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 5);
+    let deleted = inspect(&sandbox, &["delete", seen[0].as_str(), "--yes"]).ok();
+    assert!(
+        deleted.stdout.contains("(source key-from,"),
+        "{}",
+        deleted.stdout
+    );
+    charge_id(&through_wrap(&sandbox, by_identifier)[0]);
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 6);
 }

@@ -47,6 +47,9 @@ pub use sqlite::SqliteStore;
 pub use url::{open, redact_password, StoreUrl};
 
 use crate::fingerprint::Fingerprint;
+#[cfg(doc)]
+use crate::key::IdempotencyKey;
+use crate::key::KeySource;
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState};
 use crate::time::Timestamp;
 
@@ -206,8 +209,13 @@ pub struct ListFilter {
     pub namespace: Option<String>,
     /// Only records of this principal (as stored: for bearer scopes, the token's hash).
     pub principal: Option<String>,
-    /// Only records with exactly this key.
+    /// Only records with exactly this key, as the store holds it ([`IdempotencyKey::as_str`]:
+    /// a derived key with its U+001F prefix; [`KeySource::stored_key`] makes it from the key as
+    /// shown).
     pub key: Option<String>,
+    /// Only records whose key came from one of these sources ([`IdempotencyKey::source`]); empty:
+    /// any source.
+    pub sources: Vec<KeySource>,
     /// Only records in this state at the `now` given to [`Store::list`].
     pub state: Option<StateFilter>,
     /// Only records created at or before this instant.
@@ -255,6 +263,7 @@ impl ListFilter {
                 .key
                 .as_deref()
                 .is_none_or(|k| k == record.id.key.as_str())
+            && (self.sources.is_empty() || self.sources.contains(&record.id.key.source()))
             && self.state.is_none_or(|state| state.matches(record, now))
             && self
                 .created_at_or_before

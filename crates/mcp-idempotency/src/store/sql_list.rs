@@ -3,6 +3,7 @@
 
 use super::sql_row::sql_time;
 use super::{ListFilter, StateFilter};
+use crate::key::{KeySource, DERIVED};
 use crate::time::Timestamp;
 
 /// A parameter of the statement.
@@ -51,6 +52,24 @@ pub(crate) fn list_query(
     }
     if let Some(t) = filter.created_after {
         condition("created_at > ?", millis(t));
+    }
+    if !filter.sources.is_empty() {
+        // A SEP key never begins with U+001F; the keys of every other source begin with its
+        // prefix (U+001F, its name, `:`).
+        let mut any = Vec::with_capacity(filter.sources.len());
+        for source in &filter.sources {
+            let (prefix, operator) = match source {
+                KeySource::Sep => (DERIVED.to_string(), "<>"),
+                other => (other.stored_prefix(), "="),
+            };
+            let length = prefix.chars().count();
+            params.push(SqlParam::Text(prefix));
+            any.push(format!(
+                "substr(key, 1, {length}) {operator} {}",
+                placeholder(params.len())
+            ));
+        }
+        conditions.push(format!("({})", any.join(" OR ")));
     }
     let mut text = select.to_owned();
     if !conditions.is_empty() {

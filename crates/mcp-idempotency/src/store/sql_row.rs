@@ -107,7 +107,7 @@ fn stored_id(row: &impl SqlRow) -> Result<RecordId, CorruptRecord> {
         }
     };
     let key = part(2, "key")?;
-    let key = IdempotencyKey::new(&key, usize::MAX)
+    let key = IdempotencyKey::from_stored(&key)
         .map_err(|err| CorruptRecord(format!("stored key {key:?}: {err}")))?;
     Ok(RecordId {
         scope: Scope::new(part(0, "namespace")?, part(1, "principal")?),

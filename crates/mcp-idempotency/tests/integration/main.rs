@@ -29,6 +29,8 @@ mod principal;
 mod rmcp_embedding;
 #[cfg(feature = "http")]
 mod rmcp_http_embedding;
+#[cfg(feature = "embedded")]
+mod rolling_upgrade;
 mod sqlite_across_processes;
 mod sqlite_concurrent_open;
 mod sqlite_write_lock;

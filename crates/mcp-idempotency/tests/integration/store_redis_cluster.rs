@@ -226,6 +226,20 @@ async fn records_of_many_scopes_spread_over_every_primary_and_inspection_sees_th
     assert!(left.values().all(|&n| n == 0), "{left:?}");
 }
 
+/// The rolling upgrade ([`crate::rolling_upgrade`]) on a sharded cluster store, opened twice
+/// under one prefix.
+#[cfg(feature = "embedded")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_and_new_instances_share_a_store() {
+    let Some((old, prefix)) = cluster_store(Some(4)).await else {
+        return;
+    };
+    let new = RedisStore::open_with_prefix(&url_with_shards(Some(4)), &prefix)
+        .await
+        .expect("a second connection to the cluster");
+    crate::rolling_upgrade::old_and_new_instances_share(Arc::new(old), Arc::new(new)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_total_quota_is_bounded_by_the_shards_shares() {
     // Two shards, a limit of 3: each shard admits ⌈3 / 2⌉ = 2 live records, so the store holds at

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, FromArgMatches, Subcommand, ValueEnum};
 use mcp_idempotency::store::{self, ListFilter, StateFilter, Store, StoreUrl};
-use mcp_idempotency::{Record, RecordState, Timestamp};
+use mcp_idempotency::{KeySource, Record, RecordState, Timestamp};
 
 use super::engine_args::default_sqlite_path;
 
@@ -71,9 +71,13 @@ struct ListArgs {
     #[command(flatten)]
     scope: ScopeFilter,
 
-    /// Only this key.
+    /// Only this key, as `inspect` shows it (without a source's prefix); of any source unless
+    /// `--source` says which.
     #[arg(long)]
     key: Option<String>,
+
+    #[command(flatten)]
+    sources: SourceFilter,
 
     /// Only records in this state.
     #[arg(long, value_enum)]
@@ -113,14 +117,31 @@ struct ScopeFilter {
     principal: Option<String>,
 }
 
+/// The key-source option of `list`, `show` and `delete`.
+#[derive(Debug, Args)]
+struct SourceFilter {
+    /// Only records whose key came from this source: `key-from`, `sep`, `meta`, `argument` or
+    /// `window` (repeat it, or separate with commas, for several).
+    #[arg(long = "source", value_name = "SOURCE", value_delimiter = ',', value_parser = parse_source)]
+    sources: Vec<KeySource>,
+}
+
+fn parse_source(text: &str) -> Result<KeySource, String> {
+    text.parse()
+}
+
 #[derive(Debug, Args)]
 struct RecordArgs {
-    /// The record's idempotency key.
+    /// The record's idempotency key, as `inspect` shows it (without a source's prefix).
     key: String,
 
     /// Needed when the key exists in several scopes.
     #[command(flatten)]
     scope: ScopeFilter,
+
+    /// Needed when the key names records of several sources.
+    #[command(flatten)]
+    sources: SourceFilter,
 }
 
 #[derive(Debug, Args)]
@@ -264,6 +285,40 @@ fn ago(now: Timestamp, duration: Duration) -> Timestamp {
     Timestamp::from_millis(now.as_millis().saturating_sub(millis))
 }
 
+/// The records matching `filter` whose key reads `key` as `inspect` shows it (any key when
+/// `None`), latest expiry first, at most `limit`.
+///
+/// A key as shown names up to one record per source in a scope (a SEP key `k` and a `_meta` key
+/// `k` are two records; [`KeySource::stored_key`] makes each one's stored key), so a key is looked
+/// up once per source the filter allows, and the answers are merged.
+async fn matching(
+    store: &dyn Store,
+    filter: ListFilter,
+    key: Option<&str>,
+    now: Timestamp,
+    limit: usize,
+) -> Result<Vec<Record>, store::StoreError> {
+    let Some(key) = key else {
+        return store.list(&filter, now, limit).await;
+    };
+    let sources = match filter.sources.as_slice() {
+        [] => KeySource::ALL.to_vec(),
+        chosen => chosen.to_vec(),
+    };
+    let mut records = Vec::new();
+    for source in sources {
+        let one = ListFilter {
+            key: Some(source.stored_key(key)),
+            sources: vec![source],
+            ..filter.clone()
+        };
+        records.extend(store.list(&one, now, limit).await?);
+    }
+    records.sort_by_key(|record| std::cmp::Reverse(record.expires_at));
+    records.truncate(limit);
+    Ok(records)
+}
+
 async fn list(
     store: &dyn Store,
     args: &ListArgs,
@@ -273,16 +328,22 @@ async fn list(
     let filter = ListFilter {
         namespace: args.scope.namespace.clone(),
         principal: args.scope.principal.clone(),
-        key: args.key.clone(),
+        key: None,
+        sources: args.sources.sources.clone(),
         state: args.state.map(StateFilter::from),
         created_at_or_before: args.older_than.map(|d| ago(now, d)),
         created_after: args.newer_than.map(|d| ago(now, d)),
     };
     // One more than asked for tells whether the list was cut short.
-    let mut records = store
-        .list(&filter, now, args.limit.saturating_add(1))
-        .await
-        .context("cannot list records")?;
+    let mut records = matching(
+        store,
+        filter,
+        args.key.as_deref(),
+        now,
+        args.limit.saturating_add(1),
+    )
+    .await
+    .context("cannot list records")?;
     let truncated = records.len() > args.limit;
     records.truncate(args.limit);
     if truncated && !out.json {
@@ -303,29 +364,35 @@ async fn find(
     let filter = ListFilter {
         namespace: args.scope.namespace.clone(),
         principal: args.scope.principal.clone(),
-        key: Some(args.key.clone()),
+        sources: args.sources.sources.clone(),
         ..ListFilter::default()
     };
-    let mut found = store
-        .list(&filter, now, MAX_CANDIDATES + 1)
+    let mut found = matching(store, filter, Some(&args.key), now, MAX_CANDIDATES + 1)
         .await
         .context("cannot look the record up")?;
     if found.len() > 1 {
-        let mut scopes = String::new();
+        let first = found[0].id.key.source();
+        let sources_differ = found.iter().any(|r| r.id.key.source() != first);
+        let mut choices = String::new();
         for record in found.iter().take(MAX_CANDIDATES) {
-            scopes.push_str(&format!(
+            choices.push_str(&format!(
                 "\n  --namespace {} --principal {}",
                 render::shell_word(record.id.scope.namespace()),
                 render::shell_word(record.id.scope.principal())
             ));
+            if sources_differ {
+                choices.push_str(&format!(" --source {}", record.id.key.source()));
+            }
         }
         if found.len() > MAX_CANDIDATES {
-            scopes.push_str("\n  …");
+            choices.push_str("\n  …");
         }
-        bail!(
-            "key {:?} exists in several scopes; pick one with:{scopes}",
-            args.key
-        );
+        let several = if sources_differ {
+            "names records of several scopes or key sources"
+        } else {
+            "exists in several scopes"
+        };
+        bail!("key {:?} {several}; pick one with:{choices}", args.key);
     }
     Ok(found.pop())
 }
@@ -337,6 +404,10 @@ fn not_found(args: &RecordArgs) -> ExitCode {
     }
     if let Some(principal) = &args.scope.principal {
         scope.push_str(&format!(" for principal {principal:?}"));
+    }
+    if !args.sources.sources.is_empty() {
+        let sources: Vec<&str> = args.sources.sources.iter().map(|s| s.as_str()).collect();
+        scope.push_str(&format!(" from source {}", sources.join(", ")));
     }
     eprintln!("mcp-idem: no record with key {:?}{scope}", args.key);
     ExitCode::from(EXIT_NOTHING)

@@ -15,6 +15,7 @@ struct RecordJson<'a> {
     namespace: &'a str,
     principal: &'a str,
     key: &'a str,
+    key_source: &'static str,
     state: &'static str,
     tool: &'a str,
     fingerprint: String,
@@ -79,7 +80,8 @@ fn record_json(record: &Record, now: Timestamp, with_outcome: bool) -> RecordJso
     RecordJson {
         namespace: record.id.scope.namespace(),
         principal: record.id.scope.principal(),
-        key: record.id.key.as_str(),
+        key: record.id.key.for_tool(),
+        key_source: record.id.key.source().as_str(),
         state: state_name(record, now),
         tool: &record.tool_name,
         fingerprint: record.fingerprint.to_hex(),
@@ -199,9 +201,10 @@ pub(super) fn list(records: &[Record], truncated: bool, now: Timestamp, as_json:
         "OUTCOME",
         "NAMESPACE",
         "PRINCIPAL",
+        "SOURCE",
         "KEY",
     ];
-    let rows: Vec<[String; 7]> = records
+    let rows: Vec<[String; 8]> = records
         .iter()
         .map(|record| {
             let outcome = match &record.state {
@@ -216,7 +219,8 @@ pub(super) fn list(records: &[Record], truncated: bool, now: Timestamp, as_json:
                 outcome.to_owned(),
                 shown(record.id.scope.namespace()),
                 shown(record.id.scope.principal()),
-                shown(record.id.key.as_str()),
+                record.id.key.source().to_string(),
+                shown(record.id.key.for_tool()),
             ]
         })
         .collect();
@@ -260,7 +264,8 @@ pub(super) fn show(record: &Record, now: Timestamp, as_json: bool) -> String {
     let mut field = |name: &str, value: &str| {
         let _ = writeln!(text, "{name:<14} {value}");
     };
-    field("key", &shown(record.id.key.as_str()));
+    field("key", &shown(record.id.key.for_tool()));
+    field("source", record.id.key.source().as_str());
     field("namespace", &shown(record.id.scope.namespace()));
     field("principal", &shown(record.id.scope.principal()));
     field("state", &state_name(record, now).replace('_', "-"));
@@ -366,8 +371,9 @@ pub(super) fn deleted(record: &Record, now: Timestamp, as_json: bool) -> String 
         }));
     }
     format!(
-        "deleted key {} (namespace {}, principal {})\n",
-        shell_word(record.id.key.as_str()),
+        "deleted key {} (source {}, namespace {}, principal {})\n",
+        shell_word(record.id.key.for_tool()),
+        record.id.key.source(),
         shell_word(record.id.scope.namespace()),
         shell_word(record.id.scope.principal())
     )

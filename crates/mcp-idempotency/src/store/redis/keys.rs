@@ -272,7 +272,7 @@ pub(super) fn member_id(member: &[u8]) -> Result<RecordId, CorruptRecord> {
     else {
         return Err(corrupt());
     };
-    let key = IdempotencyKey::new(&key, usize::MAX).map_err(|_| corrupt())?;
+    let key = IdempotencyKey::from_stored(&key).map_err(|_| corrupt())?;
     Ok(RecordId {
         scope: Scope::new(namespace, principal),
         key,

@@ -555,7 +555,7 @@ impl Store for RedisStore {
             if let (Some(namespace), Some(principal), Some(key)) =
                 (&filter.namespace, &filter.principal, &filter.key)
             {
-                let Ok(key) = IdempotencyKey::new(key, usize::MAX) else {
+                let Ok(key) = IdempotencyKey::from_stored(key) else {
                     return Ok(Vec::new());
                 };
                 let id = RecordId {

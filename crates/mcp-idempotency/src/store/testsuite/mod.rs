@@ -16,6 +16,7 @@
 //! Checks use a random namespace each, so they may share one database, except [`quota_total`], which
 //! needs a store that no other check writes to at the same time.
 
+mod derived_keys;
 mod inspection;
 mod lifecycle;
 mod quotas;
@@ -31,6 +32,12 @@ use crate::key::IdempotencyKey;
 use crate::record::{FencingToken, Outcome, Record, RecordId, Scope};
 use crate::time::Timestamp;
 
+pub use derived_keys::{
+    a_client_key_equal_to_a_derived_keys_text_is_another_record,
+    a_window_keys_record_expires_with_its_window, crash_rules_hold_for_derived_keys,
+    derived_keys_are_listed_by_key_and_source, derived_keys_keep_principals_apart,
+    derived_keys_round_trip_with_their_source_prefix, quotas_count_derived_keys,
+};
 pub use inspection::{
     list_filters_by_scope_key_state_and_age, list_orders_by_expiry_and_honours_the_limit,
     list_returns_awkward_ids_exactly, stats_count_states,
@@ -98,6 +105,13 @@ macro_rules! store_test_suite {
             release_sent_twice_changes_nothing,
             renew_sent_twice_is_applied_twice,
             take_over_sent_twice_is_applied_once,
+            derived_keys_round_trip_with_their_source_prefix,
+            derived_keys_are_listed_by_key_and_source,
+            a_client_key_equal_to_a_derived_keys_text_is_another_record,
+            derived_keys_keep_principals_apart,
+            quotas_count_derived_keys,
+            crash_rules_hold_for_derived_keys,
+            a_window_keys_record_expires_with_its_window,
             $($extra),*
         );
     };

@@ -204,6 +204,20 @@ mcp_idempotency::store_test_suite!(|| async {
     }
 });
 
+/// The rolling upgrade ([`crate::rolling_upgrade`]) on one schema, through two pools.
+#[cfg(feature = "embedded")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_and_new_instances_share_a_store() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let old = TestStore::open(&url).await;
+    let new = PostgresStore::open_in_schema(&url, &old.schema)
+        .await
+        .expect("a second pool on the schema");
+    crate::rolling_upgrade::old_and_new_instances_share(Arc::new(old), Arc::new(new)).await;
+}
+
 fn scope() -> Scope {
     Scope::new(format!("pg-{:016x}", rand::random::<u64>()), "principal")
 }

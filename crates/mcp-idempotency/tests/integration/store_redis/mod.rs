@@ -1,4 +1,5 @@
-//! The shared store test suite on the Redis store, plus outage, encoding and expiry checks.
+//! The shared store test suite on the Redis store, plus outage, encoding and expiry checks, and a
+//! rolling upgrade (`upgrade`: instances with and without tool policies on one store).
 //!
 //! Runs against `REDIS_URL` (default `redis://127.0.0.1:6379`), each store under a fresh random key
 //! prefix so the checks never see each other's records. If that server cannot be reached the
@@ -6,6 +7,8 @@
 //! check runs its own `redis-server` on a free port and never touches the shared server.
 
 mod batches;
+#[cfg(feature = "embedded")]
+mod upgrade;
 
 use std::net::TcpListener;
 use std::path::Path;
