@@ -81,6 +81,7 @@ impl Keyed {
             source,
             value,
             identifier,
+            ..
         } = select::choose(policies, &tool, &raw)
         else {
             panic!("the policies key {params}");
@@ -103,6 +104,7 @@ impl Keyed {
             key_source: self.source,
             identifier: self.identifier.as_deref(),
             policy: policies.for_tool(&self.tool),
+            client_key: None,
         }
     }
 }
