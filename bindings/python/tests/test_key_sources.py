@@ -201,7 +201,7 @@ def test_a_waiting_duplicate_does_not_hold_up_the_elicitation_answer_the_running
     retry), and only then answers. Over stdio the answer travels behind the duplicate, which waits
     for the first call's outcome: it must not hold the answer up."""
     ledger = tmp_path / "ledger.jsonl"
-    tools = {"confirm_charge": {"key-from": ["/order_id"], "wait": "60s"}}
+    tools = {"confirm_charge": {"key-from": ["/order_id"], "wait": "20s"}}
     order = {"order_id": "ord-elicit", "amount": 9, "currency": "eur"}
     duplicate_sent = anyio.Event()
     calls_sent = 0
