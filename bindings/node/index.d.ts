@@ -14,6 +14,31 @@ export declare class IdempotencyError extends Error {
     readonly code: number;
 }
 
+/**
+ * One tool's key policy, for its calls that carry no SEP key: the config file's `[tools.NAME]`
+ * table (settings in camelCase or kebab-case), as `mcp-idem wrap --tools` takes it.
+ */
+export interface ToolPolicy {
+    /** JSON Pointers into the arguments naming the business identifier: `['/order_id']`. */
+    keyFrom?: string | readonly string[];
+    'key-from'?: string | readonly string[];
+    /** The argument that carries a key (it still reaches the tool). */
+    keyArgument?: string;
+    'key-argument'?: string;
+    /** Identical calls within this long of each other are one call (`'1s'` to `'10m'`). */
+    window?: string;
+    /** Refuse (-32602, nothing runs) a call without its identifier or key argument. */
+    required?: boolean;
+    /** What an error outcome leaves: replayed (default) or forgotten, so a retry runs. */
+    onError?: 'replay' | 'forget';
+    'on-error'?: 'replay' | 'forget';
+    /** When the store is down or a quota is full: refuse (default) or run unprotected. */
+    storeDown?: 'fail-closed' | 'run-unprotected';
+    'store-down'?: 'fail-closed' | 'run-unprotected';
+    /** How long a duplicate of a running call waits for its outcome (default `'30s'`). */
+    wait?: string;
+}
+
 export interface IdempotencyOptions {
     /** A store URL as `mcp-idem wrap --store` takes it; default: SQLite in the user's data directory. */
     store?: string;
@@ -21,6 +46,10 @@ export interface IdempotencyOptions {
     namespace?: string;
     /** Scopes records to a caller: a string, or a function of the first message's `extra`. */
     principal?: string | ((extra: { authInfo?: { clientId?: string }; [key: string]: unknown } | undefined) => string | undefined);
+    /** Key policies by tool name (`'*'`: every tool), for calls that carry no SEP key. */
+    tools?: Record<string, ToolPolicy>;
+    /** More `params._meta` members a client's key is read from, beside `idempotencyKey`. */
+    metaKey?: string | readonly string[];
     retention?: string;
     lease?: string;
     afterCrash?: 'reject' | 'reexecute';
@@ -35,7 +64,7 @@ export interface IdempotencyOptions {
 
 /**
  * Gives `server` (an `McpServer` or a low-level `Server`) SEP-3182 and returns it; call it before
- * `connect`. Throws an `IdempotencyError` at once when the store cannot be set up.
+ * `connect`. Throws an `IdempotencyError` at once when the store or a policy cannot be set up.
  */
 export declare function idempotent<S>(server: S, options?: IdempotencyOptions): S;
 

@@ -9,7 +9,9 @@
 // call gets the recorded outcome (success or error) without running the tool again, the key
 // reused with other arguments is refused (`idempotency_key_conflict`), a duplicate of a call still
 // running is refused at once (`idempotency_key_in_progress`), and a call whose server died
-// mid-call answers `idempotency_outcome_unknown`. Every decision, the equivalence of arguments and
+// mid-call answers `idempotency_outcome_unknown`. Calls without that key are protected per tool by
+// `tools` policies (a business identifier, a key argument, a duplicate window) and `_meta` keys,
+// as under `mcp-idem wrap --tools`. Every decision, the equivalence of arguments and
 // the stores are the Rust library's (the native addon); this file only carries the messages of
 // every transport the server is connected to (stdio, Streamable HTTP per request or per session)
 // to it. Tools run on Node's event loop; store I/O runs on the addon's tokio runtime.
@@ -54,20 +56,29 @@ process.once('exit', () => native.settleAtExit());
  * - `principal`: scopes records to a caller: a string, or a function of the first message's
  *   `extra` (`{ authInfo, request }`) returning one; by default the authenticated client
  *   (`authInfo.clientId`) of an HTTP request, else the local user.
+ * - `tools`: protects calls that carry no SEP key, per tool: tool name (or `'*'`, every tool) to
+ *   its settings, exactly the config file's `[tools.NAME]` tables (kebab-case or camelCase):
+ *   `keyFrom` (JSON Pointers into the arguments: `['/order_id']`), `keyArgument`, `window`
+ *   (`'30s'`), `required`, `onError`, `storeDown`, `wait`, as under `mcp-idem wrap --tools`;
+ *   e.g. `tools: { charge: { keyFrom: ['/order_id'], required: true } }`.
+ * - `metaKey`: more `params._meta` members a client's key is read from (a string or an array of
+ *   them), beside `_meta.idempotencyKey`, always read.
  * - every other option of `wrap`, camelCase or kebab-case: `retention: '24h'`, `lease: '5m'`,
  *   `afterCrash: 'reject'`, `forwardKey: false`, `cancel: 'absorb'`, `maxKeyBytes: 256`, ...
  *
- * The store is opened here: a bad option, a store URL that does not parse or a store that cannot
- * be reached throws an `IdempotencyError` at once.
+ * The store is opened here: a bad option or policy, a store URL that does not parse or a store
+ * that cannot be reached throws an `IdempotencyError` at once.
  */
 function idempotent(server, options = {}) {
     const lowlevel = server?.server ?? server;
     if (typeof lowlevel?.connect !== 'function') {
         throw new TypeError('idempotent() takes an McpServer or a low-level Server of @modelcontextprotocol/server');
     }
-    const { store, namespace, principal, ...rest } = options;
+    const { store, namespace, principal, tools, metaKey, ...rest } = options;
     const settings = {};
     if (store !== undefined) settings.store = optionText('store', store);
+    if (tools !== undefined) settings.tools = toolsText(tools);
+    if (metaKey !== undefined) settings['meta-key'] = metaKeyText(metaKey);
     if (typeof principal === 'string') settings.principal = principal;
     else if (principal !== undefined && typeof principal !== 'function') {
         throw setupError(native.invalidOption('principal', shown(principal), 'expected a string or a function'));
@@ -104,8 +115,38 @@ function optionText(name, value) {
     throw setupError(native.invalidOption(name, shown(value), 'expected a string, a number or a boolean'));
 }
 
+/** The `tools` option as the library reads it: the policies as JSON text. */
+function toolsText(tools) {
+    let text;
+    try {
+        text = JSON.stringify(tools);
+    } catch {
+        text = undefined;
+    }
+    if (text === undefined) {
+        throw setupError(native.invalidOption('tools', shown(tools), 'expected an object of tool name to settings'));
+    }
+    return text;
+}
+
+/** The `meta-key` option as the library reads it: the names, comma-separated. */
+function metaKeyText(metaKey) {
+    const names = typeof metaKey === 'string' ? [metaKey] : metaKey;
+    if (!Array.isArray(names) || !names.every((name) => typeof name === 'string')) {
+        throw setupError(native.invalidOption('meta-key', shown(metaKey), 'expected a string or an array of strings'));
+    }
+    if (names.some((name) => name.includes(','))) {
+        throw setupError(native.invalidOption('meta-key', shown(metaKey), 'a name must not contain a comma'));
+    }
+    return names.join(',');
+}
+
 function shown(value) {
-    return JSON.stringify(value) ?? String(value);
+    try {
+        return JSON.stringify(value) ?? String(value);
+    } catch {
+        return String(value);
+    }
 }
 
 /**
@@ -117,7 +158,8 @@ function carry(transport, open) {
     let connection;
     let serverOnMessage;
     let serverOnClose;
-    // Messages whose decision waits on the store, and those after them, are delivered in order.
+    // Messages whose decision waits on the store, and those after them, are delivered in order
+    // (but for a waiting duplicate, below).
     let queue = Promise.resolve();
     let queued = 0;
     const report = (error) => transport.onerror?.(error instanceof Error ? error : new Error(String(error)));
@@ -140,6 +182,16 @@ function carry(transport, open) {
     const onmessage = (message, extra) => {
         connection ??= open(extra);
         const step = connection.fromClient(JSON.stringify(message));
+        if (step instanceof native.Waiting) {
+            // A duplicate that may wait for a running call's outcome (a key the client did not
+            // send): delivered after the messages before it, but the messages after it do not wait
+            // for it, since the running call may be waiting for one of them (the client's answer
+            // to its elicitation), as `wrap` decides such calls beside its reads.
+            Promise.all([step.decided(), queue])
+                .then(([settled]) => deliver(settled, message, extra))
+                .catch(report);
+            return;
+        }
         if (queued === 0 && !(step instanceof Promise)) {
             deliver(step, message, extra);
             return;

@@ -19,7 +19,7 @@ use mcp_idempotency::embedded::{
 };
 use mcp_idempotency::interceptor::META_KEY;
 use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
-use napi::bindgen_prelude::{block_on, within_runtime_if_available, Either, PromiseRaw};
+use napi::bindgen_prelude::{block_on, within_runtime_if_available, Either, Either3, PromiseRaw};
 use napi::{Env, Result};
 use napi_derive::napi;
 
@@ -180,17 +180,30 @@ pub struct Connection {
 #[allow(clippy::wrong_self_convention)]
 #[napi]
 impl Connection {
-    /// What to do with a message from the client: the step, or a promise of it.
-    #[napi(ts_return_type = "Step | Promise<Step>")]
+    /// What to do with a message from the client: the step, or a promise of it, or a decision
+    /// that may wait for another call's outcome ([`Waiting`]): the messages after it must not
+    /// wait for that one.
+    #[napi(ts_return_type = "Step | Promise<Step> | Waiting")]
     pub fn from_client<'env>(
         &self,
         env: &'env Env,
         message: String,
-    ) -> Result<Either<Step, PromiseRaw<'env, Step>>> {
+    ) -> Result<Either3<Step, PromiseRaw<'env, Step>, Waiting>> {
+        let received = self.inner.receive(&message);
+        let may_wait = received.may_wait();
         let connection = Arc::clone(&self.inner);
-        answer(env, async move {
-            client_step(connection.from_client(&message).await)
-        })
+        let decided = async move { client_step(connection.decide(received).await) };
+        Ok(
+            match within_runtime_if_available(|| now_or_later(decided)) {
+                Answer::Ready(step) => Either3::A(step),
+                Answer::Pending(decided) if may_wait => Either3::C(Waiting {
+                    decided: Some(decided),
+                }),
+                Answer::Pending(decided) => {
+                    Either3::B(env.spawn_future(async move { Ok(decided.await) })?)
+                }
+            },
+        )
     }
 
     /// What to do with a message from the server: the step, or a promise of it.
@@ -211,6 +224,27 @@ impl Connection {
     #[napi]
     pub async fn close(&self) -> Vec<String> {
         self.inner.close().await
+    }
+}
+
+/// The decision on a client's message that may wait for another call's outcome (a key-less
+/// duplicate of a running call waits for it): `index.js` delivers the messages after it without
+/// waiting for it, since the running call may be waiting for one of them (an elicitation answer).
+#[napi]
+pub struct Waiting {
+    decided: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Step> + Send>>>,
+}
+
+#[napi]
+impl Waiting {
+    /// The step, once decided (call it once).
+    #[napi(ts_return_type = "Promise<Step>")]
+    pub fn decided<'env>(&mut self, env: &'env Env) -> Result<PromiseRaw<'env, Step>> {
+        let decided = self
+            .decided
+            .take()
+            .ok_or_else(|| napi::Error::from_reason("Waiting.decided() was called twice"))?;
+        env.spawn_future(async move { Ok(decided.await) })
     }
 }
 

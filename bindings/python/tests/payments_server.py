@@ -2,6 +2,8 @@
 Python SDK's `MCPServer`, with SEP-3182 in process through `mcp_idempotency.idempotent`.
 
     python3 payments_server.py --ledger FILE [--store S] [--namespace N] [--lease D] [--option NAME=VALUE ...]
+                               [--tools JSON] [--meta-key NAME ...]   key policies (idempotent's
+                                                          `tools=` and `meta_key=`)
     python3 payments_server.py --ledger FILE ... --http    stateless Streamable HTTP on 127.0.0.1, a
                                                           free port; the first stderr line is
                                                           "listening on http://127.0.0.1:PORT/mcp"
@@ -10,10 +12,12 @@ Python SDK's `MCPServer`, with SEP-3182 in process through `mcp_idempotency.idem
     python3 payments_server.py --ledger FILE --plain       the same server without the binding
 
 Tools (as the demo server's):
-- charge_payment {amount, currency, delay_ms?, fail_after_charge?}: sleeps delay_ms, appends one
-  JSON line {chargeId, amount, currency, pid, unixMs, key} to the ledger (one write on an O_APPEND
-  descriptor, so servers may share it), answers {chargeId, amount, currency}; with
-  fail_after_charge it charges, then fails with a JSON-RPC internal error naming the charge.
+- charge_payment {amount, currency, order_id?, delay_ms?, fail_after_charge?}: sleeps delay_ms,
+  appends one JSON line {chargeId, amount, currency, orderId, pid, unixMs, key} to the ledger (one
+  write on an O_APPEND descriptor, so servers may share it), answers {chargeId, amount, currency};
+  with fail_after_charge it charges, then fails with a JSON-RPC internal error naming the charge.
+- confirm_charge {order_id, amount, currency}: asks the client to confirm (MCP elicitation,
+  `elicitation/create`), then charges as charge_payment does; declined, it charges nothing.
 - get_balance: the number of charges in the ledger and the sum per currency.
 - noop, work_1ms: no ledger write; answer at once, or after 1 ms.
 """
@@ -33,6 +37,7 @@ from typing import Any
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import INTERNAL_ERROR
+from pydantic import BaseModel
 
 from mcp_idempotency import idempotency_key, idempotent
 
@@ -48,24 +53,34 @@ def build(ledger: str) -> MCPServer:
     def append(charge: dict[str, Any]) -> None:
         os.write(descriptor, (json.dumps(charge) + "\n").encode())
 
-    @server.tool()
-    async def charge_payment(
-        amount: int | float, currency: str, ctx: Context, delay_ms: int = 0, fail_after_charge: bool = False
-    ) -> dict[str, Any]:
-        """Charge a payment: appends one line to the ledger and returns its chargeId."""
-        if delay_ms > 0:
-            await asyncio.sleep(delay_ms / 1000)
+    def charge(amount: int | float, currency: str, order_id: str | None, ctx: Context) -> str:
         charge_id = "ch_" + uuid.uuid4().hex
         append(
             {
                 "chargeId": charge_id,
                 "amount": amount,
                 "currency": currency,
+                "orderId": order_id,
                 "pid": os.getpid(),
                 "unixMs": int(time.time() * 1000),
                 "key": idempotency_key(ctx),
             }
         )
+        return charge_id
+
+    @server.tool()
+    async def charge_payment(
+        amount: int | float,
+        currency: str,
+        ctx: Context,
+        order_id: str | None = None,
+        delay_ms: int = 0,
+        fail_after_charge: bool = False,
+    ) -> dict[str, Any]:
+        """Charge a payment: appends one line to the ledger and returns its chargeId."""
+        if delay_ms > 0:
+            await asyncio.sleep(delay_ms / 1000)
+        charge_id = charge(amount, currency, order_id, ctx)
         if fail_after_charge:
             raise MCPError(
                 code=INTERNAL_ERROR,
@@ -73,6 +88,17 @@ def build(ledger: str) -> MCPServer:
                 data={"chargeId": charge_id},
             )
         return {"chargeId": charge_id, "amount": amount, "currency": currency}
+
+    class Confirmation(BaseModel):
+        confirm: bool
+
+    @server.tool()
+    async def confirm_charge(order_id: str, amount: int | float, currency: str, ctx: Context) -> dict[str, Any]:
+        """Ask the client to confirm the charge (elicitation), then charge it."""
+        answer = await ctx.elicit(f"Charge {amount} {currency} for {order_id}?", Confirmation)
+        if answer.action != "accept" or not answer.data.confirm:
+            raise MCPError(code=INTERNAL_ERROR, message=f"the charge for {order_id} was not confirmed")
+        return {"chargeId": charge(amount, currency, order_id, ctx), "amount": amount, "currency": currency}
 
     @server.tool()
     def get_balance() -> dict[str, Any]:
@@ -109,6 +135,8 @@ def main() -> None:
     parser.add_argument("--namespace")
     parser.add_argument("--lease")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--tools", type=json.loads, help="key policies, as JSON: idempotent(tools=...)")
+    parser.add_argument("--meta-key", action="append", help="idempotent(meta_key=[...])")
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--sessions", action="store_true", help="with --http: sessions and SSE answers")
     parser.add_argument("--plain", action="store_true", help="without the binding (the bench's baseline)")
@@ -118,7 +146,7 @@ def main() -> None:
         options = dict(option.split("=", 1) for option in args.option)
         if args.lease:
             options["lease"] = args.lease
-        idempotent(server, store=args.store, namespace=args.namespace, **options)
+        idempotent(server, store=args.store, namespace=args.namespace, tools=args.tools, meta_key=args.meta_key, **options)
     if args.http:
         asyncio.run(serve_http(server, sessions=args.sessions))
     else:

@@ -8,7 +8,9 @@ The server then advertises `capabilities.tools.idempotency`, and a `tools/call` 
 gets the recorded outcome (success or error) without running the tool again, the key reused with
 other arguments is refused (`idempotency_key_conflict`), a duplicate of a call still running is
 refused at once (`idempotency_key_in_progress`), and a call whose server died mid-call answers
-`idempotency_outcome_unknown`. Every decision, the equivalence of arguments and the stores are the
+`idempotency_outcome_unknown`. Calls without that key are protected per tool by `tools=` policies
+(a business identifier, a key argument, a duplicate window) and `_meta` keys, as under `mcp-idem
+wrap --tools`. Every decision, the equivalence of arguments and the stores are the
 Rust library's (`mcp-idempotency`); this module only carries the SDK's messages to it, in the
 SDK's own middleware chain, so stdio and Streamable HTTP (JSON or SSE, sessions or not) are covered
 alike. Tools run on the server's event loop; store I/O runs on the library's tokio runtime.
@@ -22,7 +24,7 @@ import dataclasses
 import datetime
 import json
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -58,6 +60,8 @@ def idempotent(
     store: str | None = None,
     namespace: str | None = None,
     principal: str | Callable[[Any], str | None] | None = None,
+    tools: Mapping[str, Mapping[str, Any]] | None = None,
+    meta_key: str | Sequence[str] | None = None,
     **options: Any,
 ) -> Server:
     """Give `server` SEP-3182 and return it.
@@ -73,9 +77,18 @@ def idempotent(
     `-`: `retention="24h"`, `lease="5m"`, `after_crash="reject"`, `forward_key=False`,
     `cancel="absorb"`, `max_key_bytes=256`, `max_argument_bytes=...`, ...
 
+    `tools` protects calls that carry no SEP key, per tool: a dict of tool name (or `"*"`, every
+    tool) to its settings, exactly the config file's `[tools.NAME]` tables (`-` or `_` in names):
+    `key_from` (JSON Pointers into the arguments: `["/order_id"]`), `key_argument`, `window`
+    (`"30s"` or a timedelta), `required`, `on_error`, `store_down`, `wait`, as under `mcp-idem wrap
+    --tools`. `meta_key` names more `params._meta` members a client's key is read from (a string
+    or a list of them), beside `_meta.idempotencyKey`, always read:
+
+        idempotent(server, tools={"charge": {"key_from": ["/order_id"], "required": True}})
+
     The store is opened here, once per namespace and options (servers built per request share
-    it): a bad option, a store URL that does not parse or a store that cannot be reached raises
-    `IdempotencyError` (with `.type` and `.code`) at once.
+    it): a bad option or policy, a store URL that does not parse or a store that cannot be
+    reached raises `IdempotencyError` (with `.type` and `.code`) at once.
     """
     lowlevel = getattr(server, "_lowlevel_server", server)
     if not hasattr(lowlevel, "middleware"):
@@ -87,6 +100,10 @@ def idempotent(
         settings.append(("principal", principal))
     elif principal is not None and not callable(principal):
         raise invalid_option("principal", repr(principal), "expected a string or a function")
+    if tools is not None:
+        settings.append(("tools", _tools_text(tools)))
+    if meta_key is not None:
+        settings.append(("meta-key", _meta_key_text(meta_key)))
     for name, value in options.items():
         settings.append((name, _option_text(name, value)))
     # One gateway per namespace and options (the library's): servers built per request or per
@@ -115,7 +132,10 @@ class IdempotencyMiddleware:
     """The SDK middleware that hands each request and its answer to the gateway.
 
     Each request is a connection of its own to the library: its claim lives in the store, so
-    duplicates on other requests, sessions or processes sharing the store see it.
+    duplicates on other requests, sessions or processes sharing the store see it. The SDK runs each
+    request in a task of its own and hands the client's responses (an elicitation answer) to the
+    waiting request directly, so a key-less duplicate waiting here for a running call's outcome
+    (up to its tool's `wait`) holds up no other message, not even the answer that call waits for.
     """
 
     def __init__(self, gateway: Gateway, *, principal: Callable[[Any], str | None], absorb_cancel: bool):
@@ -267,3 +287,27 @@ def _option_text(name: str, value: Any) -> str:
     if isinstance(value, datetime.timedelta):
         return f"{int(value.total_seconds() * 1000)}ms"
     raise invalid_option(name, repr(value), "expected a string, a number, a bool or a timedelta")
+
+
+def _tools_text(tools: Any) -> str:
+    """The `tools` option as the library reads it: the policies as JSON text (durations as `Nms`)."""
+
+    def duration(value: Any) -> str:
+        if isinstance(value, datetime.timedelta):
+            return f"{int(value.total_seconds() * 1000)}ms"
+        raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+    try:
+        return json.dumps(tools, default=duration, allow_nan=False)
+    except (TypeError, ValueError) as error:
+        raise invalid_option("tools", repr(tools), f"expected a dict of tool name to settings ({error})") from None
+
+
+def _meta_key_text(meta_key: Any) -> str:
+    """The `meta-key` option as the library reads it: the names, comma-separated."""
+    names = [meta_key] if isinstance(meta_key, str) else meta_key
+    if not isinstance(names, Sequence) or not all(isinstance(name, str) for name in names):
+        raise invalid_option("meta-key", repr(meta_key), "expected a string or a list of strings")
+    if any("," in name for name in names):
+        raise invalid_option("meta-key", repr(meta_key), "a name must not contain a comma")
+    return ",".join(names)

@@ -17,7 +17,10 @@
 //! - the binding's own tests pass (`bindings/python/tests` with pytest, `bindings/node/test` with
 //!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
 //!   run side by side), a store that goes down mid-run refuses keyed calls and loses no
-//!   outcome, and the npm package installs with its prebuilt addon.
+//!   outcome, and the npm package installs with its prebuilt addon; the key policies of issue 34
+//!   (`tools`, `meta-key`) hold with the official clients: a key in `_meta`, a business
+//!   identifier, `required`, a window, and a key-less duplicate waiting beside the elicitation
+//!   answer its running call waits for.
 //!
 //! The bindings are built and installed by `bindings/python/install.sh` and
 //! `bindings/node/install.sh` (`.ci/run` runs both). Without them the tests print a note and pass,
@@ -436,6 +439,7 @@ fn own_tests(binding: Binding) {
                 "--test",
                 "--test-reporter=dot",
                 "test/binding.test.mjs",
+                "test/key-sources.test.mjs",
                 "test/package.test.mjs",
             ],
             repo().join("bindings/node"),

@@ -174,8 +174,27 @@ pub enum FromServer {
     Drop,
 }
 
-/// One connection's interceptor state. Messages of one direction must be handed over in the
-/// order they travel; the two directions may be handed over concurrently.
+/// A message from the client, read by [`Connection::receive`]: decide it with
+/// [`Connection::decide`] (dropped undecided, a call is neither claimed nor sent).
+#[must_use]
+#[derive(Debug)]
+pub struct Received(ClientAction<RunningClaim>);
+
+impl Received {
+    /// Whether deciding may wait for another call's outcome: a duplicate of a running call under
+    /// a key the client did not send (a business identifier, a key argument, a window) waits for
+    /// it, up to its tool's `wait`. A driver must then not hold up the messages after this one:
+    /// the running call may be waiting for one of them (the client's answer to its elicitation,
+    /// say). `wrap` decides such calls beside its reads for the same reason.
+    pub fn may_wait(&self) -> bool {
+        matches!(&self.0, ClientAction::Decide(call) if call.waits_for_duplicates().is_some())
+    }
+}
+
+/// One connection's interceptor state. Messages of one direction must be handed over
+/// ([`from_client`](Self::from_client), [`receive`](Self::receive)) in the order they travel;
+/// the two directions may be handed over concurrently, and so may the decisions of received
+/// messages.
 #[derive(Debug)]
 pub struct Connection {
     dedup: Deduplicator,
@@ -186,10 +205,23 @@ pub struct Connection {
 
 impl Connection {
     /// Decides on a message from the client: a keyed `tools/call` is claimed, replayed or
-    /// rejected here; everything else passes.
+    /// rejected here; everything else passes. The same as [`receive`](Self::receive) then
+    /// [`decide`](Self::decide).
     pub async fn from_client(&self, message: &str) -> FromClient {
-        let action = self.lock().on_client_message(message);
-        match action {
+        self.decide(self.receive(message)).await
+    }
+
+    /// Reads a message from the client, without waiting: what [`decide`](Self::decide) then
+    /// decides. For a driver that hands messages over in order but does not await each decision
+    /// before the next message: [`Received::may_wait`] says which decisions must not hold up the
+    /// messages after them.
+    pub fn receive(&self, message: &str) -> Received {
+        Received(self.lock().on_client_message(message))
+    }
+
+    /// Decides on a message [`receive`](Self::receive)d by this connection.
+    pub async fn decide(&self, received: Received) -> FromClient {
+        match received.0 {
             ClientAction::Forward => FromClient::Forward,
             ClientAction::Absorb => FromClient::Drop,
             ClientAction::Respond(response) => FromClient::Respond(response),

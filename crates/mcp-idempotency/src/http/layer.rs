@@ -12,6 +12,7 @@ use super::service::IdempotencyService;
 use super::shutdown::Shutdown;
 use crate::interceptor::InterceptorConfig;
 use crate::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES;
+use crate::policy::ToolPolicies;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig};
 
@@ -111,9 +112,40 @@ impl IdempotencyLayer {
         self.with(|shared| shared.scope_by = scope_by)
     }
 
-    /// Key forwarding and cancellation settings, as for the stdio proxy.
+    /// Key forwarding and cancellation settings, as for the stdio proxy (the tools' key policies
+    /// too: set them with [`tool_policies`](Self::tool_policies) after this).
     pub fn interceptor_config(self, config: InterceptorConfig) -> Self {
         self.with(|shared| shared.interceptor = config)
+    }
+
+    /// The tools' key policies, for calls that carry no SEP-3182 key (a business identifier, a
+    /// key argument, a duplicate window, per tool), and the `params._meta` members a client's key
+    /// is read from ([`ToolPolicies::with_meta_key`]): what `mcp-idem wrap --tools` and
+    /// `--meta-key`, and the bindings' `tools` and `meta-key` options, set. The other interceptor
+    /// settings are kept. A key-less duplicate of a running call waits for its outcome (up to the
+    /// tool's `wait`) in its own request, holding up no other.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+    /// use mcp_idempotency::http::idempotent_layer;
+    /// use mcp_idempotency::policy::ToolPolicies;
+    ///
+    /// // A model retrying `charge` with the same order id gets the first charge back.
+    /// let policies = ToolPolicies::from_json(&serde_json::json!({
+    ///     "charge": {"key-from": ["/order_id"], "required": true},
+    ///     "send_email": {"window": "30s"},
+    /// }))?
+    /// .with_meta_key("io.mcp-gateway/idempotency-key")?;
+    /// let layer = idempotent_layer("sqlite:/var/lib/my-server/idem.sqlite3")
+    ///     .await?
+    ///     .namespace("payments")
+    ///     .tool_policies(policies);
+    /// # let _ = layer; Ok(()) }
+    /// ```
+    pub fn tool_policies(self, policies: ToolPolicies) -> Self {
+        self.with(|shared| {
+            shared.interceptor = shared.interceptor.clone().tool_policies(policies);
+        })
     }
 
     /// Largest request body read (default [`DEFAULT_MAX_CLIENT_MESSAGE_BYTES`]); larger POSTs get

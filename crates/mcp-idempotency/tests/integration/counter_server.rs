@@ -1,10 +1,11 @@
-//! A real rmcp server with one tool, `bump`, that counts its executions: the upstream of the
-//! embedding tests.
+//! A real rmcp server with two tools, `bump` and `charge`, that count their executions: the
+//! upstream of the embedding tests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{ServerCapabilities, ServerConfig};
 use rmcp::{tool, tool_handler, tool_router, ServerHandler};
 
@@ -24,12 +25,27 @@ impl Counter {
     }
 }
 
+/// The arguments of `charge`.
+#[derive(Debug, serde::Deserialize, rmcp::schemars::JsonSchema)]
+#[schemars(crate = "rmcp::schemars")]
+pub(crate) struct Charge {
+    order_id: Option<String>,
+    amount: u64,
+}
+
 #[tool_router]
 impl Counter {
     #[tool(description = "Counts its executions.")]
     async fn bump(&self) -> String {
         let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
         format!("execution {n}")
+    }
+
+    #[tool(description = "Charges `amount` for `order_id`, counted as an execution.")]
+    async fn charge(&self, Parameters(charge): Parameters<Charge>) -> String {
+        let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        let order = charge.order_id.unwrap_or_default();
+        format!("execution {n}: {} for {order}", charge.amount)
     }
 }
 

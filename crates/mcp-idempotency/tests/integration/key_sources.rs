@@ -524,3 +524,52 @@ async fn a_call_keyed_before_its_tool_had_a_policy_is_not_run_again() {
     let retry = responded(new.connect(None).from_client(&keyed).await);
     assert_eq!(text(&retry), "ch_before");
 }
+
+#[tokio::test]
+async fn a_waiting_duplicate_says_so_and_does_not_hold_up_the_messages_after_it() {
+    let gateway = gateway(json!({"charge": {"key-from": "/order_id", "wait": "10s"},
+                                 "quick": {"key-from": "/order_id", "wait": "0s"}}))
+    .await;
+    let running = gateway.connect(None);
+    let _ = forwarded(running.from_client(&charge(1, json!("o"), 5)).await);
+
+    // A driver that hands every message over in order (one stdio session, say) and decides the
+    // ones that may wait beside the others.
+    let session = Arc::new(gateway.connect(None));
+    let duplicate = session.receive(&charge(7, json!("o"), 5));
+    assert!(duplicate.may_wait());
+    let deciding = {
+        let session = Arc::clone(&session);
+        tokio::spawn(async move { session.decide(duplicate).await })
+    };
+    // The client's answer to the running call's elicitation passes while the duplicate waits.
+    let elicited = json!({"jsonrpc": "2.0", "id": "elicit-1",
+                          "result": {"action": "accept", "content": {"ok": true}}})
+    .to_string();
+    let answer_to_server = session.receive(&elicited);
+    assert!(!answer_to_server.may_wait());
+    assert_eq!(session.decide(answer_to_server).await, FromClient::Forward);
+    assert!(!deciding.is_finished());
+    let _ = running.from_server(&answer(1, "ch_o")).await;
+    let got = responded(deciding.await.unwrap());
+    assert_eq!((got["id"].clone(), text(&got)), (json!(7), "ch_o"));
+
+    // A client's key (SEP or `_meta`) is answered in progress at once: it never waits.
+    let sep = call(8, json!({"name": "charge", "idempotencyKey": "k"}));
+    assert!(!session.receive(&sep).may_wait());
+    let meta = call(
+        9,
+        json!({"name": "other", "_meta": {"idempotencyKey": "k"}}),
+    );
+    assert!(!session.receive(&meta).may_wait());
+    // Nor does a tool whose `wait` is 0s, nor a call no policy names.
+    assert!(!session
+        .receive(&call(
+            10,
+            json!({"name": "quick", "arguments": {"order_id": "o"}})
+        ))
+        .may_wait());
+    assert!(!session
+        .receive(&call(11, json!({"name": "lookup"})))
+        .may_wait());
+}
