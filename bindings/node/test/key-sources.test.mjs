@@ -142,13 +142,13 @@ test('required refuses a call without its identifier and runs nothing', async ()
 
 test('a window merges identical calls and runs them again after it', async () => {
     const ledger = join(sandbox(), 'ledger.jsonl');
-    const { client } = await connect(ledger, { tools: { charge_payment: { window: '1s' } } });
+    const { client } = await connect(ledger, { tools: { charge_payment: { window: '3s' } } });
     try {
         const first = await call(client, 'charge_payment', CHARGE);
         const merged = await call(client, 'charge_payment', CHARGE);
         assert.equal(chargeId(merged), chargeId(first));
         assert.equal(merged.result._meta[REPLAYED], 'window');
-        await new Promise((resolve) => setTimeout(resolve, 1200));
+        await new Promise((resolve) => setTimeout(resolve, 3300));
         const later = await call(client, 'charge_payment', CHARGE);
         assert.notEqual(chargeId(later), chargeId(first));
         assert.equal(later.result._meta?.[REPLAYED], undefined);

@@ -155,12 +155,12 @@ def test_a_window_merges_identical_calls_and_runs_them_again_after_it(tmp_path):
     ledger = tmp_path / "ledger.jsonl"
 
     async def scenario() -> None:
-        async with Client(server(ledger, tools={"charge_payment": {"window": "1s"}})) as client:
+        async with Client(server(ledger, tools={"charge_payment": {"window": "3s"}})) as client:
             first = await call(client, "charge_payment", CHARGE)
             merged = await call(client, "charge_payment", CHARGE)
             assert charge_id(merged) == charge_id(first)
             assert merged["result"]["_meta"][REPLAYED] == "window"
-            await anyio.sleep(1.2)
+            await anyio.sleep(3.3)
             later = await call(client, "charge_payment", CHARGE)
             assert charge_id(later) != charge_id(first)
             assert REPLAYED not in later["result"].get("_meta", {})
