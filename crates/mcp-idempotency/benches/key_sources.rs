@@ -15,6 +15,7 @@
 //! ```sh
 //! cargo bench -p mcp-idempotency --features embedded --bench key_sources [-- --rounds N]
 //! cargo bench -p mcp-idempotency --features embedded --bench key_sources -- --instructions [CALLS]
+//! ... -- --rows 0,2,4   # only these rows (0 is the first printed) and their baselines
 //! ```
 //!
 //! Timed (the default): the rows run in short batches (about 0.5 ms) in a rotating order, many
@@ -22,7 +23,9 @@
 //! `fingerprint` bench does on this shared machine. `--instructions`: the bench runs itself under
 //! valgrind's callgrind once per row (300 calls to warm up, then CALLS counted, default 2000) and
 //! prints user-space instructions per call, the same figure on every run of one build (needs the
-//! Debian package `valgrind`).
+//! Debian package `valgrind`). Valgrind's CPU has no SHA extensions, so there SHA-256 runs in
+//! software, about 20 times the instructions of SHA-NI: the keyed rows' counts weigh hashing far
+//! above its share of their time; the timed ratios are the ones to read for them.
 
 use std::hint::black_box;
 use std::process::Command;
@@ -214,8 +217,8 @@ fn next_calls(gateway: &mut Gateway, row: &Row, count: u64, large: &str) -> Vec<
         .collect()
 }
 
-/// Hands each call and its answer to the gateway, as a server's transport would. What is
-/// measured; never inlined, so callgrind can count it alone (`--toggle-collect`).
+/// Hands each call and its answer to the gateway, as a server's transport would: what is
+/// measured. Never inlined, so that callgrind counts it alone (`--toggle-collect`).
 #[inline(never)]
 fn counted_calls(
     runtime: &Runtime,
@@ -223,6 +226,11 @@ fn counted_calls(
     calls: &[(String, String)],
     keyed: bool,
 ) {
+    hand_over(runtime, connection, calls, keyed);
+}
+
+/// Hands each call and its answer to the gateway (uncounted: the warm-up of [`one_row`]).
+fn hand_over(runtime: &Runtime, connection: &Connection, calls: &[(String, String)], keyed: bool) {
     runtime.block_on(async {
         for (request, answer) in calls {
             match connection.from_client(black_box(request)).await {
@@ -262,36 +270,52 @@ fn main() {
         let calls = arg_after("--calls").flatten().and_then(|n| n.parse().ok());
         return one_row(row.parse().expect("--row N"), calls.unwrap_or(2000));
     }
+    let rows = selected_rows();
     if let Some(calls) = arg_after("--instructions") {
-        return instructions(calls.and_then(|n| n.parse().ok()).unwrap_or(2000));
+        return instructions(&rows, calls.and_then(|n| n.parse().ok()).unwrap_or(2000));
     }
     let rounds = arg_after("--rounds")
         .flatten()
         .and_then(|n| n.parse().ok())
         .unwrap_or(300);
-    timed(rounds);
+    timed(&rows, rounds);
+}
+
+/// The rows `--rows 0,2,4` names (by their place in [`ROWS`]) and their baselines; all by default.
+fn selected_rows() -> Vec<usize> {
+    let Some(list) = arg_after("--rows").flatten() else {
+        return (0..ROWS.len()).collect();
+    };
+    let mut rows: Vec<usize> = list
+        .split(',')
+        .map(|n| n.trim().parse().expect("--rows takes row numbers, 0 to 8"))
+        .flat_map(|at: usize| [ROWS[at].baseline, at])
+        .collect();
+    rows.sort_unstable();
+    rows.dedup();
+    rows
 }
 
 /// The rows in rotating order, `rounds` times; fastest and median batch of each, and their ratios
 /// to the row's baseline.
-fn timed(rounds: usize) {
+fn timed(rows: &[usize], rounds: usize) {
     let runtime = runtime();
     let large = large_extra();
-    let mut gateways: Vec<Gateway> = ROWS.iter().map(|row| open(&runtime, row)).collect();
+    let mut gateways: Vec<Gateway> = rows.iter().map(|&at| open(&runtime, &ROWS[at])).collect();
     // Warm up, and size each row's batch to about 0.5 ms.
     let mut sizes = Vec::new();
-    for (gateway, row) in gateways.iter_mut().zip(&ROWS) {
-        run(&runtime, gateway, row, 300, &large);
-        let per_call = run(&runtime, gateway, row, 300, &large);
+    for (gateway, &at) in gateways.iter_mut().zip(rows) {
+        run(&runtime, gateway, &ROWS[at], 300, &large);
+        let per_call = run(&runtime, gateway, &ROWS[at], 300, &large);
         let size = (Duration::from_micros(500).as_nanos() / per_call.as_nanos().max(1)).max(20);
         sizes.push(size as u64);
     }
-    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); ROWS.len()];
+    let mut samples: Vec<Vec<Duration>> = vec![Vec::with_capacity(rounds); rows.len()];
     for round in 0..rounds {
-        for step in 0..ROWS.len() {
-            let at = (round + step) % ROWS.len();
-            let (row, gateway) = (&ROWS[at], &mut gateways[at]);
-            samples[at].push(run(&runtime, gateway, row, sizes[at], &large));
+        for step in 0..rows.len() {
+            let i = (round + step) % rows.len();
+            let (row, gateway) = (&ROWS[rows[i]], &mut gateways[i]);
+            samples[i].push(run(&runtime, gateway, row, sizes[i], &large));
         }
     }
     println!(
@@ -304,15 +328,20 @@ fn timed(rounds: usize) {
     );
     let best: Vec<Duration> = samples.iter().map(|s| fastest(s)).collect();
     let mid: Vec<Duration> = samples.iter().map(|s| median(s)).collect();
-    for (at, row) in ROWS.iter().enumerate() {
-        let b = row.baseline;
+    let place = |at: usize| {
+        rows.iter()
+            .position(|&r| r == at)
+            .expect("baseline selected")
+    };
+    for (i, &at) in rows.iter().enumerate() {
+        let (row, b) = (&ROWS[at], place(ROWS[at].baseline));
         println!(
             "{:<46} {:>9} {:>6.3}x {:>9} {:>6.3}x",
             row.name,
-            format!("{} ns", best[at].as_nanos()),
-            ratio(best[at], best[b]),
-            format!("{} ns", mid[at].as_nanos()),
-            ratio(mid[at], mid[b]),
+            format!("{} ns", best[i].as_nanos()),
+            ratio(best[i], best[b]),
+            format!("{} ns", mid[i].as_nanos()),
+            ratio(mid[i], mid[b]),
         );
     }
 }
@@ -325,42 +354,24 @@ fn one_row(at: usize, calls: u64) {
     let mut gateway = open(&runtime, row);
     let keyed = !matches!(row.call, Call::PassThrough { .. });
     let warm_up = next_calls(&mut gateway, row, 300, &large);
-    warm_up_calls(&runtime, &gateway.connection, &warm_up, keyed);
+    hand_over(&runtime, &gateway.connection, &warm_up, keyed);
     let counted = next_calls(&mut gateway, row, calls, &large);
     counted_calls(&runtime, &gateway.connection, &counted, keyed);
 }
 
-/// The warm-up of [`one_row`]: the same work as [`counted_calls`], under another name so
-/// callgrind does not count it.
-#[inline(never)]
-fn warm_up_calls(
-    runtime: &Runtime,
-    connection: &Connection,
-    calls: &[(String, String)],
-    keyed: bool,
-) {
-    runtime.block_on(async {
-        for (request, answer) in calls {
-            let routed = connection.from_client(request).await;
-            assert!(
-                matches!(routed, FromClient::ForwardRewritten(_)) == keyed,
-                "{routed:?}"
-            );
-            let _ = connection.from_server(answer).await;
-        }
-    });
-}
-
 /// Each row in a process of its own under callgrind; instructions per call and the ratio to the
 /// row's baseline.
-fn instructions(calls: u64) {
+fn instructions(rows: &[usize], calls: u64) {
     let me = std::env::current_exe().expect("the bench's own path");
     let work = std::env::temp_dir().join(format!("key-sources-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("a temporary directory");
-    println!("key sources: instructions per call (from_client + from_server), memory store, {calls} calls a row");
+    println!(
+        "key sources: instructions per call (from_client + from_server), memory store, {calls} \
+         calls a row"
+    );
     println!("{:<46} {:>12} {:>8}", "row", "instructions", "ratio");
-    let mut counts = Vec::new();
-    for (at, row) in ROWS.iter().enumerate() {
+    let mut counts = vec![f64::NAN; ROWS.len()];
+    for &at in rows {
         let out = work.join(format!("row-{at}.out"));
         let status = Command::new("valgrind")
             .arg("--tool=callgrind")
@@ -379,13 +390,13 @@ fn instructions(calls: u64) {
             .find_map(|line| line.strip_prefix("totals:"))
             .and_then(|t| t.split_whitespace().next()?.parse().ok())
             .expect("callgrind's totals line");
-        let per_call = total as f64 / calls as f64;
-        counts.push(per_call);
+        counts[at] = total as f64 / calls as f64;
+        let row = &ROWS[at];
         println!(
             "{:<46} {:>12.0} {:>7.3}x",
             row.name,
-            per_call,
-            per_call / counts[row.baseline]
+            counts[at],
+            counts[at] / counts[row.baseline]
         );
     }
     let _ = std::fs::remove_dir_all(&work);
