@@ -27,6 +27,7 @@
 //!   that are not JSON or not JSON-RPC) passes through untouched.
 
 mod batch;
+mod prefilter;
 pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
@@ -389,10 +390,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         id: RequestId,
     ) -> ClientAction<C> {
         let policies = Arc::clone(&self.config.policies);
-        // Most calls carry no key and no tool has a policy: they are not parsed further.
+        // Most calls carry no key and their tool has no policy: they are not parsed further.
         let params = envelope
             .get("params")
-            .filter(|_| !policies.is_empty() || may_name_key(message, policies.meta_keys()))
+            .filter(|p| prefilter::needs_parsing(message, p, &policies))
             .and_then(|p| RawObject::parse(p.get()));
         let Some(params) = params else {
             return unkeyed(None);
@@ -698,15 +699,6 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     pub fn set_store_usable(&mut self, usable: bool) {
         self.store_unusable = !usable;
     }
-}
-
-/// Whether `text` may hold a member named `idempotencyKey` or one of the `_meta` key names: it
-/// holds the name, or a `\u` escape (the only other way to spell its letters). `false` means
-/// certainly not, without parsing: most calls carry no key.
-fn may_name_key(text: &str, meta_keys: &[String]) -> bool {
-    text.contains("idempotencyKey")
-        || text.contains("\\u")
-        || meta_keys.iter().any(|name| text.contains(name.as_str()))
 }
 
 /// A `tools/call` no key protects: forwarded as it is, and counted (with the tool and the

@@ -573,3 +573,32 @@ async fn a_waiting_duplicate_says_so_and_does_not_hold_up_the_messages_after_it(
         .receive(&call(11, json!({"name": "lookup"})))
         .may_wait());
 }
+
+/// A call is let through unparsed only when its params start with `name` and nothing after could
+/// name another tool: whichever way the client writes the params, the tool decided on is the one
+/// the server reads (the last `name`, escapes resolved).
+#[tokio::test]
+async fn the_tool_a_policy_applies_to_is_found_however_the_params_are_written() {
+    let gateway = gateway(json!({"charge": {"key-from": "/order_id"}})).await;
+    let connection = gateway.connect(None);
+    let params = [
+        r#"{"arguments":{"order_id":"o1"},"name":"charge"}"#,
+        r#"{"name":"ch\u0061rge","arguments":{"order_id":"o2"}}"#,
+        r#"{"name":"lookup","arguments":{"order_id":"o3"},"name":"charge"}"#,
+        r#"{"name":"lookup","arguments":{"order_id":"o4"},"n\u0061me":"charge"}"#,
+        r#" { "name" : "charge" , "arguments" : {"order_id":"o5"} }"#,
+    ];
+    for (id, params) in (1..).zip(params) {
+        let message =
+            format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{params}}}"#);
+        let sent = forwarded(connection.from_client(&message).await);
+        let key = sent["params"]["_meta"][META_KEY]
+            .as_str()
+            .unwrap_or_default();
+        assert!(key.starts_with("charge:"), "{params}: {key}");
+        let _ = connection.from_server(&answer(id, "ok")).await;
+    }
+    // Named first, and `name` elsewhere only as an argument: still looked at whole.
+    let message = call(9, json!({"name": "lookup", "arguments": {"name": "Ada"}}));
+    assert_eq!(connection.from_client(&message).await, FromClient::Forward);
+}
