@@ -55,6 +55,7 @@
 //!     arguments: Some(r#"{"amount": 1}"#),
 //!     idempotency_key: Some(&key),
 //!     mrtr_continuation: false,
+//!     ..ToolCall::default()
 //! };
 //! let now = Timestamp::from_millis(1_000);
 //! let Step::TryClaim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {

@@ -78,6 +78,7 @@ pub(crate) trait StopGate {
 ///     arguments: Some(r#"{"amount": 4200, "currency": "usd"}"#),
 ///     idempotency_key: Some(&key),
 ///     mrtr_continuation: false,
+///     ..ToolCall::default()
 /// };
 ///
 /// let Decision::Execute(claim) = dedup.decide(&scope, &call).await else { panic!() };
