@@ -13,6 +13,7 @@ mod ledger;
 mod line_client;
 mod ops;
 mod progress;
+mod shown;
 mod upstream;
 
 fn main() -> ExitCode {

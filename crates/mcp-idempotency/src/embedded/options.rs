@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::interceptor::CancelPolicy;
+use crate::policy::parse::kebab_case;
 use crate::policy::ToolPolicies;
 use crate::AfterCrash;
 
@@ -255,22 +256,6 @@ pub const ALL: [GatewayOption; 15] = [
 pub fn find(name: &str) -> Option<&'static GatewayOption> {
     let name = kebab_case(name);
     ALL.iter().find(|option| option.name == name)
-}
-
-/// `maxKeyBytes` and `max_key_bytes` as `max-key-bytes`.
-fn kebab_case(name: &str) -> String {
-    let mut kebab = String::with_capacity(name.len() + 4);
-    for c in name.chars() {
-        match c {
-            '_' => kebab.push('-'),
-            c if c.is_ascii_uppercase() => {
-                kebab.push('-');
-                kebab.push(c.to_ascii_lowercase());
-            }
-            c => kebab.push(c),
-        }
-    }
-    kebab
 }
 
 /// A duration: `24h`, `30s`, `1h 30m`, `500ms`.

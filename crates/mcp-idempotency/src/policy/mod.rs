@@ -11,7 +11,7 @@
 //! bindings pass their language's dict or object), checked once, at start. Choosing the key of one
 //! call is [`select`](crate::policy::select), sans-IO; the engine decides on it as on a SEP key.
 
-mod parse;
+pub(crate) mod parse;
 pub(crate) mod select;
 
 use std::collections::BTreeMap;

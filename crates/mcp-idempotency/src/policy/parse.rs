@@ -117,7 +117,7 @@ fn table_of(tool: &str, value: &Value) -> Result<Written, PolicyError> {
     let mut written = Written::default();
     for (name, value) in settings {
         let error = |message: String| PolicyError::new(tool, format!("`{name}`: {message}"));
-        match canonical(name).as_str() {
+        match kebab_case(name).as_str() {
             "key-from" => written.key_from = Some(pointers(value).map_err(error)?),
             "key-argument" => written.key_argument = Some(non_empty(value).map_err(error)?),
             "window" => {
@@ -156,20 +156,21 @@ fn table_of(tool: &str, value: &Value) -> Result<Written, PolicyError> {
     Ok(written)
 }
 
-/// `keyFrom`, `key_from` and `key-from` are one setting.
-fn canonical(name: &str) -> String {
-    let mut out = String::with_capacity(name.len() + 4);
+/// A setting's or an option's name in kebab-case, however a language spells it: `keyFrom`,
+/// `key_from` and `key-from` are one setting (`maxKeyBytes` is `max-key-bytes`).
+pub(crate) fn kebab_case(name: &str) -> String {
+    let mut kebab = String::with_capacity(name.len() + 4);
     for c in name.chars() {
         match c {
-            '_' => out.push('-'),
+            '_' => kebab.push('-'),
             c if c.is_ascii_uppercase() => {
-                out.push('-');
-                out.push(c.to_ascii_lowercase());
+                kebab.push('-');
+                kebab.push(c.to_ascii_lowercase());
             }
-            c => out.push(c),
+            c => kebab.push(c),
         }
     }
-    out
+    kebab
 }
 
 fn pointers(value: &Value) -> Result<Vec<Pointer>, String> {

@@ -22,30 +22,30 @@ fn call(id: u64, key: &str, amount: u64) -> String {
     .to_string()
 }
 
-fn answer(id: u64, text: &str) -> String {
+pub(crate) fn answer(id: u64, text: &str) -> String {
     json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}})
         .to_string()
 }
 
-fn parse(text: &str) -> Value {
+pub(crate) fn parse(text: &str) -> Value {
     serde_json::from_str(text).unwrap()
 }
 
-fn forwarded(route: FromClient) -> Value {
+pub(crate) fn forwarded(route: FromClient) -> Value {
     match route {
         FromClient::ForwardRewritten(message) => parse(&message),
         other => panic!("expected the call forwarded, got {other:?}"),
     }
 }
 
-fn responded(route: FromClient) -> Value {
+pub(crate) fn responded(route: FromClient) -> Value {
     match route {
         FromClient::Respond(message) => parse(&message),
         other => panic!("expected an answer to the client, got {other:?}"),
     }
 }
 
-fn error_type(response: &Value) -> &str {
+pub(crate) fn error_type(response: &Value) -> &str {
     response["error"]["data"]["type"]
         .as_str()
         .unwrap_or_default()

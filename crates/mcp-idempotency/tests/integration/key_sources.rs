@@ -14,6 +14,7 @@ use mcp_idempotency::{Deduplicator, EngineConfig, Scope, REPLAYED_META};
 use serde_json::{json, Value};
 
 use crate::deduplicator::failing_store::FlakyStore;
+use crate::embedded::{answer, error_type, forwarded, responded};
 
 async fn gateway(tools: Value) -> Embedded {
     let mut settings = Settings::new("key-sources");
@@ -33,39 +34,10 @@ fn charge(id: u64, order: Value, amount: u64) -> String {
     )
 }
 
-fn answer(id: u64, text: &str) -> String {
-    json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}})
-        .to_string()
-}
-
 fn failed(id: u64, text: &str) -> String {
     json!({"jsonrpc": "2.0", "id": id,
            "result": {"content": [{"type": "text", "text": text}], "isError": true}})
     .to_string()
-}
-
-fn parse(text: &str) -> Value {
-    serde_json::from_str(text).unwrap()
-}
-
-fn forwarded(route: FromClient) -> Value {
-    match route {
-        FromClient::ForwardRewritten(message) => parse(&message),
-        other => panic!("expected the call forwarded, got {other:?}"),
-    }
-}
-
-fn responded(route: FromClient) -> Value {
-    match route {
-        FromClient::Respond(message) => parse(&message),
-        other => panic!("expected an answer to the client, got {other:?}"),
-    }
-}
-
-fn error_type(response: &Value) -> &str {
-    response["error"]["data"]["type"]
-        .as_str()
-        .unwrap_or_default()
 }
 
 fn text(response: &Value) -> &str {

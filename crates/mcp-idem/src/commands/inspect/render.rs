@@ -1,6 +1,7 @@
 //! What `inspect` prints: tables and key-value blocks for people, JSON documents for programs.
 //! The JSON field names are part of the interface (docs/inspect.md).
 
+use crate::shown::escape_controls;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime};
 
@@ -149,19 +150,6 @@ fn time_from_now(t: Timestamp, now: Timestamp) -> String {
     }
 }
 
-/// `text` with control characters escaped, so that stored text cannot drive the terminal.
-fn shown(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
-}
-
 /// `text` as one word for a POSIX shell.
 pub(super) fn shell_word(text: &str) -> String {
     let plain = !text.is_empty()
@@ -171,7 +159,7 @@ pub(super) fn shell_word(text: &str) -> String {
     if plain {
         text.to_owned()
     } else {
-        format!("'{}'", shown(text).replace('\'', r"'\''"))
+        format!("'{}'", escape_controls(text).replace('\'', r"'\''"))
     }
 }
 
@@ -215,12 +203,12 @@ pub(super) fn list(records: &[Record], truncated: bool, now: Timestamp, as_json:
             [
                 state_name(record, now).replace('_', "-"),
                 short(now.saturating_since(record.created_at)),
-                shown(&record.tool_name),
+                escape_controls(&record.tool_name),
                 outcome.to_owned(),
-                shown(record.id.scope.namespace()),
-                shown(record.id.scope.principal()),
+                escape_controls(record.id.scope.namespace()),
+                escape_controls(record.id.scope.principal()),
                 record.id.key.source().to_string(),
-                shown(record.id.key.for_tool()),
+                escape_controls(record.id.key.for_tool()),
             ]
         })
         .collect();
@@ -264,12 +252,12 @@ pub(super) fn show(record: &Record, now: Timestamp, as_json: bool) -> String {
     let mut field = |name: &str, value: &str| {
         let _ = writeln!(text, "{name:<14} {value}");
     };
-    field("key", &shown(record.id.key.for_tool()));
+    field("key", &escape_controls(record.id.key.for_tool()));
     field("source", record.id.key.source().as_str());
-    field("namespace", &shown(record.id.scope.namespace()));
-    field("principal", &shown(record.id.scope.principal()));
+    field("namespace", &escape_controls(record.id.scope.namespace()));
+    field("principal", &escape_controls(record.id.scope.principal()));
     field("state", &state_name(record, now).replace('_', "-"));
-    field("tool", &shown(&record.tool_name));
+    field("tool", &escape_controls(&record.tool_name));
     field("fingerprint", &record.fingerprint.to_hex());
     field("created", &time_from_now(record.created_at, now));
     field("expires", &time_from_now(record.expires_at, now));
@@ -308,7 +296,7 @@ pub(super) fn show(record: &Record, now: Timestamp, as_json: bool) -> String {
                     None
                 }
                 Outcome::Unknown { reason } => {
-                    field("outcome", &format!("unknown: {}", shown(reason)));
+                    field("outcome", &format!("unknown: {}", escape_controls(reason)));
                     None
                 }
             }
@@ -317,7 +305,7 @@ pub(super) fn show(record: &Record, now: Timestamp, as_json: bool) -> String {
     if let Some(raw) = body {
         let pretty = serde_json::from_str::<serde_json::Value>(raw)
             .and_then(|value| serde_json::to_string_pretty(&value));
-        text.push_str(&pretty.unwrap_or_else(|_| shown(raw)));
+        text.push_str(&pretty.unwrap_or_else(|_| escape_controls(raw)));
         text.push('\n');
     }
     text
@@ -409,7 +397,7 @@ mod tests {
 
     #[test]
     fn stored_text_cannot_drive_the_terminal() {
-        assert_eq!(shown("a\u{1b}[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(escape_controls("a\u{1b}[2Jb\n"), "a\\u{1b}[2Jb\\n");
         assert_eq!(shell_word("wrap:server:0a1b"), "wrap:server:0a1b");
         assert_eq!(shell_word("bearer:ab/+="), "bearer:ab/+=");
         assert_eq!(

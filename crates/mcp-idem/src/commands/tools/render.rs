@@ -2,6 +2,7 @@
 //! suggested policy (one valid TOML document, to save as the config file), or one JSON object.
 //! Keys and strings are written by the `toml` crate.
 
+use crate::shown::escape_controls;
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
@@ -61,7 +62,7 @@ pub(crate) fn text(server: &str, reports: &[ToolReport]) -> String {
         written.push(&report.name);
         out.push('\n');
         for line in advice(report) {
-            let _ = writeln!(out, "# {}", comment(&line));
+            let _ = writeln!(out, "# {}", escape_controls(&line));
         }
         out.push_str(&tool_table(&report.name, table));
     }
@@ -75,7 +76,7 @@ pub(crate) fn text(server: &str, reports: &[ToolReport]) -> String {
     if !left_out.is_empty() {
         out.push_str("\n# Left out of the policy:\n");
         for (report, why) in left_out {
-            let _ = writeln!(out, "#   {}: {}", comment(&report.name), why.why());
+            let _ = writeln!(out, "#   {}: {}", escape_controls(&report.name), why.why());
         }
     }
     out
@@ -91,12 +92,12 @@ fn listing(out: &mut String, server: &str, reports: &[ToolReport]) {
         out,
         "# mcp-idem tools: {} listed by {} ({} left out of the policy)",
         count(reports.len(), "tool"),
-        comment(server),
+        escape_controls(server),
         left_out
     );
     for report in reports {
         out.push_str("#\n");
-        let _ = writeln!(out, "# {}", comment(&report.name));
+        let _ = writeln!(out, "# {}", escape_controls(&report.name));
         let hints = report.annotations.present();
         let hints = if hints.is_empty() {
             "none".to_owned()
@@ -116,15 +117,15 @@ fn listing(out: &mut String, server: &str, reports: &[ToolReport]) {
                 let _ = writeln!(
                     out,
                     "#     {}: {}",
-                    comment(&id.pointer),
-                    comment(&id.reason)
+                    escape_controls(&id.pointer),
+                    escape_controls(&id.reason)
                 );
             }
         }
         let _ = writeln!(
             out,
             "#   suggested: {}",
-            comment(&summary(&report.suggestion))
+            escape_controls(&summary(&report.suggestion))
         );
     }
 }
@@ -205,19 +206,6 @@ fn tool_table(name: &str, table: toml::Table) -> String {
 /// `text` as a TOML basic string.
 fn string(text: &str) -> String {
     toml::Value::from(text).to_string()
-}
-
-/// `text` safe inside a comment: control characters (a newline would end the comment) escaped.
-fn comment(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 fn count(n: usize, what: &str) -> String {
