@@ -20,9 +20,10 @@
 //!   A cancelled call (`notifications/cancelled`) still charges: only the response is dropped.
 //! - `get_balance`: the number of charges in the ledger and the sum per currency.
 //! - `noop` and `work_1ms`: no ledger write; answer at once, or after a 1 ms timer.
-//! - `confirm_charge {amount, currency}`, only with `--http-stateful` or, on stdio, `--confirm`
-//!   (otherwise stdio and stateless HTTP list exactly the tools above): asks the client with a server-to-client
-//!   `elicitation/create` request (form mode, an empty schema) whether to charge, and charges
+//! - `confirm_charge {amount, currency, order_id?}`, only with `--http-stateful` or, on stdio,
+//!   `--confirm` (otherwise stdio and stateless HTTP list exactly the tools above): asks the
+//!   client with a server-to-client `elicitation/create` request (form mode, an empty schema)
+//!   whether to charge, and charges
 //!   (one ledger line, the same answer as `charge_payment`) only if the client answers `accept`;
 //!   `decline` or `cancel` charge nothing and answer `{charged: false, action}`. It needs a
 //!   session whose client declared the `elicitation` capability; without one the call fails
@@ -76,7 +77,7 @@ pub(crate) struct DemoServerArgs {
     /// `session opened: ID` on stderr, each GET stream `stream opened: ID`.
     #[arg(long, requires = "http", conflicts_with = "http_sse")]
     http_stateful: bool,
-    /// On stdio: also offer `confirm_charge {amount, currency}`, which asks the client
+    /// On stdio: also offer `confirm_charge {amount, currency, order_id?}`, which asks the client
     /// (elicitation/create, to a client that declared the elicitation capability in its
     /// `initialize`) before charging. `--http-stateful` always offers it.
     #[arg(long, conflicts_with = "http")]
@@ -149,6 +150,9 @@ struct ConfirmArgs {
     amount: Number,
     /// Currency code, e.g. "EUR".
     currency: String,
+    /// Your identifier of the order this charge pays; recorded with the charge.
+    #[serde(default)]
+    order_id: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -284,7 +288,7 @@ impl PaymentServer {
             )
         })?;
         if matches!(answer.action, ElicitationAction::Accept) {
-            let charge = self.record(args.amount, args.currency, None)?;
+            let charge = self.record(args.amount, args.currency, args.order_id)?;
             return Ok(charged(&charge));
         }
         // `decline` or `cancel`, as the client wrote it.
