@@ -110,7 +110,9 @@ fn the_demo_server_over_stdio_gets_windows_and_its_read_only_tool_is_left_out() 
         "{text}"
     );
     assert!(
-        text.contains("# Not used, as a call may leave them out: /order_id\n[tools.charge_payment]"),
+        text.contains(
+            "# Not used, as a call may leave them out: /order_id\n[tools.charge_payment]"
+        ),
         "{text}"
     );
     assert!(
