@@ -44,6 +44,10 @@ pub(crate) struct Charge {
     /// decimals keep their shortest `f64` form).
     pub(crate) amount: Number,
     pub(crate) currency: String,
+    /// The caller's identifier of the order this charge pays (`charge_payment`'s optional
+    /// `order_id`), as given; left out of the line when the call had none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) order_id: Option<String>,
     /// The server process that executed the charge.
     pub(crate) pid: u32,
     /// When the charge was executed, in milliseconds since the Unix epoch.
@@ -51,8 +55,9 @@ pub(crate) struct Charge {
 }
 
 impl Charge {
-    /// A new charge with a fresh id, stamped with this process and the current time.
-    pub(crate) fn new(amount: Number, currency: String) -> Self {
+    /// A new charge with a fresh id, stamped with this process and the current time, for the
+    /// order `order_id` if the caller named one.
+    pub(crate) fn new(amount: Number, currency: String, order_id: Option<String>) -> Self {
         let unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |elapsed| {
@@ -62,6 +67,7 @@ impl Charge {
             charge_id: new_charge_id(),
             amount,
             currency,
+            order_id,
             pid: std::process::id(),
             unix_ms,
         }
@@ -274,7 +280,7 @@ mod tests {
     use super::*;
 
     fn charge(amount: &str, currency: &str) -> Charge {
-        Charge::new(amount.parse().unwrap(), currency.to_owned())
+        Charge::new(amount.parse().unwrap(), currency.to_owned(), None)
     }
 
     #[test]
@@ -296,6 +302,17 @@ mod tests {
             .write_all(br#"{"chargeId":"ch_torn","amou"#)
             .unwrap();
         assert_eq!(read(&path).unwrap(), vec![first, second]);
+    }
+
+    #[test]
+    fn an_order_id_is_written_only_when_the_call_named_one() {
+        let plain: serde_json::Value = serde_json::to_value(charge("1", "EUR")).unwrap();
+        assert!(plain.get("orderId").is_none(), "{plain}");
+        let ordered = Charge::new(1.into(), "EUR".into(), Some("ord_1".into()));
+        let line = serde_json::to_value(&ordered).unwrap();
+        assert_eq!(line["orderId"], "ord_1");
+        let back: Charge = serde_json::from_value(line).unwrap();
+        assert_eq!(back, ordered);
     }
 
     #[test]

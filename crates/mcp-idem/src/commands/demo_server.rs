@@ -11,17 +11,19 @@
 //! server with status 0.
 //!
 //! Tools:
-//! - `charge_payment {amount, currency, delay_ms?, fail_after_charge?}`: logs "charge_payment
-//!   started" (info level, so tests can see a call has begun), sleeps `delay_ms`, appends a
-//!   charge, and returns `{chargeId, amount, currency}` as text and
-//!   `structuredContent`. With `fail_after_charge` it appends the charge and then answers with a
+//! - `charge_payment {amount, currency, order_id?, delay_ms?, fail_after_charge?}`: logs
+//!   "charge_payment started" (info level, so tests can see a call has begun), sleeps `delay_ms`,
+//!   appends a charge (with `orderId` when the call named an `order_id`: the business identifier
+//!   a `key-from = ["/order_id"]` policy keys on), and returns `{chargeId, amount, currency}` as
+//!   text and `structuredContent`. With `fail_after_charge` it appends the charge and then answers with a
 //!   JSON-RPC internal error naming the charge id: the side effect happened, the call failed.
 //!   A cancelled call (`notifications/cancelled`) still charges: only the response is dropped.
 //! - `get_balance`: the number of charges in the ledger and the sum per currency.
 //! - `noop` and `work_1ms`: no ledger write; answer at once, or after a 1 ms timer.
-//! - `confirm_charge {amount, currency}`, only with `--http-stateful` (stdio and stateless HTTP
-//!   list exactly the tools above): asks the client with a server-to-client
-//!   `elicitation/create` request (form mode, an empty schema) whether to charge, and charges
+//! - `confirm_charge {amount, currency, order_id?}`, only with `--http-stateful` or, on stdio,
+//!   `--confirm` (otherwise stdio and stateless HTTP list exactly the tools above): asks the
+//!   client with a server-to-client `elicitation/create` request (form mode, an empty schema)
+//!   whether to charge, and charges
 //!   (one ledger line, the same answer as `charge_payment`) only if the client answers `accept`;
 //!   `decline` or `cancel` charge nothing and answer `{charged: false, action}`. It needs a
 //!   session whose client declared the `elicitation` capability; without one the call fails
@@ -75,6 +77,11 @@ pub(crate) struct DemoServerArgs {
     /// `session opened: ID` on stderr, each GET stream `stream opened: ID`.
     #[arg(long, requires = "http", conflicts_with = "http_sse")]
     http_stateful: bool,
+    /// On stdio: also offer `confirm_charge {amount, currency, order_id?}`, which asks the client
+    /// (elicitation/create, to a client that declared the elicitation capability in its
+    /// `initialize`) before charging. `--http-stateful` always offers it.
+    #[arg(long, conflicts_with = "http")]
+    confirm: bool,
 }
 
 impl DemoServerArgs {
@@ -85,7 +92,7 @@ impl DemoServerArgs {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        let server = PaymentServer::new(ledger, self.http_stateful);
+        let server = PaymentServer::new(ledger, self.http_stateful || self.confirm);
         match self.http {
             Some(addr) => {
                 let mode = if self.http_stateful {
@@ -125,6 +132,9 @@ struct ChargeArgs {
     amount: Number,
     /// Currency code, e.g. "EUR".
     currency: String,
+    /// Your identifier of the order this charge pays, e.g. "ord_1042"; recorded with the charge.
+    #[serde(default)]
+    order_id: Option<String>,
     /// Sleep this many milliseconds before charging, to simulate a slow call.
     #[serde(default)]
     delay_ms: u64,
@@ -140,6 +150,9 @@ struct ConfirmArgs {
     amount: Number,
     /// Currency code, e.g. "EUR".
     currency: String,
+    /// Your identifier of the order this charge pays; recorded with the charge.
+    #[serde(default)]
+    order_id: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -163,8 +176,13 @@ impl PaymentServer {
     }
 
     /// Appends one charge to the ledger.
-    fn record(&self, amount: Number, currency: String) -> Result<Charge, ErrorData> {
-        let charge = Charge::new(amount, currency);
+    fn record(
+        &self,
+        amount: Number,
+        currency: String,
+        order_id: Option<String>,
+    ) -> Result<Charge, ErrorData> {
+        let charge = Charge::new(amount, currency, order_id);
         self.ledger.append(&charge).map_err(|err| {
             tracing::error!(%err, ledger = %self.ledger.path().display(), "cannot append a charge");
             ErrorData::internal_error(format!("cannot write the ledger: {err}"), None)
@@ -175,6 +193,7 @@ impl PaymentServer {
 
     #[tool(
         description = "Charge a payment: appends one line to the ledger and returns its chargeId. \
+                       order_id (optional) names the order paid and is recorded with the charge; \
                        delay_ms sleeps before charging; fail_after_charge charges, then fails."
     )]
     async fn charge_payment(
@@ -186,7 +205,7 @@ impl PaymentServer {
         if args.delay_ms > 0 {
             tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
         }
-        let charge = self.record(args.amount, args.currency)?;
+        let charge = self.record(args.amount, args.currency, args.order_id)?;
         if args.fail_after_charge {
             return Err(ErrorData::internal_error(
                 format!(
@@ -269,7 +288,7 @@ impl PaymentServer {
             )
         })?;
         if matches!(answer.action, ElicitationAction::Accept) {
-            let charge = self.record(args.amount, args.currency)?;
+            let charge = self.record(args.amount, args.currency, args.order_id)?;
             return Ok(charged(&charge));
         }
         // `decline` or `cancel`, as the client wrote it.

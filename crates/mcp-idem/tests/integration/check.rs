@@ -13,7 +13,7 @@ use crate::support::http::{ledger_in, HttpDemo, Proxy};
 const EXE: &str = env!("CARGO_BIN_EXE_mcp-idem");
 
 /// Every check, in report order.
-const CHECKS: [&str; 17] = [
+const CHECKS: [&str; 19] = [
     "capability.discover",
     "capability.initialize",
     "no_key.executes",
@@ -23,6 +23,8 @@ const CHECKS: [&str; 17] = [
     "equivalence.strings",
     "conflict.rejected",
     "conflict.error_data",
+    "meta.replay",
+    "meta.conflict",
     "in_progress.single_execution",
     "in_progress.not_blocked",
     "in_progress.rejected",
@@ -32,6 +34,11 @@ const CHECKS: [&str; 17] = [
     "key.too_long",
     "mrtr.continuation",
 ];
+
+/// The charges a run with [`witness_options`] makes on a server that passes: two calls without a
+/// key, then one per key that ran (replay, three equivalences, conflict, `_meta` replay, `_meta`
+/// conflict, in progress, error); rejected and replayed calls run nothing.
+pub(crate) const CHARGES_OF_A_PASSING_RUN: usize = 11;
 
 /// The witness options for the demo server's `charge_payment` (and the Python servers', which
 /// take the same arguments), observed with `get_balance`.
@@ -156,10 +163,8 @@ fn check_passes_wrap_around_the_demo_server_over_stdio() {
         .as_str()
         .unwrap()
         .starts_with("2026-07-28"));
-    // Executions: two calls without a key, then one per key that ran (replay, three
-    // equivalences, conflict, in-progress, error); rejected and replayed calls ran nothing.
     let charges = crate::support::common::ledger_lines(Path::new(ledger)).len();
-    assert_eq!(charges, 9, "{:#}", run.report);
+    assert_eq!(charges, CHARGES_OF_A_PASSING_RUN, "{:#}", run.report);
 }
 
 /// `proxy` (memory store) in front of `demo-server --http`, with `extra` demo-server options.
@@ -173,7 +178,7 @@ fn check_through_the_proxy(extra: &[&str]) {
     assert_eq!(run.code(), Some(0));
     assert_eq!(
         crate::support::common::ledger_lines(&ledger).len(),
-        9,
+        CHARGES_OF_A_PASSING_RUN,
         "{:#}",
         run.report
     );
@@ -200,6 +205,8 @@ fn check_fails_the_bare_demo_server_which_has_no_idempotency() {
         "capability.discover",
         "replay.result",
         "conflict.rejected",
+        "meta.replay",
+        "meta.conflict",
         "in_progress.single_execution",
         "replay.error",
     ] {
@@ -211,6 +218,114 @@ fn check_fails_the_bare_demo_server_which_has_no_idempotency() {
     }
     // Calls without a key still behave: that check passes.
     assert!(run.with_status("pass").contains("no_key.executes"));
+    // A failed `_meta` check says what it costs a client.
+    let meta = run
+        .checks()
+        .iter()
+        .find(|c| c["name"] == "meta.replay")
+        .unwrap();
+    assert_eq!(meta["level"], "SHOULD");
+    assert!(
+        meta["detail"].as_str().unwrap().contains("only in _meta"),
+        "{meta}"
+    );
+    assert_eq!(run.report["notes"], serde_json::json!([]));
+}
+
+/// `check` of `wrap` whose witness tool has a key policy (`--tools POLICIES`), with witness
+/// arguments that carry an `order_id`.
+fn check_with_a_policy(policies: &str) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let mut options = witness_options();
+    for (flag, args) in [
+        (
+            "--args",
+            r#"{"amount": 12.5, "currency": "usd", "order_id": "o-1"}"#,
+        ),
+        (
+            "--slow-args",
+            r#"{"amount": 12.5, "currency": "usd", "order_id": "o-2", "delay_ms": 1500}"#,
+        ),
+        (
+            "--error-args",
+            r#"{"amount": 12.5, "currency": "usd", "order_id": "o-3", "fail_after_charge": true}"#,
+        ),
+    ] {
+        let at = options.iter().position(|option| option == flag).unwrap();
+        options[at + 1] = args.to_owned();
+    }
+    let target = [
+        "--",
+        EXE,
+        "wrap",
+        "--store",
+        "memory",
+        "--tools",
+        policies,
+        "--",
+        EXE,
+        "demo-server",
+        "--ledger",
+        ledger.to_str().unwrap(),
+    ];
+    Run::new(&options, &target)
+}
+
+fn detail<'a>(run: &'a Run, name: &str) -> &'a str {
+    run.checks()
+        .iter()
+        .find(|c| c["name"] == name)
+        .and_then(|c| c["detail"].as_str())
+        .unwrap_or_else(|| panic!("no check {name}"))
+}
+
+/// A window on the witness tool: the replayed call without a key is reported as the policy's
+/// doing (skipped, not failed, not passed), and every keyed check still runs and passes.
+#[test]
+fn check_says_when_the_witness_tool_has_a_window() {
+    let run = check_with_a_policy(r#"{"charge_payment": {"window": "30s"}}"#);
+    run.assert_outcome(&[], &["no_key.executes", "mrtr.continuation"]);
+    assert_eq!(run.code(), Some(0));
+    let no_key = detail(&run, "no_key.executes");
+    assert!(
+        no_key.contains(r#"marked _meta["mcp-idem/replayed"] = "window""#)
+            && no_key.contains("two calls with different keys both ran"),
+        "{no_key}"
+    );
+    let note = run.report["notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.contains("key policy") && note.contains(r#""window""#),
+        "{:#}",
+        run.report
+    );
+}
+
+/// A business identifier on the witness tool decides even over the check's keys: the replay
+/// checks cannot tell the key's replay from the policy's and are skipped, the waiting duplicate
+/// fails the in-progress rules, and the note says why.
+#[test]
+fn check_says_when_the_witness_tool_is_keyed_by_an_identifier() {
+    let run = check_with_a_policy(r#"{"charge_payment": {"key-from": ["/order_id"]}}"#);
+    for name in ["no_key.executes", "replay.result", "meta.replay"] {
+        assert!(
+            run.with_status("skip").contains(name),
+            "{name}: {:#}",
+            run.report
+        );
+    }
+    assert!(detail(&run, "replay.result").contains("cannot be told from one by the policy"));
+    assert!(run.with_status("fail").contains("in_progress.not_blocked"));
+    // Nothing ran twice: the duplicate waited and got the original's outcome.
+    assert!(run
+        .with_status("pass")
+        .contains("in_progress.single_execution"));
+    let note = run.report["notes"][0].as_str().unwrap_or_default();
+    assert!(
+        note.contains(r#""key-from""#) && note.contains("a duplicate waits for the running call"),
+        "{:#}",
+        run.report
+    );
 }
 
 /// `python3 FIXTURE` for a server in tests/fixtures/broken_servers, or `None` (with a note)

@@ -64,10 +64,10 @@ fn progress_is_drawn_on_a_terminal_only() {
     assert_eq!(tty.status.code(), Some(0), "{tty:?}");
     let screen = String::from_utf8_lossy(&tty.stdout);
     assert!(
-        screen.contains("mcp-idem check: 1/12 no_key.executes"),
+        screen.contains("mcp-idem check: 1/14 no_key.executes"),
         "{screen}"
     );
-    assert!(screen.contains("mcp-idem check: 12/12 "), "{screen}");
+    assert!(screen.contains("mcp-idem check: 14/14 "), "{screen}");
     // The report follows on a clean line.
     assert!(screen.contains("\r\x1b[2K"), "{screen}");
 }

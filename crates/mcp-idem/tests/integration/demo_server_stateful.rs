@@ -32,22 +32,7 @@ use serde_json::{json, Value};
 
 use crate::support::bridge_sessions::{assert_sessions_opened, sessions_opened, streams_opened};
 use crate::support::common::{free_port, ledger_lines, TIMEOUT};
-use crate::support::http::{ledger_in, sse_messages, HttpDemo, Raw};
-
-/// A POST of `message` as a 2025-06-18 client sends it: no per-request protocol metadata, the
-/// session id once it has one.
-fn legacy_post(raw: &Raw, session: Option<&str>) -> http::request::Builder {
-    let mut request = http::Request::post(&raw.url)
-        .header(http::header::HOST, &raw.authority)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::ACCEPT, "application/json, text/event-stream");
-    if let Some(session) = session {
-        request = request
-            .header("mcp-session-id", session)
-            .header("mcp-protocol-version", "2025-06-18");
-    }
-    request
-}
+use crate::support::http::{ledger_in, legacy_post, sse_messages, HttpDemo, Raw};
 
 fn initialize(id: u64, capabilities: Value) -> Value {
     json!({"jsonrpc":"2.0","id":id,"method":"initialize","params":{

@@ -91,11 +91,11 @@ pub(crate) fn assert_dedup(report: &Value, ledger: &std::path::Path) {
     );
 }
 
-/// `[SCRIPT, "dedup", "stdio", "--", mcp-idem wrap --store S -- mcp-idem demo-server --ledger L]`.
-fn stdio_args(client: &str, sandbox: &Sandbox) -> Vec<OsString> {
+/// `[SCRIPT, SCENARIO, "stdio", "--", mcp-idem wrap --store S -- mcp-idem demo-server --ledger L]`.
+pub(crate) fn stdio_args(client: &str, scenario: &str, sandbox: &Sandbox) -> Vec<OsString> {
     let mut args: Vec<OsString> = vec![
         script(client).into(),
-        "dedup".into(),
+        scenario.into(),
         "stdio".into(),
         "--".into(),
         EXE.into(),
@@ -115,7 +115,7 @@ fn over_stdio(toolchain: Toolchain, client: &str) {
     let sandbox = Sandbox::new();
     let report = run_report(
         toolchain.program(),
-        &stdio_args(client, &sandbox),
+        &stdio_args(client, "dedup", &sandbox),
         &sandbox.path("client.stderr"),
     );
     assert_dedup(&report, &sandbox.ledger());

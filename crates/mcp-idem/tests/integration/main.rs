@@ -59,6 +59,8 @@ mod interop_servers;
 #[cfg(unix)]
 mod interop_ts_mrtr;
 #[cfg(unix)]
+mod key_sources;
+#[cfg(unix)]
 mod limits_http;
 #[cfg(unix)]
 mod limits_stdio;

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::check::{witness_options, Run};
+use crate::check::{witness_options, Run, CHARGES_OF_A_PASSING_RUN};
 use crate::support::bridge_sessions::{TestCa, TlsFront};
 use crate::support::common::ledger_lines;
 use crate::support::http::{ledger_in, HttpDemo, Proxy};
@@ -93,7 +93,12 @@ fn check_passes_the_proxy_over_https_with_its_ca() {
     );
     run.assert_outcome(&[], &["mrtr.continuation"]);
     assert_eq!(run.code(), Some(0));
-    assert_eq!(tls.charges().len(), 9, "{:#}", run.report);
+    assert_eq!(
+        tls.charges().len(),
+        CHARGES_OF_A_PASSING_RUN,
+        "{:#}",
+        run.report
+    );
     assert!(tls.front.handshakes() >= 1);
 }
 

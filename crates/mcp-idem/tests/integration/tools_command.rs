@@ -103,8 +103,16 @@ fn the_demo_server_over_stdio_gets_windows_and_its_read_only_tool_is_left_out() 
         "{balance}"
     );
     assert!(balance.contains("suggested: left out"), "{balance}");
+    // Its optional order_id is named, but a call may leave it out: a window is suggested.
     assert!(
-        block(&text, "charge_payment").contains("identifier-looking arguments: none"),
+        block(&text, "charge_payment")
+            .contains("/order_id: optional string named *_id (weaker: a call may leave it out)"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "# Not used, as a call may leave them out: /order_id\n[tools.charge_payment]"
+        ),
         "{text}"
     );
     assert!(
@@ -150,7 +158,12 @@ fn the_demo_server_over_http_as_json() {
     assert_eq!(balance["policy"], Value::Null);
     assert_eq!(balance["leftOut"]["reason"], "readOnlyHint");
     let charge = &json["tools"][0];
-    assert_eq!(charge["identifiers"], json!([]));
+    assert_eq!(
+        charge["identifiers"],
+        json!([{"argument": "order_id", "pointer": "/order_id", "type": "string",
+                "required": false, "pattern": "*_id",
+                "reason": "optional string named *_id (weaker: a call may leave it out)"}])
+    );
     assert_eq!(charge["policy"], json!({"window": "30s"}));
     assert_eq!(charge["leftOut"], Value::Null);
     assert_eq!(

@@ -1,7 +1,8 @@
 //! The check runner: what the user told us about the server ([`Plan`]), the order the checks run
-//! in, and the helpers they share. The checks themselves live in `replay.rs`, `rejections.rs`
-//! and `concurrency.rs`.
+//! in, and the helpers they share. The checks themselves live in `replay.rs`, `rejections.rs`,
+//! `meta.rs` and `concurrency.rs`.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use mcp_idempotency::RejectionKind;
@@ -35,6 +36,9 @@ pub(crate) enum Same {
     Bytes,
     /// The same JSON value, serialized differently.
     Value,
+    /// The same JSON value once the replay marker `_meta["mcp-idem/replayed"]` is set aside: a
+    /// replay that a key policy of the server decided.
+    Marked,
     Different,
 }
 
@@ -46,6 +50,9 @@ pub(crate) struct Checker<'a> {
     pub(super) args: String,
     /// Whether two executions of the witness give different results (known after `no_key`).
     pub(super) witness_varies: Option<bool>,
+    /// The key sources named by replay markers (`_meta["mcp-idem/replayed"]`) the witness's
+    /// answers carried: the witness tool has a key policy on this server.
+    pub(crate) policy_marks: BTreeSet<String>,
     /// Why the server cannot be reached any more, once it cannot.
     gone: Option<String>,
     pub(crate) outcomes: Vec<Outcome>,
@@ -53,7 +60,7 @@ pub(crate) struct Checker<'a> {
 }
 
 /// How many checks [`Checker::run`] settles, for the progress line.
-const CHECKS: usize = 12;
+const CHECKS: usize = 14;
 
 /// How long the in-progress check waits between the original and the duplicate.
 pub(super) const DUPLICATE_AFTER: Duration = Duration::from_millis(250);
@@ -65,6 +72,7 @@ impl<'a> Checker<'a> {
             args: plan.args.to_string(),
             plan,
             witness_varies: None,
+            policy_marks: BTreeSet::new(),
             gone: None,
             outcomes: Vec::new(),
             progress: Progress::new("mcp-idem check", CHECKS),
@@ -91,6 +99,10 @@ impl<'a> Checker<'a> {
             ("conflict.error_data", Level::Should),
         ];
         self.settle(&names, r).await;
+        let r = self.meta_replay().await;
+        self.settle(&[("meta.replay", Level::Should)], r).await;
+        let r = self.meta_conflict().await;
+        self.settle(&[("meta.conflict", Level::Should)], r).await;
         let r = self.in_progress().await;
         let names = [
             ("in_progress.single_execution", Level::Must),
@@ -144,7 +156,47 @@ impl<'a> Checker<'a> {
 
     /// Calls the witness tool with `arguments` (JSON text, sent as is).
     pub(super) async fn witness(&mut self, arguments: &str, key: &Key) -> anyhow::Result<Reply> {
-        self.session.call(&self.plan.tool, arguments, key).await
+        let reply = self.session.call(&self.plan.tool, arguments, key).await?;
+        self.note_marker(&reply);
+        Ok(reply)
+    }
+
+    /// Remembers the key source of a replay marker on a witness answer.
+    pub(super) fn note_marker(&mut self, reply: &Reply) {
+        if let Some(source) = reply.replay_marker() {
+            self.policy_marks.insert(source.to_owned());
+        }
+    }
+
+    /// What the report says when the witness tool has a key policy on the server (its answers
+    /// carried replay markers); `None` when none was seen.
+    pub(crate) fn policy_note(&self) -> Option<String> {
+        if self.policy_marks.is_empty() {
+            return None;
+        }
+        let sources: Vec<String> = self
+            .policy_marks
+            .iter()
+            .map(|source| format!("{source:?}"))
+            .collect();
+        let mut note = format!(
+            "the witness tool has a key policy on this server: replays came back marked \
+             _meta[\"{}\"] = {}. Calls without a key are deduplicated on purpose (so \
+             no_key.executes is skipped), and marked replays are compared without the marker.",
+            mcp_idempotency::REPLAYED_META,
+            sources.join(" / ")
+        );
+        if self.policy_marks.contains("key-from") {
+            note.push_str(
+                " With key-from, the identifier in the arguments decides even over the check's \
+                 keys: a duplicate waits for the running call (the policy's `wait`) instead of \
+                 being refused at once, a rejection names the identifier's key, and an invalid \
+                 key is not looked at; the in_progress.*, conflict.error_data and key.* results \
+                 describe the policy, not the SEP key. For the SEP rules, check a tool without \
+                 a policy.",
+            );
+        }
+        Some(note)
     }
 
     /// The observation tool's outcome (called without a key), if there is one.
@@ -194,8 +246,15 @@ pub(super) fn same(a: &Reply, b: &Reply) -> Same {
         (Some(x), Some(y)) => {
             let parse = |t: &str| serde_json::from_str::<Value>(t).ok();
             let same_kind = a.result_raw.is_some() == b.result_raw.is_some();
-            if same_kind && parse(x).is_some() && parse(x) == parse(y) {
+            let (Some(x), Some(y)) = (parse(x), parse(y)) else {
+                return Same::Different;
+            };
+            if !same_kind {
+                Same::Different
+            } else if x == y {
                 Same::Value
+            } else if without_marker(x) == without_marker(y) {
+                Same::Marked
             } else {
                 Same::Different
             }
@@ -204,10 +263,26 @@ pub(super) fn same(a: &Reply, b: &Reply) -> Same {
     }
 }
 
-/// "byte for byte" or "the same value, re-serialized".
+/// A result without the replay marker `_meta["mcp-idem/replayed"]` (and without `_meta` if that
+/// was all it held).
+fn without_marker(mut outcome: Value) -> Value {
+    if let Some(meta) = outcome.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.remove(mcp_idempotency::REPLAYED_META);
+        if meta.is_empty() {
+            outcome.as_object_mut().map(|result| result.remove("_meta"));
+        }
+    }
+    outcome
+}
+
+/// "byte for byte", "the same value, re-serialized", or marked by a key policy.
 pub(super) fn how_same(same: Same) -> &'static str {
     match same {
         Same::Bytes => "byte for byte",
+        Same::Marked => {
+            "the same result plus the marker _meta[\"mcp-idem/replayed\"] (a key policy of the \
+             server decided the replay)"
+        }
         _ => "the same value, re-serialized (the bytes differ)",
     }
 }

@@ -35,6 +35,7 @@ impl Checker<'_> {
         let duplicate = self.witness(&slow, &key).await;
         let timeout = self.session.timeout;
         let original = self.session.finish(pending, timeout).await?;
+        self.note_marker(&original);
         let mut evidence = exchange("original", &original);
         let duplicate = match duplicate {
             Ok(duplicate) => duplicate,

@@ -10,8 +10,13 @@
 //!
 //! Layout: [`connect`] (eras and capability checks), [`session`] (raw requests over a stdio
 //! [`LineClient`](crate::line_client::LineClient) or the raw client in [`http`]), [`checks`]
-//! (the runner; the checks in `replay`, `rejections`, `concurrency`), [`respell`] (argument
-//! spellings) and [`report`] (text and JSON).
+//! (the runner; the checks in `replay`, `rejections`, `meta` (the `_meta` carrier),
+//! `concurrency`), [`respell`] (argument spellings) and [`report`] (text and JSON).
+//!
+//! When the witness tool has a key policy on the server (mcp-idem's `[tools.NAME]`), its answers
+//! may be replays marked `_meta["mcp-idem/replayed"]`: such a replay is compared without the
+//! marker, a replayed call without a key skips `no_key.executes` (it is deduplicated on
+//! purpose), and the report carries a note saying which policy showed and what it changes.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +30,7 @@ mod checks;
 mod concurrency;
 mod connect;
 mod http;
+mod meta;
 mod rejections;
 mod replay;
 mod report;
@@ -178,6 +184,7 @@ async fn run(target: &Target, plan: &Plan, timeout: Duration) -> anyhow::Result<
     let mut checker = Checker::new(&mut session, plan);
     checker.run().await;
     outcomes.append(&mut checker.outcomes);
+    let notes = checker.policy_note().into_iter().collect();
     session.close().await;
     let mut witness = format!("{} {}", plan.tool, plan.args);
     for (what, args) in [("slow", &plan.slow_args), ("error", &plan.error_args)] {
@@ -192,6 +199,7 @@ async fn run(target: &Target, plan: &Plan, timeout: Duration) -> anyhow::Result<
         target: target.describe(),
         era: connected.era,
         witness,
+        notes,
         outcomes,
     })
 }

@@ -4,7 +4,7 @@
 use mcp_idempotency::RejectionKind;
 
 use super::checks::{exchange, fresh_key, how_same, note, one, same, Checker, Same};
-use super::report::{abridge, Level, Outcome, Status};
+use super::report::{abridge, Evidence, Level, Outcome, Status};
 use super::respell;
 use super::session::Key;
 
@@ -26,6 +26,10 @@ impl Checker<'_> {
                 return Ok(one(NAME, Level::Must, Status::Fail, detail, evidence));
             }
         }
+        if let Some(source) = second.replay_marker().or(first.replay_marker()) {
+            let source = source.to_owned();
+            return self.no_key_under_a_policy(&source, evidence).await;
+        }
         if same(&first, &second) != Same::Different {
             self.witness_varies = Some(false);
             let detail = "two calls without a key returned the same result: either the server \
@@ -39,11 +43,52 @@ impl Checker<'_> {
         Ok(one(NAME, Level::Must, Status::Pass, detail, evidence))
     }
 
+    /// A call without a key was replayed with a marker: the witness tool has a key policy (a
+    /// window, a business identifier), so calls without a key are deduplicated on purpose. Two
+    /// calls with different keys then show whether the witness still varies.
+    async fn no_key_under_a_policy(
+        &mut self,
+        source: &str,
+        mut evidence: Vec<Evidence>,
+    ) -> anyhow::Result<Vec<Outcome>> {
+        const NAME: &str = "no_key.executes";
+        let args = self.args.clone();
+        let one_key = self.witness(&args, &Key::Text(fresh_key())).await?;
+        let other_key = self.witness(&args, &Key::Text(fresh_key())).await?;
+        evidence.extend(exchange("with a key", &one_key));
+        evidence.extend(exchange("with another key", &other_key));
+        let varies = one_key.is_success()
+            && other_key.is_success()
+            && same(&one_key, &other_key) == Same::Different;
+        self.witness_varies = Some(varies);
+        let then = if varies {
+            "two calls with different keys both ran, so the checks below still tell a replay \
+             from an execution"
+        } else {
+            "calls with different keys were replayed too, so the checks below cannot tell a \
+             replay by the key from one by the policy"
+        };
+        let detail = format!(
+            "the second call without a key was replayed, marked _meta[\"{}\"] = {source:?}: \
+             the witness tool has a key policy on this server, which deduplicates calls \
+             without a key on purpose; {then}",
+            mcp_idempotency::REPLAYED_META
+        );
+        Ok(one(NAME, Level::Must, Status::Skip, detail, evidence))
+    }
+
     /// The same key and arguments under a new JSON-RPC id get the recorded result.
     pub(super) async fn replay_result(&mut self) -> anyhow::Result<Vec<Outcome>> {
         let args = self.args.clone();
-        self.replayed("replay.result", &args, "the same arguments")
-            .await
+        let key = Key::Text(fresh_key());
+        self.replayed(
+            "replay.result",
+            Level::Must,
+            key,
+            &args,
+            "the same arguments",
+        )
+        .await
     }
 
     /// Arguments written differently but equal (as parsed JSON values) are the same call.
@@ -77,25 +122,28 @@ impl Checker<'_> {
             ));
         };
         let what = format!("{what} {}", abridge(&respelled, 120));
-        self.replayed(name, &respelled, &what).await
+        let key = Key::Text(fresh_key());
+        self.replayed(name, Level::Must, key, &respelled, &what)
+            .await
     }
 
-    /// A keyed call with the witness arguments, then a retry with `retry_args`: the retry must get
-    /// the recorded result under its own id.
-    async fn replayed(
+    /// A call with the witness arguments and `key`, then a retry with `retry_args` and the same
+    /// key: the retry must get the recorded result under its own id.
+    pub(super) async fn replayed(
         &mut self,
         name: &'static str,
+        level: Level,
+        key: Key,
         retry_args: &str,
         what: &str,
     ) -> anyhow::Result<Vec<Outcome>> {
-        let key = Key::Text(fresh_key());
         let args = self.args.clone();
         let first = self.witness(&args, &key).await?;
         let mut evidence = exchange("original", &first);
         if !first.is_success() {
             let detail =
                 "the original keyed call did not succeed, so there is nothing to replay".to_owned();
-            return Ok(one(name, Level::Must, Status::Fail, detail, evidence));
+            return Ok(one(name, level, Status::Fail, detail, evidence));
         }
         let retry = self.witness(retry_args, &key).await?;
         evidence.extend(exchange("retry", &retry));
@@ -117,6 +165,14 @@ impl Checker<'_> {
                 Status::Fail,
                 "the replay does not carry the retry's JSON-RPC id".to_owned(),
             )
+        } else if self.witness_varies == Some(false) && !self.policy_marks.is_empty() {
+            (
+                Status::Skip,
+                "the retry got the same result, but so do calls with other keys (the witness \
+                 tool's key policy, see no_key.executes), so a replay by the key cannot be told \
+                 from one by the policy"
+                    .to_owned(),
+            )
         } else if self.witness_varies == Some(false) {
             (
                 Status::Skip,
@@ -133,7 +189,7 @@ impl Checker<'_> {
                 ),
             )
         };
-        Ok(one(name, Level::Must, status, detail, evidence))
+        Ok(one(name, level, status, detail, evidence))
     }
 
     /// A call whose outcome was an error replays that error; it does not run again.

@@ -84,6 +84,8 @@ pub(crate) struct Report {
     pub(crate) era: String,
     /// The witness tool and its arguments.
     pub(crate) witness: String,
+    /// What the reader needs to read the outcomes right (the witness tool has a key policy).
+    pub(crate) notes: Vec<String>,
     pub(crate) outcomes: Vec<Outcome>,
 }
 
@@ -118,6 +120,9 @@ impl Report {
         let _ = writeln!(out, "target:  {}", self.target);
         let _ = writeln!(out, "era:     {}", self.era);
         let _ = writeln!(out, "witness: {}", self.witness);
+        for note in &self.notes {
+            let _ = writeln!(out, "note:    {note}");
+        }
         let _ = writeln!(out);
         let width = self
             .outcomes
@@ -191,6 +196,7 @@ impl Report {
             "target": self.target,
             "era": self.era,
             "witness": self.witness,
+            "notes": self.notes,
             "checks": checks,
             "summary": {
                 "total": self.outcomes.len(),
@@ -235,6 +241,7 @@ mod tests {
             target: "t".into(),
             era: "e".into(),
             witness: "w".into(),
+            notes: vec!["n".into()],
             outcomes: vec![
                 outcome("a.pass", Level::Must, Status::Pass),
                 outcome("b.fail", Level::Should, Status::Fail),
@@ -257,11 +264,13 @@ mod tests {
         );
         assert!(text.contains("FAIL  SHOULD  b.fail"), "{text}");
         assert_eq!(text.matches("response: {}").count(), 1, "{text}");
+        assert!(text.contains("\nnote:    n\n"), "{text}");
         assert!(text.contains("3 checks: 1 passed, 1 failed (0 MUST, 1 SHOULD), 1 skipped"));
         let json = report.to_json();
         assert_eq!(json["conformant"], true);
         assert_eq!(json["checks"][1]["status"], "fail");
         assert_eq!(json["summary"]["failedShould"], 1);
+        assert_eq!(json["notes"], json!(["n"]));
     }
 
     #[test]

@@ -23,22 +23,34 @@ pub(crate) enum Era {
     Legacy(String),
 }
 
-/// How a request carries `idempotencyKey`.
+/// How a request carries its idempotency key.
 #[derive(Clone, Debug)]
 pub(crate) enum Key {
     None,
-    /// A string key.
+    /// A string key in `params.idempotencyKey` (the SEP).
     Text(String),
-    /// Any JSON text, for keys that are not valid (a number, say).
+    /// Any JSON text in `params.idempotencyKey`, for keys that are not valid (a number, say).
     Raw(String),
+    /// A string key in `params._meta.idempotencyKey`: where the official SDKs' public APIs let a
+    /// client put one (`meta=` in the Python SDK).
+    Meta(String),
 }
 
 impl Key {
+    /// The JSON text of `params.idempotencyKey`, if the key goes there.
     fn json(&self) -> Option<String> {
         match self {
-            Self::None => None,
+            Self::None | Self::Meta(_) => None,
             Self::Text(key) => Some(Value::from(key.as_str()).to_string()),
             Self::Raw(raw) => Some(raw.clone()),
+        }
+    }
+
+    /// The `"idempotencyKey":KEY` member of `params._meta`, if the key goes there.
+    fn meta_member(&self) -> Option<String> {
+        match self {
+            Self::Meta(key) => Some(format!(r#""idempotencyKey":{}"#, Value::from(key.as_str()))),
+            _ => None,
         }
     }
 }
@@ -92,10 +104,24 @@ impl Reply {
         })
     }
 
-    /// The request as sent, with the constant `_meta` of the current era elided.
+    /// The request as sent, with the constant `_meta` members of the current era elided.
     pub(crate) fn request_for_display(&self) -> String {
-        self.request
-            .replace(&format!(r#""_meta":{},"#, meta()), r#""_meta":{…},"#)
+        match meta_members_text() {
+            Some(members) => self
+                .request
+                .replace(&format!(r#""_meta":{{{members}"#), r#""_meta":{…"#),
+            None => self.request.clone(),
+        }
+    }
+
+    /// `result._meta["mcp-idem/replayed"]`: the key source of a replay that a key policy of the
+    /// server decided (mcp-idem marks those; a SEP-key replay carries no marker).
+    pub(crate) fn replay_marker(&self) -> Option<&str> {
+        self.message
+            .get("result")?
+            .get("_meta")?
+            .get(mcp_idempotency::REPLAYED_META)?
+            .as_str()
     }
 
     /// The exact text of the outcome: `result`, else `error`.
@@ -229,8 +255,13 @@ impl Session {
         extra: &str,
     ) -> String {
         let mut params = String::from("{");
+        let mut meta_members: Vec<String> = Vec::new();
         if self.era == Era::Current {
-            params.push_str(&format!(r#""_meta":{},"#, meta()));
+            meta_members.extend(meta_members_text());
+        }
+        meta_members.extend(key.meta_member());
+        if self.era == Era::Current || !meta_members.is_empty() {
+            params.push_str(&format!(r#""_meta":{{{}}},"#, meta_members.join(",")));
         }
         params.push_str(&format!(
             r#""name":{},"arguments":{arguments}"#,
@@ -378,4 +409,14 @@ impl Session {
 /// The `_meta` every 2026-07-28 request carries.
 fn meta() -> Value {
     protocol::request_meta()
+}
+
+/// The members of [`meta`] as JSON text, without the braces (`None` if it has none), so that a
+/// `_meta` idempotency key can be written beside them.
+fn meta_members_text() -> Option<String> {
+    let text = meta().to_string();
+    text.strip_prefix('{')
+        .and_then(|rest| rest.strip_suffix('}'))
+        .filter(|members| !members.is_empty())
+        .map(str::to_owned)
 }

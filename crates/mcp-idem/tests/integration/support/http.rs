@@ -504,6 +504,21 @@ impl Raw {
     }
 }
 
+/// A POST to `raw`'s endpoint as a 2025-06-18 client sends it: no per-request protocol metadata,
+/// the session id (`Mcp-Session-Id`) once it has one.
+pub(crate) fn legacy_post(raw: &Raw, session: Option<&str>) -> http::request::Builder {
+    let mut request = http::Request::post(&raw.url)
+        .header(http::header::HOST, &raw.authority)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json, text/event-stream");
+    if let Some(session) = session {
+        request = request
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", "2025-06-18");
+    }
+    request
+}
+
 /// A `tools/call` request; `key` becomes `params.idempotencyKey`.
 pub(crate) fn tool_call(id: u64, name: &str, arguments: Value, key: Option<&str>) -> Value {
     let mut params = json!({"_meta": meta_2026(), "name": name, "arguments": arguments});
