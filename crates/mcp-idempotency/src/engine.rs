@@ -369,6 +369,14 @@ impl Engine {
     /// send is marked in the result's `_meta` ([`REPLAYED_META`]).
     pub fn settle(&self, call: &ToolCall<'_>, decision: Decision) -> Decision {
         let source = call.key_source;
+        // A refusal of a call that carries the client's own key names that key, as the client
+        // knows it, not the business identifier's.
+        let decision = match (decision, call.client_key) {
+            (Decision::Reject(rejection), Some((_, Value::String(own)))) => {
+                Decision::Reject(rejection.with_key(own))
+            }
+            (decision, _) => decision,
+        };
         match decision {
             Decision::Execute(mut claim) => {
                 claim.retention = self.retention_of(call);

@@ -218,7 +218,7 @@ impl Deduplicator {
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
         let wait = call
             .policy
-            .filter(|policy| policy.waits(call.key_source))
+            .filter(|policy| policy.waits(call.key_source, call.client_key.is_some()))
             .map(ToolPolicy::wait);
         let mut decision = self.decide_once(scope, call).await;
         if let Some(wait) = wait {

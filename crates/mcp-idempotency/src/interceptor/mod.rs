@@ -208,7 +208,7 @@ impl KeyedCall {
     pub fn waits_for_duplicates(&self) -> Option<std::time::Duration> {
         self.policies
             .for_tool(&self.tool_name)
-            .filter(|policy| policy.waits(self.source))
+            .filter(|policy| policy.waits(self.source, self.client_key.is_some()))
             .map(ToolPolicy::wait)
     }
 

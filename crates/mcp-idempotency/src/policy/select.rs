@@ -197,8 +197,10 @@ fn pointer_list(pointers: &[Pointer]) -> String {
 
 impl ToolPolicy {
     /// Whether a duplicate of a running call under `source` waits for its outcome (a key-less
-    /// client cannot retry later with a key, so it is given the outcome as its own answer).
-    pub(crate) fn waits(&self, source: KeySource) -> bool {
-        !source.is_client_key() && !self.wait.is_zero()
+    /// client cannot retry later with a key, so it is given the outcome as its own answer). A call
+    /// that carries a key of the client's own (`has_client_key`, beside a business identifier) is
+    /// answered at once, as the SEP says: it can retry with its key.
+    pub(crate) fn waits(&self, source: KeySource, has_client_key: bool) -> bool {
+        !source.is_client_key() && !has_client_key && !self.wait.is_zero()
     }
 }

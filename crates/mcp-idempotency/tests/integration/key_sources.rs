@@ -574,3 +574,27 @@ async fn the_tool_a_policy_applies_to_is_found_however_the_params_are_written() 
     let message = call(9, json!({"name": "lookup", "arguments": {"name": "Ada"}}));
     assert_eq!(connection.from_client(&message).await, FromClient::Forward);
 }
+
+#[tokio::test]
+async fn a_duplicate_carrying_its_own_key_is_answered_at_once_naming_that_key() {
+    let gateway = gateway(json!({"charge": {"key-from": "/order_id", "wait": "10s"}})).await;
+    let keyed = |id, key: &str| {
+        call(
+            id,
+            json!({"name": "charge", "idempotencyKey": key,
+                        "arguments": {"order_id": "o", "amount": 5}}),
+        )
+    };
+    let first = gateway.connect(None);
+    let _ = forwarded(first.from_client(&keyed(1, "K1")).await);
+    // The client can retry with its key: no wait, and the error names its key.
+    let busy = tokio::time::timeout(
+        Duration::from_secs(5),
+        gateway.connect(None).from_client(&keyed(2, "K2")),
+    )
+    .await
+    .expect("answered at once");
+    let busy = responded(busy);
+    assert_eq!(error_type(&busy), "idempotency_key_in_progress");
+    assert_eq!(busy["error"]["data"]["idempotencyKey"], "K2");
+}

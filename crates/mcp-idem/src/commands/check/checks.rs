@@ -188,12 +188,11 @@ impl<'a> Checker<'a> {
         );
         if self.policy_marks.contains("key-from") {
             note.push_str(
-                " With key-from, the identifier in the arguments decides even over the check's \
-                 keys: a duplicate waits for the running call (the policy's `wait`) instead of \
-                 being refused at once, a rejection names the identifier's key, and an invalid \
-                 key is not looked at; the in_progress.*, conflict.error_data and key.* results \
-                 describe the policy, not the SEP key. For the SEP rules, check a tool without \
-                 a policy.",
+                " With key-from, the identifier in the arguments decides calls without a key and \
+                 retries with a fresh key; a call with a key of its own keeps the SEP's rules \
+                 for it (read first, recorded beside the identifier), so a replay by the key \
+                 cannot be told from one by the identifier and the replay and key.* checks are \
+                 skipped. For every SEP rule, check a tool without a policy.",
             );
         }
         Some(note)
