@@ -199,8 +199,14 @@ class Forwarder:
             await up_writer.drain()
             status_line, response_headers = await read_head(up_reader)
             if fault == "pass":
-                kept = [f"{k}: {v}" for k, v in response_headers if k.lower() not in ("connection", "keep-alive")]
-                writer.write("\r\n".join([status_line, *kept, "connection: close", "", ""]).encode("latin-1"))
+                kept = [
+                    f"{k}: {v}"
+                    for k, v in response_headers
+                    if k.lower() not in ("connection", "keep-alive")
+                ]
+                writer.write(
+                    "\r\n".join([status_line, *kept, "connection: close", "", ""]).encode("latin-1")
+                )
                 while chunk := await up_reader.read(65536):
                     writer.write(chunk)
                     await writer.drain()
@@ -293,7 +299,9 @@ class Child:
             if self.process.poll() is not None:
                 return None
             await asyncio.sleep(0.05)
-        raise RuntimeError(f"{self.name} did not print {marker!r} within {timeout}s:\n{self.output()}")
+        raise RuntimeError(
+            f"{self.name} did not print {marker!r} within {timeout}s:\n{self.output()}"
+        )
 
     def output(self) -> str:
         return self.log.read_text(errors="replace").strip()
@@ -354,8 +362,16 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
         if key in ("a", "b"):
             namespace = f"agents-loss-{key}-{os.getpid()}-{time.time_ns()}"
             argv = [
-                opts.bin, "proxy", "--listen", "127.0.0.1:0", "--upstream", url,
-                "--store", opts.redis, "--namespace", namespace,
+                opts.bin,
+                "proxy",
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                url,
+                "--store",
+                opts.redis,
+                "--namespace",
+                namespace,
             ]
             if key == "b":
                 policy = workdir / "policy.toml"
@@ -367,7 +383,9 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
             base = await proxy.ready("mcp-idem proxy: listening on ", opts.start_timeout)
             if base is None:
                 error = proxy.output().splitlines()
-                reason = next((line for line in error if "rror" in line), error[-1] if error else "exited")
+                reason = next(
+                    (line for line in error if "rror" in line), error[-1] if error else "exited"
+                )
                 if key == "b":
                     reason = reason.strip()
                     result.unavailable = reason.split(" (")[0] if len(reason) > 200 else reason
@@ -379,7 +397,11 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
         await forwarder.start()
 
         client = MCPServerStreamableHttp(
-            params={"url": forwarder.url, "timeout": opts.timeout, "sse_read_timeout": opts.timeout},
+            params={
+                "url": forwarder.url,
+                "timeout": opts.timeout,
+                "sse_read_timeout": opts.timeout,
+            },
             client_session_timeout_seconds=opts.timeout,
             max_retry_attempts=opts.sdk_retries,
             retry_backoff_seconds_base=opts.backoff_base,
@@ -423,7 +445,9 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
         for c in charges:
             by_order.setdefault(c["order_id"], set()).add(c["charge_id"])
         result.answers_in_ledger = sum(
-            1 for order, cid in answers.items() if cid is not None and cid in by_order.get(order, ())
+            1
+            for order, cid in answers.items()
+            if cid is not None and cid in by_order.get(order, ())
         )
     finally:
         result.seconds = time.monotonic() - started
@@ -448,7 +472,9 @@ async def connect(client, opts) -> None:
 
 
 def charge_id_of(answer) -> str | None:
-    structured = getattr(answer, "structured_content", None) or getattr(answer, "structuredContent", None)
+    structured = getattr(answer, "structured_content", None) or getattr(
+        answer, "structuredContent", None
+    )
     if isinstance(structured, dict):
         value = structured.get("result", structured)
         if isinstance(value, dict) and "charge_id" in value:
@@ -505,7 +531,9 @@ def table(results: list[Result]) -> str:
             notes.append(f"{CONFIGS[r.config]} not available in this build: {r.unavailable}")
             continue
         repeated = [f"{order} ×{n}" for order, n in sorted(r.per_order.items()) if n > 1]
-        notes.append(f"{CONFIGS[r.config]}, orders run more than once: {', '.join(repeated) or 'none'}")
+        notes.append(
+            f"{CONFIGS[r.config]}, orders run more than once: {', '.join(repeated) or 'none'}"
+        )
     return "\n".join(lines + [""] + [f"{note}  " for note in notes])
 
 
@@ -564,7 +592,10 @@ async def run(opts) -> int:
             print(f"{CONFIGS[key]} ...", file=sys.stderr, flush=True)
             result = await run_config(key, opts, workdir)
             if result.unavailable:
-                print(f"{CONFIGS[key]} not available in this build: {result.unavailable}", file=sys.stderr)
+                print(
+                    f"{CONFIGS[key]} not available in this build: {result.unavailable}",
+                    file=sys.stderr,
+                )
             results.append(result)
     report = "\n".join(f"- {line}" for line in settings) + f"\n\n{table(results)}\n"
     print(report)
@@ -574,7 +605,9 @@ async def run(opts) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--ledger", required=True, type=Path)
@@ -585,7 +618,9 @@ def main() -> int:
     r.add_argument("--charges", type=int, default=40)
     r.add_argument("--seed", type=int, default=3182)
     r.add_argument("--loss", type=float, default=0.30, help="share of tools/call answers lost")
-    r.add_argument("--http-504", type=float, default=0.10, help="share answered 504 after forwarding")
+    r.add_argument(
+        "--http-504", type=float, default=0.10, help="share answered 504 after forwarding"
+    )
     r.add_argument("--sdk-retries", type=int, default=5, help="max_retry_attempts of the SDK")
     r.add_argument("--model-retries", type=int, default=3, help="calls again after the SDK raised")
     r.add_argument("--timeout", type=float, default=5.0, help="client_session_timeout_seconds")
