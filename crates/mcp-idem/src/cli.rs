@@ -10,6 +10,7 @@ use crate::commands::demo::DemoArgs;
 use crate::commands::demo_server::DemoServerArgs;
 use crate::commands::inspect::InspectArgs;
 use crate::commands::proxy::ProxyArgs;
+use crate::commands::tools::ToolsArgs;
 use crate::commands::wrap::{ExecServerArgs, WrapArgs};
 use crate::config_file::Invocation;
 
@@ -54,6 +55,10 @@ pub(crate) enum Command {
     /// each check: `mcp-idem check --tool NAME --args JSON [--slow-args JSON] [--error-args JSON]
     /// -- <command>`. Exit status 1 if a MUST check fails, 2 if the server cannot be checked.
     Check(CheckArgs),
+    /// List a server's tools, their annotations and identifier-like arguments, and print a
+    /// starting TOML policy for calls without an idempotency key: `mcp-idem tools [--json]
+    /// (--url URL | -- <command> [args...])`. Exit status 2 if the server cannot be listed.
+    Tools(ToolsArgs),
     /// Look into a record store: list records (by scope, key, state, age), show one with its
     /// stored outcome, count them, purge expired ones, or delete one so that its key runs again:
     /// `mcp-idem inspect --store URL [list|show KEY|stats|purge|delete KEY] [--json]` (without a
@@ -88,6 +93,7 @@ impl Command {
             Self::Bridge(args) => args.exec(),
             Self::Call(args) => args.exec(),
             Self::Check(args) => args.exec(),
+            Self::Tools(args) => args.exec(),
             Self::Inspect(args) => args.exec(),
             Self::ConfigCheck(args) => args.exec(invocation),
             Self::ExecServer(args) => args.exec(),

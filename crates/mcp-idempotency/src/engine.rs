@@ -18,8 +18,10 @@ use serde_json::Value;
 
 use crate::config::{AfterCrash, EngineConfig};
 use crate::fingerprint::{fingerprint, ArgumentsError};
+use crate::interceptor::raw_object::{json_string, RawObject};
 use crate::jsonrpc;
-use crate::key::IdempotencyKey;
+use crate::key::{IdempotencyKey, KeySource};
+use crate::policy::{OnError, StoreDown, ToolPolicy};
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{
@@ -28,17 +30,27 @@ use crate::store::{
 use crate::time::Timestamp;
 
 /// The facts of one `tools/call` request that matter for idempotency.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct ToolCall<'a> {
     /// `params.name`.
     pub tool_name: &'a str,
     /// The raw JSON text of `params.arguments`, or `None` when absent.
     pub arguments: Option<&'a str>,
-    /// The raw `params.idempotencyKey` value, or `None` when absent.
+    /// The key as the call carries it (see [`key_source`](Self::key_source)): the raw
+    /// `params.idempotencyKey`, `_meta` or argument value, or the business identifier's digest;
+    /// `None` when absent (and for a duplicate window, keyed by the call's fingerprint).
     pub idempotency_key: Option<&'a Value>,
     /// Whether the request is an MRTR continuation (`params.requestState` or
     /// `params.inputResponses` present).
     pub mrtr_continuation: bool,
+    /// Where the key came from ([`KeySource::Sep`] unless a tool policy chose another).
+    pub key_source: KeySource,
+    /// How the key is named to a person, when it is not the SEP's (`/order_id = "ord_1"`,
+    /// `_meta.idempotencyKey`, `argument idempotency_key`): error messages use it.
+    pub identifier: Option<&'a str>,
+    /// The tool's policy, when it has one: retention of a window, what an error outcome leaves,
+    /// what a store outage does.
+    pub policy: Option<&'a ToolPolicy>,
 }
 
 /// Why a call is forwarded without deduplication.
@@ -50,6 +62,9 @@ pub enum BypassReason {
     /// TypeScript SDK among them) re-send the original key on continuations, so these must neither
     /// replay nor conflict.
     MrtrContinuation,
+    /// The store could not be reached (or a quota was full), and the tool's policy says to run
+    /// it unprotected (`store-down = "run-unprotected"`).
+    StoreDown,
 }
 
 /// Ownership of a claimed key: proof that the caller may run the tool and must record its outcome.
@@ -58,6 +73,10 @@ pub struct Claim {
     id: RecordId,
     owner: FencingToken,
     lease_expires_at: Timestamp,
+    /// How long the outcome is kept once recorded (a window's length for a window's key).
+    retention: Duration,
+    /// Whether an error outcome is forgotten (the record dropped) rather than recorded.
+    forget_errors: bool,
 }
 
 impl Claim {
@@ -74,6 +93,12 @@ impl Claim {
     /// When the lease runs out unless renewed.
     pub fn lease_expires_at(&self) -> Timestamp {
         self.lease_expires_at
+    }
+
+    /// Whether an error outcome of this call is forgotten rather than recorded
+    /// ([`OnError::Forget`] under a key that is not the client's).
+    pub fn forgets_errors(&self) -> bool {
+        self.forget_errors
     }
 }
 
@@ -180,21 +205,41 @@ impl Engine {
         if call.mrtr_continuation {
             return Step::Done(Decision::Bypass(BypassReason::MrtrContinuation));
         }
-        let Some(raw_key) = call.idempotency_key else {
-            return Step::Done(Decision::Bypass(BypassReason::NoKey));
+        let source = call.key_source;
+        let raw_key = match call.idempotency_key {
+            Some(raw_key) => raw_key,
+            None if source == KeySource::Window => &Value::Null,
+            None => return Step::Done(Decision::Bypass(BypassReason::NoKey)),
         };
-        let key = match IdempotencyKey::from_json(raw_key, self.config.max_key_bytes) {
-            Ok(key) => key,
-            Err(err) => {
-                let mut rejection = Rejection::new(RejectionKind::KeyInvalid, err.to_string());
-                if let Value::String(key) = raw_key {
-                    if key.len() <= self.config.max_key_bytes {
-                        rejection = rejection.with_key(key);
+        let max_key = self.config.max_key_bytes;
+        let client_key = match source {
+            KeySource::Sep | KeySource::Meta | KeySource::Argument => {
+                match IdempotencyKey::from_json(raw_key, max_key) {
+                    Ok(key) => Some(key),
+                    Err(err) => {
+                        let mut message = err.to_string();
+                        if let Some(name) = call.identifier.filter(|_| source != KeySource::Sep) {
+                            message = message.replacen("idempotencyKey", name, 1);
+                        }
+                        let mut rejection = Rejection::new(RejectionKind::KeyInvalid, message);
+                        if let Value::String(key) = raw_key {
+                            if key.len() <= max_key {
+                                rejection = rejection.with_key(key);
+                            }
+                        }
+                        return reject(rejection);
                     }
                 }
-                return reject(rejection);
             }
+            KeySource::KeyFrom | KeySource::Window => None,
         };
+        // Errors before the fingerprint name this key; a window's is its fingerprint, set below.
+        let value = match (&client_key, raw_key) {
+            (Some(key), _) => key.as_str(),
+            (None, Value::String(digest)) => digest.as_str(),
+            (None, _) => "",
+        };
+        let key = IdempotencyKey::derived(source, call.tool_name, value, max_key);
         let arguments_len = call.arguments.map_or(0, str::len);
         if arguments_len > self.config.max_argument_bytes {
             return reject(
@@ -205,7 +250,7 @@ impl Engine {
                         self.config.max_argument_bytes
                     ),
                 )
-                .with_key(key.as_str())
+                .with_key(key.for_tool())
                 .with_detail("limit", self.config.max_argument_bytes),
             );
         }
@@ -213,6 +258,13 @@ impl Engine {
             Ok(fingerprint) => fingerprint,
             Err(err) => return reject(arguments_invalid(&err, &key)),
         };
+        let key = match source {
+            KeySource::Window => {
+                IdempotencyKey::derived(source, call.tool_name, &fingerprint.to_hex(), max_key)
+            }
+            _ => key,
+        };
+        let retention = self.retention_of(call);
         Step::TryClaim(ClaimRequest {
             id: RecordId {
                 scope: scope.clone(),
@@ -226,19 +278,81 @@ impl Engine {
             // Retention runs from completion; until then the record must at least outlive its
             // lease, or a retention shorter than the lease would let a duplicate of a running call
             // claim the key again and execute a second time.
-            expires_at: now.saturating_add(self.config.retention.max(self.config.lease)),
+            expires_at: now.saturating_add(retention.max(self.config.lease)),
             limits: self.config.limits,
         })
     }
 
+    /// How long the outcome of `call` is kept: a window's length for a window's key, the
+    /// configured retention otherwise.
+    fn retention_of(&self, call: &ToolCall<'_>) -> Duration {
+        match (call.key_source, call.policy.and_then(ToolPolicy::window)) {
+            (KeySource::Window, Some(window)) => window,
+            _ => self.config.retention,
+        }
+    }
+
+    /// Applies the call's own terms to the decision the store's answers led to: the claim keeps
+    /// the call's retention and error policy; a conflict names the business identifier; a store
+    /// outage runs the call unprotected if its tool says so; a replay of a key the client did not
+    /// send is marked in the result's `_meta` ([`REPLAYED_META`]).
+    pub fn settle(&self, call: &ToolCall<'_>, decision: Decision) -> Decision {
+        let source = call.key_source;
+        match decision {
+            Decision::Execute(mut claim) => {
+                claim.retention = self.retention_of(call);
+                claim.forget_errors = !source.is_client_key()
+                    && call.policy.is_some_and(|p| p.on_error() == OnError::Forget);
+                Decision::Execute(claim)
+            }
+            Decision::Reject(rejection)
+                if matches!(
+                    rejection.kind(),
+                    RejectionKind::StoreUnavailable | RejectionKind::QuotaExceeded
+                ) && call
+                    .policy
+                    .is_some_and(|p| p.store_down() == StoreDown::RunUnprotected)
+                    && source != KeySource::Sep =>
+            {
+                tracing::warn!(
+                    tool = call.tool_name,
+                    source = source.as_str(),
+                    reason = rejection.message(),
+                    "running a call unprotected, as its tool's policy says (store-down = \"run-unprotected\")"
+                );
+                Decision::Bypass(BypassReason::StoreDown)
+            }
+            Decision::Reject(rejection) if rejection.kind() == RejectionKind::KeyConflict => {
+                match (source, call.identifier) {
+                    (KeySource::Sep, _) | (_, None) => Decision::Reject(rejection),
+                    (_, Some(identifier)) => Decision::Reject(rejection.with_message(format!(
+                        "{identifier} was already used for another call of this tool with \
+                         different arguments; one {} is one operation, so this call was not run",
+                        if source == KeySource::KeyFrom {
+                            "identifier"
+                        } else {
+                            "key"
+                        }
+                    ))),
+                }
+            }
+            Decision::Replay(Replay::Result(raw)) if !source.is_client_key() => {
+                Decision::Replay(Replay::Result(mark_replayed(&raw, source)))
+            }
+            decision => decision,
+        }
+    }
+
     /// Turns the store's answer to a claim into the next step.
     pub fn on_claim(&self, req: ClaimRequest, answer: Result<ClaimOutcome, StoreError>) -> Step {
-        let key = req.id.key.as_str();
+        let key = req.id.key.for_tool();
         match answer {
             Ok(ClaimOutcome::Claimed) => Step::Done(Decision::Execute(Claim {
                 lease_expires_at: req.lease_expires_at,
                 owner: req.owner,
                 id: req.id,
+                retention: self.config.retention,
+                forget_errors: false,
             })),
             Ok(ClaimOutcome::Existing(record)) => self.on_existing(req, record),
             Ok(ClaimOutcome::QuotaExceeded(quota)) => {
@@ -262,7 +376,7 @@ impl Engine {
     }
 
     fn on_existing(&self, req: ClaimRequest, record: Record) -> Step {
-        let key = req.id.key.as_str();
+        let key = req.id.key.for_tool();
         if record.fingerprint != req.fingerprint {
             return reject(
                 Rejection::new(
@@ -327,11 +441,13 @@ impl Engine {
                 lease_expires_at: req.lease_expires_at,
                 owner: req.new_owner,
                 id: req.id,
+                retention: self.config.retention,
+                forget_errors: false,
             })),
             // Someone else took the record over or completed it first: the key is busy or done, and
             // the client's next retry will see which.
-            Ok(Fenced::NotOwner) => reject(self.in_progress(req.id.key.as_str(), None)),
-            Err(err) => reject(store_unavailable(&err, req.id.key.as_str())),
+            Ok(Fenced::NotOwner) => reject(self.in_progress(req.id.key.for_tool(), None)),
+            Err(err) => reject(store_unavailable(&err, req.id.key.for_tool())),
         }
     }
 
@@ -353,7 +469,7 @@ impl Engine {
             owner: claim.owner,
             outcome,
             completed_at: now,
-            expires_at: now.saturating_add(self.config.retention),
+            expires_at: now.saturating_add(claim.retention),
         }
     }
 
@@ -374,6 +490,24 @@ impl Engine {
         claim.lease_expires_at = now.saturating_add(self.config.lease);
         claim.lease_expires_at
     }
+}
+
+/// The `_meta` member of a replayed result whose key the client did not send (a business
+/// identifier, a key argument, a window): its value is the key's source (`"key-from"`,
+/// `"argument"`, `"window"`). Replays of a client's key (SEP, `_meta`) stay byte for byte.
+pub const REPLAYED_META: &str = "mcp-idem/replayed";
+
+/// `result` with `_meta[REPLAYED_META] = source`; as it was if it is not an object.
+fn mark_replayed(result: &str, source: KeySource) -> String {
+    let Some(object) = RawObject::parse(result) else {
+        return result.to_owned();
+    };
+    let meta = object
+        .get("_meta")
+        .and_then(|m| RawObject::parse(m.get()))
+        .unwrap_or_default()
+        .to_string_with(REPLAYED_META, &json_string(source.as_str()));
+    object.to_string_with("_meta", &meta)
 }
 
 fn reject(rejection: Rejection) -> Step {
@@ -406,7 +540,7 @@ fn replay(outcome: Outcome, key: &str) -> Decision {
 }
 
 fn arguments_invalid(err: &ArgumentsError, key: &IdempotencyKey) -> Rejection {
-    Rejection::new(RejectionKind::ArgumentsInvalid, err.to_string()).with_key(key.as_str())
+    Rejection::new(RejectionKind::ArgumentsInvalid, err.to_string()).with_key(key.for_tool())
 }
 
 fn store_unavailable(err: &StoreError, key: &str) -> Rejection {

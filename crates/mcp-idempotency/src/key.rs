@@ -78,9 +78,129 @@ impl IdempotencyKey {
         Ok(Self(key.into()))
     }
 
-    /// The key as sent by the client.
+    /// The key as the store holds it: the client's key for a SEP key, or a key of the derived
+    /// key space ([`KeySource`] prefix) for the other sources.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The key of `source` for a call of `tool`, from `value` (the client's key for
+    /// [`KeySource::Sep`] and [`KeySource::Meta`], already validated; the identifier's digest,
+    /// the argument's value or the call's fingerprint for the others).
+    ///
+    /// Every key but a SEP key begins with U+001F and its source's name, a character a client's
+    /// key can never hold (control characters are refused), so no client key names a derived
+    /// record. A derived key longer than `max_bytes` is hashed, not refused.
+    pub(crate) fn derived(source: KeySource, tool: &str, value: &str, max_bytes: usize) -> Self {
+        let rest = match source {
+            KeySource::Sep => return Self(value.into()),
+            KeySource::Meta => value.to_owned(),
+            KeySource::KeyFrom | KeySource::Argument | KeySource::Window => {
+                format!("{tool}:{value}")
+            }
+        };
+        let rest = if rest.len() > max_bytes {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest(rest.as_bytes());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            format!("sha256:{hex}")
+        } else {
+            rest
+        };
+        Self(format!("{DERIVED}{}:{rest}", source.as_str()).into())
+    }
+
+    /// Where the key came from, read off the key itself.
+    pub fn source(&self) -> KeySource {
+        self.0
+            .strip_prefix(DERIVED)
+            .and_then(|rest| rest.split_once(':'))
+            .and_then(|(source, _)| source.parse().ok())
+            .unwrap_or(KeySource::Sep)
+    }
+
+    /// The key as the tool sees it in `_meta["mcp-idem/idempotencyKey"]` and as error data names
+    /// it: the client's key for a SEP or `_meta` key, `TOOL:VALUE` (or `sha256:HEX`) for the
+    /// others; never the store's prefix.
+    pub fn for_tool(&self) -> &str {
+        match self
+            .0
+            .strip_prefix(DERIVED)
+            .and_then(|rest| rest.split_once(':'))
+        {
+            Some((_, rest)) => rest,
+            None => &self.0,
+        }
+    }
+}
+
+/// The first character of every key that is not a SEP key: U+001F, the unit separator.
+const DERIVED: char = '\u{1F}';
+
+/// Where the key that decides a call came from, in the order they are tried: a business
+/// identifier (`key-from`), the SEP's `params.idempotencyKey`, a `_meta` carrier, a tool argument
+/// (`key-argument`), a duplicate window. Label of the metrics and of `inspect`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KeySource {
+    /// The tool's business identifier: JSON Pointers into the arguments (`key-from`).
+    KeyFrom,
+    /// The SEP's `params.idempotencyKey`.
+    #[default]
+    Sep,
+    /// A `_meta` carrier: `params._meta.idempotencyKey` or another configured name.
+    Meta,
+    /// A tool argument that carries a key (`key-argument`).
+    Argument,
+    /// A duplicate window: the tool's name and arguments are the key (`window`).
+    Window,
+}
+
+impl KeySource {
+    /// Every source, in the order they are tried.
+    pub const ALL: [Self; 5] = [
+        Self::KeyFrom,
+        Self::Sep,
+        Self::Meta,
+        Self::Argument,
+        Self::Window,
+    ];
+
+    /// `key-from`, `sep`, `meta`, `argument` or `window`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::KeyFrom => "key-from",
+            Self::Sep => "sep",
+            Self::Meta => "meta",
+            Self::Argument => "argument",
+            Self::Window => "window",
+        }
+    }
+
+    /// Whether the client sent this key as a key (SEP, `_meta`): its replays stay byte for byte,
+    /// and its error outcomes are always replayed, as the SEP says.
+    pub fn is_client_key(self) -> bool {
+        matches!(self, Self::Sep | Self::Meta)
+    }
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KeySource {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|source| source.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown key source {s:?}; expected key-from, sep, meta, argument or window"
+                )
+            })
     }
 }
 

@@ -89,6 +89,7 @@ pub mod jsonrpc;
 mod key;
 #[cfg(feature = "metrics")]
 pub mod metrics;
+pub mod policy;
 pub mod protocol;
 mod record;
 mod rejection;
@@ -112,8 +113,8 @@ pub mod upkeep;
 
 pub use claims::{Deduplicator, RunningClaim};
 pub use config::{AfterCrash, EngineConfig};
-pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall};
-pub use key::{IdempotencyKey, KeyError};
+pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall, REPLAYED_META};
+pub use key::{IdempotencyKey, KeyError, KeySource};
 pub use record::{
     CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
 };

@@ -38,6 +38,7 @@ use std::time::Instant;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::engine::{BypassReason, Decision, Replay};
+use crate::key::KeySource;
 use crate::record::{FencingToken, OutcomeKind, Record, RecordId};
 use crate::rejection::RejectionKind;
 use crate::store::{
@@ -53,8 +54,14 @@ pub const REPLAYS_TOTAL: &str = "mcp_idem_replays_total";
 /// Calls refused, by `type`: the `error.data.type` sent (`idempotency_key_conflict`,
 /// `idempotency_key_in_progress`, ...). Counter.
 pub const REJECTIONS_TOTAL: &str = "mcp_idem_rejections_total";
-/// Calls passed through untouched, by `reason` (`no_key`, `mrtr_continuation`). Counter.
+/// Calls passed through untouched, by `reason`: `no_key`, `mrtr_continuation`,
+/// `missing_identifier` (a tool policy's identifier or key argument was absent and not
+/// `required`), `store_down` (the store failed and the tool's policy runs it unprotected).
+/// Counter.
 pub const BYPASSES_TOTAL: &str = "mcp_idem_bypasses_total";
+/// Decisions about keyed calls by the key's `source` (`sep`, `meta`, `key-from`, `argument`,
+/// `window`) and `decision` (`execute`, `replay`, `reject`, `bypass`). Counter.
+pub const DECISIONS_BY_KEY_SOURCE_TOTAL: &str = "mcp_idem_decisions_by_key_source_total";
 /// Outcomes written to the store, by `outcome` (`success`, `error`, `not_retained`, `unknown`).
 /// Counter.
 pub const OUTCOMES_RECORDED_TOTAL: &str = "mcp_idem_outcomes_recorded_total";
@@ -126,6 +133,10 @@ pub fn describe() {
     describe_counter!(REPLAYS_TOTAL, "Retries answered with a recorded outcome");
     describe_counter!(REJECTIONS_TOTAL, "Calls refused, by error.data.type");
     describe_counter!(BYPASSES_TOTAL, "Calls passed through without idempotency");
+    describe_counter!(
+        DECISIONS_BY_KEY_SOURCE_TOTAL,
+        "Decisions about keyed calls, by where the key came from"
+    );
     describe_counter!(OUTCOMES_RECORDED_TOTAL, "Outcomes written to the store");
     describe_counter!(STORE_ERRORS_TOTAL, "Store operations that failed");
     describe_counter!(
@@ -207,6 +218,24 @@ pub fn set_record_counts(stats: &StoreStats) {
     gauge!(RECORDS, "state" => "expired").set(stats.expired as f64);
 }
 
+/// Counts a keyed call's decision by its key's source, then as [`on_decision`].
+pub(crate) fn on_keyed_decision<C>(decision: &Decision<C>, source: KeySource) {
+    let what = match decision {
+        Decision::Execute(_) => "execute",
+        Decision::Replay(_) => "replay",
+        Decision::Reject(_) => "reject",
+        Decision::Bypass(_) => "bypass",
+    };
+    counter!(DECISIONS_BY_KEY_SOURCE_TOTAL, "source" => source.as_str(), "decision" => what)
+        .increment(1);
+    on_decision(decision);
+}
+
+/// Counts a `tools/call` its tool's policy wanted an identifier for and that had none.
+pub(crate) fn on_missing_identifier() {
+    counter!(BYPASSES_TOTAL, "reason" => "missing_identifier").increment(1);
+}
+
 pub(crate) fn on_decision<C>(decision: &Decision<C>) {
     // Label values written out per arm: a literal label is a static key, one from a variable
     // allocates its key for every call (and every call without a key passes here).
@@ -226,6 +255,9 @@ pub(crate) fn on_decision<C>(decision: &Decision<C>) {
         }
         Decision::Bypass(BypassReason::MrtrContinuation) => {
             counter!(BYPASSES_TOTAL, "reason" => "mrtr_continuation").increment(1);
+        }
+        Decision::Bypass(BypassReason::StoreDown) => {
+            counter!(BYPASSES_TOTAL, "reason" => "store_down").increment(1);
         }
     }
 }

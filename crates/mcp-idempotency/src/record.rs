@@ -101,6 +101,19 @@ pub enum Outcome {
     },
 }
 
+impl Outcome {
+    /// Whether the call failed: a JSON-RPC error, or a result with `isError: true`.
+    pub fn is_error(&self) -> bool {
+        match self {
+            Self::Error(_) => true,
+            Self::Success(result) => crate::interceptor::raw_object::RawObject::parse(result)
+                .and_then(|result| result.get("isError").map(|flag| flag.get() == "true"))
+                .unwrap_or(false),
+            Self::NotRetained { .. } | Self::Unknown { .. } => false,
+        }
+    }
+}
+
 /// The kind of an [`Outcome`], as stored in the `outcome_kind` column or field of a store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OutcomeKind {

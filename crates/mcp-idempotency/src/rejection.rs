@@ -174,6 +174,11 @@ impl Rejection {
         self
     }
 
+    pub(crate) fn with_message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into();
+        self
+    }
+
     pub(crate) fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self

@@ -2,18 +2,18 @@
 //! Streamable HTTP. The work is done by [`mcp_idempotency::client`].
 
 use std::io::Write;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{ArgGroup, Args};
+use clap::Args;
 use mcp_idempotency::client::{
-    CallError, CallOutcome, CallReport, CallRequest, Client, Connect, Failure, GaveUp,
-    HttpConnector, RetryPolicy, StdioConnector,
+    CallError, CallOutcome, CallReport, CallRequest, Client, Failure, GaveUp, RetryPolicy,
 };
 use mcp_idempotency::RejectionKind;
 use serde_json::{json, Value};
+
+use super::server_args::ServerArgs;
 
 /// Exit status of a call whose outcome is a tool error.
 const EXIT_TOOL_ERROR: u8 = 1;
@@ -21,9 +21,7 @@ const EXIT_TOOL_ERROR: u8 = 1;
 const EXIT_NO_OUTCOME: u8 = 2;
 
 #[derive(Debug, Args)]
-#[command(
-    group(ArgGroup::new("server").required(true).args(["url", "command"])),
-    after_help = "\
+#[command(after_help = "\
 Output: the outcome goes to stdout (text contents, then the structured content; a JSON-RPC \
 error's message and data), the key and the number of attempts to stderr. With --json, stdout \
 holds one object: {\"key\", \"attempts\", and \"result\" or \"error\" (the JSON-RPC response \
@@ -41,12 +39,10 @@ Exit status:
   0  the tool succeeded (first run or replay)
   1  the tool failed: a result with isError, or a JSON-RPC error (perhaps replayed)
   2  no outcome: key conflict, outcome unknown, retries exhausted, connection failure, or a \
-usage error. When stderr says the call may have run, retry with the same --key, never a new one."
-)]
+usage error. When stderr says the call may have run, retry with the same --key, never a new one.")]
 pub(crate) struct CallArgs {
-    /// Streamable HTTP endpoint of the MCP server, e.g. http://127.0.0.1:8080/mcp.
-    #[arg(long, value_name = "URL")]
-    url: Option<String>,
+    #[command(flatten)]
+    server: ServerArgs,
 
     /// The tool to call.
     #[arg(long, value_name = "NAME")]
@@ -77,16 +73,6 @@ pub(crate) struct CallArgs {
     #[arg(long, value_name = "DURATION", default_value = "2m", value_parser = humantime::parse_duration)]
     max_time: Duration,
 
-    /// An HTTP header for every request, `NAME: VALUE` (with --url; repeatable), e.g.
-    /// "Authorization: Bearer TOKEN".
-    #[arg(long = "header", short = 'H', value_name = "NAME:VALUE", requires = "url", value_parser = parse_header)]
-    headers: Vec<(String, String)>,
-
-    /// A PEM file of CA certificates to trust besides the system's (a private CA), for an
-    /// https:// --url.
-    #[arg(long, value_name = "FILE", env = "MCP_IDEM_CA_CERT")]
-    ca_cert: Option<PathBuf>,
-
     /// Also retry over a server without tools.idempotency when the tool is annotated
     /// idempotentHint: true (the tool may then run more than once).
     #[arg(long)]
@@ -95,10 +81,6 @@ pub(crate) struct CallArgs {
     /// Print the outcome as one JSON object (see below).
     #[arg(long)]
     json: bool,
-
-    /// The stdio MCP server to start, and its arguments (after `--`).
-    #[arg(last = true, value_name = "COMMAND")]
-    command: Vec<String>,
 }
 
 fn parse_arguments(text: &str) -> Result<Value, String> {
@@ -108,17 +90,6 @@ fn parse_arguments(text: &str) -> Result<Value, String> {
     } else {
         Err("the arguments must be a JSON object".into())
     }
-}
-
-fn parse_header(text: &str) -> Result<(String, String), String> {
-    let (name, value) = text
-        .split_once(':')
-        .ok_or_else(|| format!("expected NAME: VALUE, got {text:?}"))?;
-    let name = name.trim();
-    if name.is_empty() {
-        return Err(format!("empty header name in {text:?}"));
-    }
-    Ok((name.to_owned(), value.trim().to_owned()))
 }
 
 impl CallArgs {
@@ -146,45 +117,23 @@ impl CallArgs {
         if let Some(key) = &self.key {
             request = request.key(key);
         }
-        match (&self.url, self.command.split_first()) {
-            (Some(url), _) => {
-                let mut connector = self
-                    .headers
-                    .iter()
-                    .fold(HttpConnector::new(url), |connector, (name, value)| {
-                        connector.header(name, value)
-                    });
-                if let Some(ca) = &self.ca_cert {
-                    connector = connector.ca_cert(ca);
-                }
-                self.call(connector, policy, request).await
-            }
-            (None, Some((program, args))) => {
-                let connector = StdioConnector::new(program).args(args);
-                self.call(connector, policy, request).await
-            }
-            (None, None) => unreachable!("clap requires --url or a command"),
-        }
-    }
-
-    async fn call<C: Connect>(
-        &self,
-        connector: C,
-        policy: RetryPolicy,
-        request: CallRequest,
-    ) -> u8 {
-        let client = Client::new(connector).with_policy(policy);
+        let client = Client::new(self.server.connector()).with_policy(policy);
         let result = client.call_tool(request).await;
         client.close().await;
-        let code = match &result {
+        self.report(&result)
+    }
+
+    /// Prints the outcome; returns the exit status.
+    fn report(&self, result: &Result<CallReport, CallError>) -> u8 {
+        let code = match result {
             Ok(report) if report.outcome().is_success() => 0,
             Ok(_) => EXIT_TOOL_ERROR,
             Err(_) => EXIT_NO_OUTCOME,
         };
         let printed = if self.json {
-            print_json(&result)
+            print_json(result)
         } else {
-            print_human(&result)
+            print_human(result)
         };
         if let Err(err) = printed {
             if err.kind() != std::io::ErrorKind::BrokenPipe {

@@ -9,6 +9,8 @@ pub(crate) mod engine_args;
 pub(crate) mod inspect;
 pub(crate) mod proxy;
 pub(crate) mod scope_args;
+pub(crate) mod server_args;
+pub(crate) mod tools;
 pub(crate) mod wrap;
 
 /// `stop`, noting in the returned cell when it fired: the start of the shutdown grace, for

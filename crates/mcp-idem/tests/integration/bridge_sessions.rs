@@ -10,7 +10,7 @@
 //! `Mcp-Session-Id` through), a TLS listener in this process, and a remote in this process that
 //! answers chosen tools with garbage. Every executed charge is one line in the demo server's ledger.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 

@@ -1,12 +1,13 @@
 //! `mcp-idem <command> --help` for every command: each runs, and the help of the options that
-//! commands share through flattened option groups (the store, the upstream) is true for each
-//! command that shows it: `wrap` and `proxy` take every store, `inspect` every store but
-//! `memory`, and `proxy` names its upstream by the endpoint URL and takes an https one.
+//! commands share through flattened option groups (the store, the upstream, the server) is true
+//! for each command that shows it: `wrap` and `proxy` take every store, `inspect` every store but
+//! `memory`, `proxy` names its upstream by the endpoint URL and takes an https one, and the
+//! client commands `call` and `tools` name their server alike.
 
 use std::process::Command;
 
 /// Every command and subcommand with its own `--help`.
-const COMMANDS: [&[&str]; 16] = [
+const COMMANDS: [&[&str]; 17] = [
     &[],
     &["demo"],
     &["demo-server"],
@@ -15,6 +16,7 @@ const COMMANDS: [&[&str]; 16] = [
     &["bridge"],
     &["call"],
     &["check"],
+    &["tools"],
     &["inspect"],
     &["inspect", "list"],
     &["inspect", "show"],
@@ -39,13 +41,15 @@ fn help(command: &[&str]) -> String {
     stdout
 }
 
-/// The help text of option `--name` in `help` (from the option to the next one).
+/// The help text of option `--name` in `help` (from the option to the next one, under
+/// `Options:`).
 fn option_help<'a>(help: &'a str, name: &str) -> Option<&'a str> {
-    let start = help.find(&format!("--{name} <"))?;
-    let rest = &help[start..];
-    let end = rest[2..]
-        .find("\n  -")
-        .or_else(|| rest[2..].find("\n      --"))
+    let options = &help[help.find("\nOptions:")?..];
+    let rest = &options[options.find(&format!("--{name} <"))?..];
+    let end = ["\n  -", "\n      --"]
+        .iter()
+        .filter_map(|next| rest[2..].find(next))
+        .min()
         .map_or(rest.len(), |at| at + 2);
     Some(&rest[..end])
 }
@@ -113,4 +117,25 @@ fn inspect_help_says_it_lists_without_a_subcommand() {
         "the subcommand is optional: {help}"
     );
     assert!(help.contains("without a subcommand"), "{help}");
+}
+
+#[test]
+fn call_and_tools_name_their_server_alike() {
+    let (call, tools) = (help(&["call"]), help(&["tools"]));
+    for option in ["url", "header", "ca-cert"] {
+        let shown = option_help(&call, option).unwrap_or_else(|| panic!("call has no --{option}"));
+        assert_eq!(option_help(&tools, option), Some(shown), "--{option}");
+    }
+    for help in [&call, &tools] {
+        assert!(help.contains("<--url <URL>|COMMAND>"), "{help}");
+    }
+    for says in [
+        "readOnlyHint",
+        "key-from",
+        "key-argument",
+        "window",
+        "--json",
+    ] {
+        assert!(tools.contains(says), "tools --help lacks {says}: {tools}");
+    }
 }

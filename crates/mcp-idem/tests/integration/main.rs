@@ -93,6 +93,8 @@ mod store_faults;
 #[cfg(unix)]
 mod tls_clients;
 #[cfg(unix)]
+mod tools_command;
+#[cfg(unix)]
 mod wrap_concurrency;
 #[cfg(unix)]
 mod wrap_discovery;

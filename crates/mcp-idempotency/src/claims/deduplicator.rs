@@ -10,6 +10,7 @@ use super::running_claim::RunningClaim;
 use super::writes::StoreWrites;
 use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
+use crate::policy::ToolPolicy;
 use crate::record::{FencingToken, Outcome, Scope};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
@@ -207,7 +208,36 @@ impl Deduplicator {
     }
 
     /// Decides what to do with a call, claiming its key if it is to be executed.
+    ///
+    /// A duplicate of a running call whose key the client did not send (a business identifier, a
+    /// key argument, a window) waits for that call's outcome, up to its tool's `wait`, looking
+    /// again with a backoff from 50 ms to 500 ms; past the wait it gets
+    /// `idempotency_key_in_progress` as before. A client's own key is answered at once, as the
+    /// SEP says.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
+        let wait = call
+            .policy
+            .filter(|policy| policy.waits(call.key_source))
+            .map(ToolPolicy::wait);
+        let mut decision = self.decide_once(scope, call).await;
+        if let Some(wait) = wait {
+            let deadline = tokio::time::Instant::now() + wait;
+            let mut pause = Duration::from_millis(50);
+            while matches!(&decision, Decision::Reject(r) if r.kind() == RejectionKind::KeyInProgress)
+                && tokio::time::Instant::now() + pause <= deadline
+            {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+                decision = self.decide_once(scope, call).await;
+            }
+        }
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_keyed_decision(&decision, call.key_source);
+        decision
+    }
+
+    /// One look at the store: the engine's loop of claims and take-overs, then the call's terms.
+    async fn decide_once(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
         let engine = self.engine();
         let mut step = engine.begin(scope, call, FencingToken::random(), self.clock().now());
         let decision = loop {
@@ -232,9 +262,7 @@ impl Deduplicator {
             }
             _ => {}
         }
-        #[cfg(feature = "metrics")]
-        crate::metrics::on_decision(&decision);
-        decision
+        engine.settle(call, decision)
     }
 
     /// Records the outcome of an executed call. [`Fenced::NotOwner`] means the lease was lost and
@@ -306,6 +334,7 @@ mod tests {
                 arguments: Some(r#"{"amount":1}"#),
                 idempotency_key: Some(&key),
                 mrtr_continuation: false,
+                ..Default::default()
             };
             let stopped = Gate {
                 refuses: false,
@@ -334,6 +363,7 @@ mod tests {
                     arguments: None,
                     idempotency_key: Some(&key),
                     mrtr_continuation: false,
+                    ..Default::default()
                 };
                 let refusing = Gate {
                     refuses: true,

@@ -81,6 +81,13 @@ impl RunningClaim {
     /// logged as an error.
     pub async fn finish(mut self, outcome: Outcome) -> Result<Fenced, StoreError> {
         self.end();
+        if self.claim.forgets_errors() && outcome.is_error() {
+            tracing::info!(
+                key = %self.claim.id().key.for_tool(),
+                "an error outcome is forgotten, as the tool's policy says (on-error = \"forget\"): a retry runs the tool again"
+            );
+            return self.writes.release(&self.claim).await;
+        }
         let req = self
             .writes
             .engine

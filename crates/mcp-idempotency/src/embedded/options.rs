@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use crate::interceptor::CancelPolicy;
+use crate::policy::ToolPolicies;
 use crate::AfterCrash;
 
 use super::Settings;
@@ -129,6 +130,45 @@ pub const CANCEL: GatewayOption = GatewayOption {
     },
 };
 
+/// The tools' key policies, for calls that carry no SEP key.
+pub const TOOLS: GatewayOption = GatewayOption {
+    name: "tools",
+    default: None,
+    help: "Per-tool key policies for calls without a SEP key, as a JSON object of tool name (or \
+           \"*\") to settings: key-from, key-argument, window, required, on-error, store-down, \
+           wait (the config file's [tools.NAME] tables; see docs/key-sources.md)",
+    set: |settings, value| {
+        let tools: serde_json::Value = serde_json::from_str(value)
+            .map_err(|err| format!("not a JSON object of tool policies: {err}"))?;
+        let mut policies = ToolPolicies::from_json(&tools).map_err(|err| err.to_string())?;
+        for name in settings.interceptor.policies().meta_keys() {
+            policies = policies
+                .with_meta_key(name)
+                .map_err(|err| err.to_string())?;
+        }
+        settings.interceptor = settings.interceptor.clone().tool_policies(policies);
+        Ok(())
+    },
+};
+
+/// More `_meta` members a client's key is read from.
+pub const META_KEY: GatewayOption = GatewayOption {
+    name: "meta-key",
+    default: None,
+    help: "Also read a client's idempotency key from these `params._meta` members \
+           (comma-separated), beside `_meta.idempotencyKey`, always read",
+    set: |settings, value| {
+        let mut policies = settings.interceptor.policies().clone();
+        for name in value.split(',').map(str::trim) {
+            policies = policies
+                .with_meta_key(name)
+                .map_err(|err| err.to_string())?;
+        }
+        settings.interceptor = settings.interceptor.clone().tool_policies(policies);
+        Ok(())
+    },
+};
+
 /// The longest key.
 pub const MAX_KEY_BYTES: GatewayOption = GatewayOption {
     name: "max-key-bytes",
@@ -194,7 +234,7 @@ pub const MAX_RECORDS_TOTAL: GatewayOption = GatewayOption {
 };
 
 /// Every option [`Settings::set`] takes, in `--help`'s order.
-pub const ALL: [GatewayOption; 13] = [
+pub const ALL: [GatewayOption; 15] = [
     STORE,
     NAMESPACE,
     PRINCIPAL,
@@ -203,6 +243,8 @@ pub const ALL: [GatewayOption; 13] = [
     AFTER_CRASH,
     FORWARD_KEY,
     CANCEL,
+    TOOLS,
+    META_KEY,
     MAX_KEY_BYTES,
     MAX_ARGUMENT_BYTES,
     MAX_OUTCOME_BYTES,

@@ -31,12 +31,16 @@ pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
+use std::sync::Arc;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use crate::engine::{BypassReason, Claim, Decision, ToolCall};
+use crate::engine::{Claim, Decision, ToolCall};
 use crate::jsonrpc::{error_response, raw_error_response, INVALID_PARAMS, INVALID_REQUEST};
+use crate::key::KeySource;
+use crate::policy::select::{self, Chosen};
+use crate::policy::{ToolPolicies, ToolPolicy};
 use crate::record::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
 use raw_object::{json_string, RawObject};
@@ -77,6 +81,7 @@ impl std::str::FromStr for CancelPolicy {
 pub struct InterceptorConfig {
     forward_key: bool,
     cancel: CancelPolicy,
+    policies: Arc<ToolPolicies>,
 }
 
 impl InterceptorConfig {
@@ -96,6 +101,18 @@ impl InterceptorConfig {
     /// What is done with cancellations of claimed calls.
     pub fn cancel(&self) -> CancelPolicy {
         self.cancel
+    }
+
+    /// The tools' key policies and the `_meta` names a client's key is read from (default: no
+    /// tool policy; `_meta.idempotencyKey`).
+    pub fn tool_policies(mut self, policies: ToolPolicies) -> Self {
+        self.policies = Arc::new(policies);
+        self
+    }
+
+    /// The tools' key policies.
+    pub fn policies(&self) -> &ToolPolicies {
+        &self.policies
     }
 }
 
@@ -131,7 +148,10 @@ pub struct KeyedCall {
     params_at: Option<Range<usize>>,
     tool_name: String,
     arguments: Option<String>,
-    key: Value,
+    key: Option<Value>,
+    source: KeySource,
+    identifier: Option<String>,
+    policies: Arc<ToolPolicies>,
     mrtr_continuation: bool,
 }
 
@@ -141,9 +161,27 @@ impl KeyedCall {
         ToolCall {
             tool_name: &self.tool_name,
             arguments: self.arguments.as_deref(),
-            idempotency_key: Some(&self.key),
+            idempotency_key: self.key.as_ref(),
             mrtr_continuation: self.mrtr_continuation,
+            key_source: self.source,
+            identifier: self.identifier.as_deref(),
+            policy: self.policies.for_tool(&self.tool_name),
         }
+    }
+
+    /// Where the call's key comes from.
+    pub fn key_source(&self) -> KeySource {
+        self.source
+    }
+
+    /// Whether a duplicate of this call that finds it still running should wait for its outcome
+    /// rather than be refused at once (a key the client did not send: it cannot retry with it),
+    /// and for how long.
+    pub fn waits_for_duplicates(&self) -> Option<std::time::Duration> {
+        self.policies
+            .for_tool(&self.tool_name)
+            .filter(|policy| policy.waits(self.source))
+            .map(ToolPolicy::wait)
     }
 
     /// The request's id.
@@ -314,15 +352,48 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         envelope: &RawObject<'_>,
         id: RequestId,
     ) -> ClientAction<C> {
-        let keyed = envelope
+        let policies = Arc::clone(&self.config.policies);
+        // Most calls carry no key and no tool has a policy: they are not parsed further.
+        let params = envelope
             .get("params")
-            .filter(|_| may_name_key(message))
-            .and_then(|p| RawObject::parse(p.get()))
-            .and_then(|params| Some((params.get("idempotencyKey")?, params)));
-        let Some((raw_key, params)) = keyed else {
-            #[cfg(feature = "metrics")]
-            crate::metrics::on_decision(&crate::Decision::<C>::Bypass(crate::BypassReason::NoKey));
-            return ClientAction::Forward;
+            .filter(|_| !policies.is_empty() || may_name_key(message, policies.meta_keys()))
+            .and_then(|p| RawObject::parse(p.get()));
+        let Some(params) = params else {
+            return unkeyed(None);
+        };
+        let mrtr_continuation =
+            params.contains("requestState") || params.contains("inputResponses");
+        let (source, key, identifier) = if mrtr_continuation {
+            // Out of scope whatever the policy: only a SEP key is taken off it.
+            match params.get("idempotencyKey") {
+                Some(raw) => (
+                    KeySource::Sep,
+                    Some(serde_json::from_str(raw.get()).unwrap_or(Value::Null)),
+                    None,
+                ),
+                None => return unkeyed(None),
+            }
+        } else {
+            let tool = params.get_str("name").unwrap_or_default();
+            match select::choose(&policies, &tool, &params) {
+                Chosen::Unkeyed { missing } => return unkeyed(missing.map(|m| (tool, m))),
+                Chosen::Refused(message) => {
+                    return ClientAction::Respond(error_response(
+                        id.as_json(),
+                        INVALID_PARAMS,
+                        &message,
+                    ))
+                }
+                Chosen::Key {
+                    source,
+                    value,
+                    identifier,
+                } => {
+                    let named = identifier.or_else(|| carrier_name(source, &policies, &tool));
+                    let value = (source != KeySource::Window).then_some(value);
+                    (source, value, named)
+                }
+            }
         };
         if self.pending.contains(&id) {
             return ClientAction::Respond(error_response(
@@ -334,8 +405,6 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 ),
             ));
         }
-        let mrtr_continuation =
-            params.contains("requestState") || params.contains("inputResponses");
         let tool_name = match params.get_str("name") {
             Some(name) => name,
             None if mrtr_continuation => String::new(),
@@ -354,7 +423,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             message: message.to_owned(),
             tool_name,
             arguments: params.get("arguments").map(|raw| raw.get().to_owned()),
-            key: serde_json::from_str(raw_key.get()).unwrap_or(Value::Null),
+            key,
+            source,
+            identifier,
+            policies,
             mrtr_continuation,
             id,
         })
@@ -395,7 +467,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         match decision {
             Decision::Execute(claim) => {
                 let request =
-                    self.rewrite_for_server(&call, Some(claim.as_ref().id().key.as_str()));
+                    self.rewrite_for_server(&call, Some(claim.as_ref().id().key.for_tool()));
                 self.in_flight.insert(
                     call.id,
                     InFlight {
@@ -405,9 +477,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 );
                 Decided::Forward(request)
             }
-            Decision::Bypass(BypassReason::MrtrContinuation | BypassReason::NoKey) => {
-                Decided::Forward(self.rewrite_for_server(&call, None))
-            }
+            Decision::Bypass(_) => Decided::Forward(self.rewrite_for_server(&call, None)),
             Decision::Replay(replay) => Decided::Respond(replay.to_response_raw(call.id.as_json())),
             Decision::Reject(rejection) => {
                 Decided::Respond(rejection_response(&call.id, &rejection))
@@ -565,7 +635,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                             "{reason} before answering; the call may or may not have taken effect"
                         ),
                     )
-                    .with_key(call.claim.as_ref().id().key.as_str());
+                    .with_key(call.claim.as_ref().id().key.for_tool());
                     rejection_response(&id, &rejection)
                 });
                 Orphan {
@@ -584,11 +654,46 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     }
 }
 
-/// Whether `text` may hold a member named `idempotencyKey`: it holds the name, or a `\u` escape
-/// (the only other way to spell its letters). `false` means certainly not, without parsing: most
-/// calls carry no key.
-fn may_name_key(text: &str) -> bool {
-    text.contains("idempotencyKey") || text.contains("\\u")
+/// Whether `text` may hold a member named `idempotencyKey` or one of the `_meta` key names: it
+/// holds the name, or a `\u` escape (the only other way to spell its letters). `false` means
+/// certainly not, without parsing: most calls carry no key.
+fn may_name_key(text: &str, meta_keys: &[String]) -> bool {
+    text.contains("idempotencyKey")
+        || text.contains("\\u")
+        || meta_keys.iter().any(|name| text.contains(name.as_str()))
+}
+
+/// A `tools/call` no key protects: forwarded as it is, and counted (with the tool and the
+/// identifier it lacked, when its policy wanted one).
+fn unkeyed<C>(missing: Option<(String, String)>) -> ClientAction<C> {
+    match missing {
+        Some((tool, wanted)) => {
+            tracing::info!(
+                tool,
+                wanted,
+                "a call without the identifier its tool's policy names runs unprotected"
+            );
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_missing_identifier();
+        }
+        None => {
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_decision(&crate::Decision::<C>::Bypass(crate::BypassReason::NoKey));
+        }
+    }
+    ClientAction::Forward
+}
+
+/// How a client's key that is not the SEP's is named in its errors.
+fn carrier_name(source: KeySource, policies: &ToolPolicies, tool: &str) -> Option<String> {
+    match source {
+        KeySource::Meta => Some("the `_meta` idempotency key".to_owned()),
+        KeySource::Argument => policies
+            .for_tool(tool)
+            .and_then(ToolPolicy::key_argument)
+            .map(|name| format!("the key argument `{name}`")),
+        KeySource::Sep | KeySource::KeyFrom | KeySource::Window => None,
+    }
 }
 
 /// Where `part` (a slice of `text`, as the values of a [`RawObject`] read from it are) is in

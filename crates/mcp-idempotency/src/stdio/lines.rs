@@ -30,6 +30,16 @@ pub(crate) async fn read_line<R: AsyncBufRead + Unpin>(
 ) -> io::Result<Line> {
     line.clear();
     line.shrink_to(KEPT_CAPACITY);
+    read_more(reader, line, limit).await
+}
+
+/// [`read_line`] without clearing `line` first: it goes on with the bytes a cancelled read left
+/// in it, so a read cancelled (in a `select!`) and started again loses nothing.
+pub(crate) async fn read_more<R: AsyncBufRead + Unpin>(
+    reader: &mut R,
+    line: &mut Vec<u8>,
+    limit: usize,
+) -> io::Result<Line> {
     loop {
         let available = reader.fill_buf().await?;
         if available.is_empty() {

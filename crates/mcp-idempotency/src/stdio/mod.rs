@@ -64,7 +64,8 @@ use crate::jsonrpc::{
 use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RunningClaim};
-use lines::{id_in_prefix, next_piece, read_line, skip_rest, Line};
+use futures_util::StreamExt;
+use lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use stopping::Stopping;
 
 /// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
@@ -432,18 +433,35 @@ impl StdioProxy {
         let server_gone = stopping.server_gone_for_pump.notified();
         let drained = stopping.drained.notified();
         tokio::pin!(server_gone, drained);
+        // Calls whose duplicates wait for a running call's outcome (keys the client did not
+        // send) are decided here, beside the reads: a wait never holds up the messages behind it
+        // (the elicitation answer the running call itself waits for, say).
+        let mut waiting = futures_util::stream::FuturesUnordered::new();
+        let mut resumed = false;
         while !stopping.is_over() {
             if stopping.is_draining() {
                 // A cancellation, or a refused call, may be what the drain waits for.
                 stopping.progress.notify_one();
             }
+            if !resumed {
+                line.clear();
+            }
+            resumed = false;
             let read = tokio::select! {
                 biased;
                 // Nobody is left to read what the client sends.
                 () = &mut server_gone => return Ok(()),
                 // The drain is over: nothing more goes to the server.
                 () = &mut drained => break,
-                read = read_line(&mut lines, &mut line, self.max_line_bytes) => read?,
+                Some((call, decision, deciding)) = waiting.next(), if !waiting.is_empty() => {
+                    let decided = lock(state).on_decision(call, decision);
+                    drop(deciding);
+                    self.send_decided(decided, &mut server_in, to_client).await?;
+                    // The read this interrupted goes on with what it had read.
+                    resumed = true;
+                    continue;
+                }
+                read = read_more(&mut lines, &mut line, self.max_line_bytes) => read?,
             };
             match read {
                 Line::Eof => {
@@ -484,6 +502,17 @@ impl StdioProxy {
                 ClientAction::Respond(response) => {
                     send(to_client, &mut response.into_bytes()).await
                 }
+                ClientAction::Decide(call) if call.waits_for_duplicates().is_some() => {
+                    let deciding = stopping.enter_decision();
+                    let scope = self.scope(state).clone();
+                    waiting.push(async move {
+                        let decision = self
+                            .dedup
+                            .begin_guarded(&scope, &call.tool_call(), &deciding)
+                            .await;
+                        (call, decision, deciding)
+                    });
+                }
                 ClientAction::Decide(call) => {
                     let deciding = stopping.enter_decision();
                     let decision = self
@@ -492,14 +521,8 @@ impl StdioProxy {
                         .await;
                     let decided = lock(state).on_decision(call, decision);
                     drop(deciding);
-                    match decided {
-                        Decided::Forward(request) => {
-                            write_line(&mut server_in, &mut request.into_bytes()).await?;
-                        }
-                        Decided::Respond(response) => {
-                            send(to_client, &mut response.into_bytes()).await;
-                        }
-                    }
+                    self.send_decided(decided, &mut server_in, to_client)
+                        .await?;
                 }
                 ClientAction::RecordThenForward(claim, outcome) => {
                     claim.record(outcome).await;
@@ -508,6 +531,22 @@ impl StdioProxy {
             }
         }
         server_in.shutdown().await
+    }
+
+    /// Sends a decided call where it goes: to the server, or (answered) to the client.
+    async fn send_decided<SW: AsyncWrite + Unpin>(
+        &self,
+        decided: Decided,
+        server_in: &mut SW,
+        to_client: &ToClient,
+    ) -> io::Result<()> {
+        match decided {
+            Decided::Forward(request) => write_line(server_in, &mut request.into_bytes()).await,
+            Decided::Respond(response) => {
+                send(to_client, &mut response.into_bytes()).await;
+                Ok(())
+            }
+        }
     }
 
     async fn server_to_client<SR>(

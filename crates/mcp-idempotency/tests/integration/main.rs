@@ -22,6 +22,8 @@ mod fingerprint_props;
 #[cfg(feature = "http")]
 mod http_layer;
 mod interceptor;
+#[cfg(feature = "embedded")]
+mod key_sources;
 #[cfg(feature = "http")]
 mod principal;
 mod rmcp_embedding;

@@ -28,6 +28,7 @@ fn call<'a>(key: &'a serde_json::Value) -> ToolCall<'a> {
         arguments: Some(r#"{"amount": 4200, "currency": "usd"}"#),
         idempotency_key: Some(key),
         mrtr_continuation: false,
+        ..Default::default()
     }
 }
 

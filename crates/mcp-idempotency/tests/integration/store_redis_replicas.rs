@@ -342,6 +342,7 @@ async fn writes_wait_for_the_replica_of_their_own_primary_and_fail_closed_withou
         arguments: Some(r#"{"amount":1}"#),
         idempotency_key: Some(&key),
         mrtr_continuation: false,
+        ..Default::default()
     };
     let scope = Scope::new("ns", "p0");
     match dedup.decide(&scope, &call).await {

@@ -11,8 +11,8 @@ use super::*;
 /// one fault-injecting store of the test binary: the stdio tests use it too).
 #[derive(Debug, Default)]
 pub(crate) struct FlakyStore {
-    pub(super) inner: MemoryStore,
-    pub(super) fail_claim: AtomicBool,
+    pub(crate) inner: MemoryStore,
+    pub(crate) fail_claim: AtomicBool,
     fail_take_over: AtomicBool,
     pub(super) fail_renew: AtomicBool,
     /// Renewals of this key never answer (a store that hangs on one record).

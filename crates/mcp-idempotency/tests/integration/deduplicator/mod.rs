@@ -38,6 +38,7 @@ async fn decide(d: &Deduplicator, scope: &Scope, tool: &str, args: &str, key: &s
         arguments: Some(args),
         idempotency_key: Some(&key),
         mrtr_continuation: false,
+        ..Default::default()
     };
     d.decide(scope, &call).await
 }
@@ -86,6 +87,7 @@ async fn claim_dead(store: &Arc<dyn Store>, scope: &Scope, key: &str) -> Fencing
         arguments: Some(ARGS),
         idempotency_key: Some(&key),
         mrtr_continuation: false,
+        ..Default::default()
     };
     let ten_seconds_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 10_000);
     let owner = FencingToken::random();

@@ -135,6 +135,7 @@ async fn bypass_records_nothing(store: Arc<dyn Store>) {
         arguments: Some(ARGS),
         idempotency_key: None,
         mrtr_continuation: false,
+        ..Default::default()
     };
     for _ in 0..2 {
         assert_eq!(
@@ -155,6 +156,7 @@ async fn bypass_records_nothing(store: Arc<dyn Store>) {
             arguments: Some(args),
             idempotency_key: Some(&key),
             mrtr_continuation: true,
+            ..Default::default()
         };
         assert_eq!(
             d.decide(&scope(), &continuation).await,
@@ -180,6 +182,7 @@ async fn invalid_requests_record_nothing(store: Arc<dyn Store>) {
             arguments: Some(ARGS),
             idempotency_key: Some(&key),
             mrtr_continuation: false,
+            ..Default::default()
         };
         reject(d.decide(&scope(), &call).await, RejectionKind::KeyInvalid);
     }

@@ -13,6 +13,7 @@ pub(super) async fn begin(d: &Deduplicator, key: &str) -> mcp_idempotency::Runni
         arguments: Some(ARGS),
         idempotency_key: Some(&key),
         mrtr_continuation: false,
+        ..Default::default()
     };
     match d.begin(&scope(), &call).await {
         Decision::Execute(running) => running,

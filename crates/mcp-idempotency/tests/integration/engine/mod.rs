@@ -36,6 +36,7 @@ fn call<'a>(tool: &'a str, args: Option<&'a str>, key: Option<&'a Value>) -> Too
         arguments: args,
         idempotency_key: key,
         mrtr_continuation: false,
+        ..Default::default()
     }
 }
 

@@ -235,6 +235,7 @@ proptest! {
             arguments: gen_call.arguments.as_deref(),
             idempotency_key: gen_call.key.as_ref(),
             mrtr_continuation: gen_call.mrtr,
+            ..Default::default()
         };
         let req = match engine.begin(&scope(), &tool_call, caller, at(now)) {
             Step::Done(decision) => {

@@ -275,7 +275,7 @@ fn calls_without_a_key_pass_untouched() {
     let mut h = Harness::new();
     for line in [
         r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"t","arguments":{"a":1.0}}}"#,
-        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","_meta":{"idempotencyKey":"k"}}}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","_meta":{"other":"k"}}}"#,
         r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"t","arguments":{"idempotencyKey":"k"}}}"#,
         r#"{"jsonrpc":"2.0","id":4,"method":"tools/call"}"#,
         r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":["t","k"]}"#,
