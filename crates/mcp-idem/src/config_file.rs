@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use clap::builder::Resettable;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
-use mcp_idempotency::embedded::options;
+use mcp_idempotency::embedded::options::{self, TOOLS};
 
 /// The commands a config file configures.
 pub(crate) const CONFIGURABLE: [&str; 2] = ["wrap", "proxy"];
@@ -206,8 +206,15 @@ fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Resu
             .find_subcommand(name)
             .with_context(|| format!("no `{name}` command"))?;
         let mut values = BTreeMap::new();
+        // `[tools.NAME]` tables: `[wrap.tools.NAME]` / `[proxy.tools.NAME]` replace the
+        // top-level table of the same tool.
+        let mut tools = toml::Table::new();
         for (key, value) in table {
             if value.is_table() && CONFIGURABLE.contains(&key.as_str()) {
+                continue;
+            }
+            if key == TOOLS.name {
+                tools.extend(tool_tables(name, value, path)?);
                 continue;
             }
             // A top-level key applies where it is an option; one that is an option nowhere is
@@ -221,9 +228,18 @@ fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Resu
                 format!("[{name}] in {} must be a table of options", path.display())
             })?;
             for (key, value) in section {
+                if key == TOOLS.name {
+                    tools.extend(tool_tables(name, value, path)?);
+                    continue;
+                }
                 let id = option_id(sub, key).with_context(|| unknown_key(sub, key, path))?;
                 values.insert(id, scalar(key, value, path)?);
             }
+        }
+        if !tools.is_empty() {
+            let id = option_id(sub, TOOLS.name).context("no --tools option")?;
+            let json = serde_json::to_string(&tools).context("the [tools] tables")?;
+            values.insert(id, json);
         }
         for (id, value) in &values {
             check_value(sub, id, value).with_context(|| {
@@ -295,6 +311,18 @@ fn unknown_key(sub: &Command, key: &str, path: &Path) -> String {
         sub.get_name(),
         file_keys(sub).join(", ")
     )
+}
+
+/// The `[tools]` table: tool name to its table of settings (`[tools.charge]`,
+/// `[tools."*"]`); its settings are checked with the rest, by the option's parser.
+fn tool_tables(command: &str, value: &toml::Value, path: &Path) -> anyhow::Result<toml::Table> {
+    let tables = value.as_table().with_context(|| {
+        format!(
+            "`tools` in {} must be tables of tool policies, as in [tools.charge] (for `{command}`)",
+            path.display()
+        )
+    })?;
+    Ok(tables.clone())
 }
 
 fn scalar(key: &str, value: &toml::Value, path: &Path) -> anyhow::Result<String> {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{ArgMatches, Args, Subcommand};
+use mcp_idempotency::policy::ToolPolicies;
 use mcp_idempotency::store::{redact_password, StoreUrl};
 
 use super::proxy::ProxyArgs;
@@ -58,6 +59,7 @@ fn report(name: &str, invocation: &Invocation, matches: &ArgMatches) -> anyhow::
         Some(path) => writeln!(out, "# config file: {}", path.display())?,
         None => writeln!(out, "# config file: none")?,
     }
+    let mut tools = None;
     for arg in sub.get_arguments() {
         let id = arg.get_id().as_str();
         if matches!(id, "help" | "version" | "config") {
@@ -83,11 +85,19 @@ fn report(name: &str, invocation: &Invocation, matches: &ArgMatches) -> anyhow::
             },
             Source::File => "config file".to_owned(),
             Source::Default => "default".to_owned(),
+            Source::Unset if id == "tools" => continue,
             Source::Unset => {
                 writeln!(out, "# {key} = (unset)")?;
                 continue;
             }
         };
+        if id == "tools" {
+            // Printed last, as tables: each tool's effective policy, `[tools."*"]` merged in.
+            tools = matches
+                .get_one::<ToolPolicies>(id)
+                .map(|policies| (policies, origin));
+            continue;
+        }
         let value = match values.as_slice() {
             [one] => toml_string(one),
             many => format!(
@@ -100,7 +110,38 @@ fn report(name: &str, invocation: &Invocation, matches: &ArgMatches) -> anyhow::
         };
         writeln!(out, "{key} = {value}  # {origin}")?;
     }
+    match tools {
+        Some((policies, origin)) => {
+            writeln!(
+                out,
+                "\n# tools: the effective policy of each tool ({origin})"
+            )?;
+            for (tool, policy) in policies.named_tools() {
+                write!(out, "\n[tools.{}]\n{policy}", toml_key(tool))?;
+            }
+            if let Some(policy) = policies.any_tool() {
+                write!(out, "\n# every other tool\n[tools.\"*\"]\n{policy}")?;
+            }
+        }
+        None => writeln!(
+            out,
+            "# tools = (unset: calls without a SEP or `_meta` key run unprotected)"
+        )?,
+    }
     Ok(out)
+}
+
+/// A tool name as a TOML key: bare when it can be, quoted otherwise.
+fn toml_key(name: &str) -> String {
+    let bare = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if bare {
+        name.to_owned()
+    } else {
+        toml_string(name)
+    }
 }
 
 fn toml_string(value: &str) -> String {

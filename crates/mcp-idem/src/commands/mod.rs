@@ -7,6 +7,7 @@ pub(crate) mod demo_server;
 mod demo_server_http;
 pub(crate) mod engine_args;
 pub(crate) mod inspect;
+pub(crate) mod policy_args;
 pub(crate) mod proxy;
 pub(crate) mod scope_args;
 pub(crate) mod server_args;

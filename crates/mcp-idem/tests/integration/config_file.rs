@@ -266,3 +266,115 @@ async fn a_proxy_runs_with_the_file_and_a_flag_overrides_it() {
     assert!(charged.charge_id().is_some(), "{}", charged.body);
     assert_eq!(crate::support::common::ledger_lines(&ledger).len(), 1);
 }
+
+/// `[tools.NAME]` tables (issue 34): `[tools."*"]` under each tool key by key, a command's own
+/// `[proxy.tools.NAME]` replacing the top-level table of that tool; `config-check` prints each
+/// tool's effective policy as TOML that parses back.
+#[test]
+fn tool_tables_merge_and_config_check_prints_each_tools_effective_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "tools.toml",
+        r#"
+            store = "memory"
+            meta-key = "io.mcp-gateway/idempotency-key"
+
+            [tools."*"]
+            on-error = "forget"
+
+            [tools.charge_payment]
+            key-from = ["/order_id"]
+            required = true
+
+            [tools."billing.refund"]
+            key-argument = "idempotency_key"
+
+            [proxy.tools.charge_payment]
+            window = "30s"
+        "#,
+    );
+    let check = |command: &str| {
+        let mut args = vec!["config-check", command, "--config", file.to_str().unwrap()];
+        if command == "proxy" {
+            args.extend([
+                "--listen",
+                "127.0.0.1:0",
+                "--upstream",
+                "http://127.0.0.1:1",
+            ]);
+        }
+        stdout(&run(&args, &[]))
+    };
+    let wrap = check("wrap");
+    assert!(
+        line(&wrap, "meta-key").contains("io.mcp-gateway/idempotency-key"),
+        "{wrap}"
+    );
+    let tables: toml::Table = wrap.parse().unwrap_or_else(|err| panic!("{err}:\n{wrap}"));
+    let charge = &tables["tools"]["charge_payment"];
+    assert_eq!(
+        charge["key-from"].as_array().unwrap()[0].as_str(),
+        Some("/order_id")
+    );
+    assert_eq!(charge["required"].as_bool(), Some(true));
+    assert_eq!(charge["on-error"].as_str(), Some("forget"));
+    assert!(charge.get("window").is_none());
+    assert_eq!(
+        tables["tools"]["billing.refund"]["key-argument"].as_str(),
+        Some("idempotency_key")
+    );
+    assert_eq!(tables["tools"]["*"]["on-error"].as_str(), Some("forget"));
+
+    // proxy's own table of the tool replaces the top-level one.
+    let proxy = check("proxy");
+    let tables: toml::Table = proxy.parse().unwrap();
+    let charge = &tables["tools"]["charge_payment"];
+    assert_eq!(charge["window"].as_str(), Some("30s"));
+    assert!(charge.get("key-from").is_none());
+    assert_eq!(charge["required"].as_bool(), Some(false));
+}
+
+#[test]
+fn bad_tool_tables_stop_everything_with_a_clear_error() {
+    for (text, expected) in [
+        (
+            "[tools.charge]\nkey-from = \"order_id\"\n",
+            "must start with `/`",
+        ),
+        ("[tools.charge]\nwindow = \"20m\"\n", "out of range"),
+        (
+            "[tools.charge]\nrequired = true\n",
+            "needs `key-from` or `key-argument`",
+        ),
+        (
+            "[tools.charge]\nkeyfrom = \"/x\"\n",
+            "unknown setting `keyfrom`",
+        ),
+        ("tools = \"charge\"\n", "must be tables of tool policies"),
+        ("meta-key = \"a,,b\"\n", "`meta-key`"),
+    ] {
+        let err = rejected(text);
+        assert!(err.contains(expected), "{text}: {err}");
+    }
+    // The same policy on the command line, and a wrap that would start: nothing starts.
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ran");
+    let output = run(
+        &[
+            "wrap",
+            "--store",
+            "memory",
+            "--tools",
+            r#"{"charge": {"window": "0s"}}"#,
+            "--",
+            "sh",
+            "-c",
+            &format!("touch {}", ledger.display()),
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("`window`"));
+    assert!(!ledger.exists(), "the server started");
+}

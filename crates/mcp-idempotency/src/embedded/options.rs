@@ -138,9 +138,7 @@ pub const TOOLS: GatewayOption = GatewayOption {
            \"*\") to settings: key-from, key-argument, window, required, on-error, store-down, \
            wait (the config file's [tools.NAME] tables; see docs/key-sources.md)",
     set: |settings, value| {
-        let tools: serde_json::Value = serde_json::from_str(value)
-            .map_err(|err| format!("not a JSON object of tool policies: {err}"))?;
-        let mut policies = ToolPolicies::from_json(&tools).map_err(|err| err.to_string())?;
+        let mut policies = tool_policies(value)?;
         for name in settings.interceptor.policies().meta_keys() {
             policies = policies
                 .with_meta_key(name)
@@ -159,9 +157,9 @@ pub const META_KEY: GatewayOption = GatewayOption {
            (comma-separated), beside `_meta.idempotencyKey`, always read",
     set: |settings, value| {
         let mut policies = settings.interceptor.policies().clone();
-        for name in value.split(',').map(str::trim) {
+        for name in meta_keys(value)?.0 {
             policies = policies
-                .with_meta_key(name)
+                .with_meta_key(&name)
                 .map_err(|err| err.to_string())?;
         }
         settings.interceptor = settings.interceptor.clone().tool_policies(policies);
@@ -279,6 +277,29 @@ fn kebab_case(name: &str) -> String {
 pub fn duration(value: &str) -> Result<Duration, String> {
     humantime::parse_duration(value).map_err(|err| err.to_string())
 }
+
+/// Tool policies: a JSON object of tool name (or `"*"`) to its settings.
+pub fn tool_policies(value: &str) -> Result<ToolPolicies, String> {
+    let tools: serde_json::Value = serde_json::from_str(value)
+        .map_err(|err| format!("not a JSON object of tool policies: {err}"))?;
+    ToolPolicies::from_json(&tools).map_err(|err| err.to_string())
+}
+
+/// `_meta` member names, comma-separated.
+pub fn meta_keys(value: &str) -> Result<MetaKeys, String> {
+    let names: Vec<String> = value
+        .split(',')
+        .map(|name| name.trim().to_owned())
+        .collect();
+    if names.iter().any(String::is_empty) {
+        return Err("expected `_meta` member names separated by commas, none of them empty".into());
+    }
+    Ok(MetaKeys(names))
+}
+
+/// The names [`meta_keys`] read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaKeys(pub Vec<String>);
 
 /// `reject` or `reexecute`.
 pub fn after_crash(value: &str) -> Result<AfterCrash, String> {

@@ -82,7 +82,32 @@ pub struct InterceptorConfig {
     forward_key: bool,
     cancel: CancelPolicy,
     policies: Arc<ToolPolicies>,
+    /// Set once a `tools/list` answer was checked against the policies, by any interceptor made
+    /// from this configuration (the HTTP layer makes one per request).
+    tools_checked: OnceFlag,
 }
+
+/// A flag shared by the clones of a configuration; not part of its value.
+#[derive(Clone, Debug, Default)]
+struct OnceFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl OnceFlag {
+    fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl PartialEq for OnceFlag {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for OnceFlag {}
 
 impl InterceptorConfig {
     /// Keep `idempotencyKey` in the params forwarded to the server (default: removed, since a strict
@@ -270,6 +295,8 @@ pub struct Interceptor<C = Claim> {
     store_unusable: bool,
     /// The server's `serverInfo.name`, from the first discovery result that had one.
     server_name: Option<String>,
+    /// A `tools/list` request whose answer is checked against the tool policies (once).
+    tools_list: Option<RequestId>,
 }
 
 /// Most unanswered requests tracked in [`Interceptor::pending`]; past that (a server that never
@@ -285,6 +312,7 @@ impl<C> Default for Interceptor<C> {
             pending: HashSet::new(),
             store_unusable: false,
             server_name: None,
+            tools_list: None,
         }
     }
 }
@@ -333,6 +361,12 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             }
             (Some("initialize" | "server/discover"), Some(id)) => {
                 self.discovery.insert(id);
+                ClientAction::Forward
+            }
+            (Some("tools/list"), Some(id))
+                if !self.config.tools_checked.is_set() && !self.config.policies.is_empty() =>
+            {
+                self.tools_list = Some(id);
                 ClientAction::Forward
             }
             (Some("notifications/cancelled"), None) => self.on_cancelled(&envelope),
@@ -568,6 +602,12 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 forward: !call.cancelled,
             };
         }
+        if self.tools_list.as_ref() == Some(&id) {
+            self.tools_list = None;
+            if warn_unlisted(&self.config.policies, &envelope) {
+                self.config.tools_checked.set();
+            }
+        }
         if !self.discovery.is_empty() && self.discovery.remove(&id) {
             if self.server_name.is_none() {
                 self.server_name = server_name(&envelope);
@@ -596,9 +636,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     }
 
     /// Whether an `initialize` or `server/discover` request was forwarded and its result, which
-    /// gets the capability added, has not been seen yet.
+    /// gets the capability added, has not been seen yet; or a `tools/list` whose answer is checked
+    /// against the tool policies.
     pub fn awaits_discovery_result(&self) -> bool {
-        !self.discovery.is_empty()
+        !self.discovery.is_empty() || self.tools_list.is_some()
     }
 
     /// The server's own name (its `serverInfo.name`) from the first `initialize` or
@@ -712,6 +753,39 @@ fn has_key(envelope: &RawObject<'_>) -> bool {
         .get("params")
         .and_then(|p| RawObject::parse(p.get()))
         .is_some_and(|params| params.contains("idempotencyKey"))
+}
+
+/// Logs the tools a policy names that the server's `tools/list` result does not list; `false`
+/// when the message is not such a result (the next one is checked).
+fn warn_unlisted(policies: &ToolPolicies, envelope: &RawObject<'_>) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Listed {
+        tools: Vec<Named>,
+        #[serde(rename = "nextCursor")]
+        next_cursor: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Named {
+        name: String,
+    }
+    let Some(listed) = envelope
+        .get("result")
+        .and_then(|result| serde_json::from_str::<Listed>(result.get()).ok())
+    else {
+        return false;
+    };
+    if listed.next_cursor.is_some() {
+        // One page of several: the policy may name a tool of another page.
+        return true;
+    }
+    let names: Vec<&str> = listed.tools.iter().map(|tool| tool.name.as_str()).collect();
+    for tool in policies.unlisted(&names) {
+        tracing::warn!(
+            tool,
+            "a tool policy names a tool the server does not list; check its name"
+        );
+    }
+    true
 }
 
 /// Adds `tools.idempotency = {}` to the capabilities of an `initialize` / `server/discover` result.

@@ -182,7 +182,7 @@ pub struct ToolPolicies {
     /// Each named tool's effective policy (`[tools."*"]` merged in).
     tools: BTreeMap<String, ToolPolicy>,
     /// The policy of every other tool (`[tools."*"]`), when one is given.
-    any: Option<ToolPolicy>,
+    any: Option<Box<ToolPolicy>>,
     meta_keys: Vec<String>,
 }
 
@@ -209,7 +209,7 @@ impl ToolPolicies {
     pub fn from_json(tools: &serde_json::Value) -> Result<Self, PolicyError> {
         parse::tools(tools).map(|(tools, any)| Self {
             tools,
-            any,
+            any: any.map(Box::new),
             ..Self::default()
         })
     }
@@ -227,7 +227,7 @@ impl ToolPolicies {
 
     /// The policy of `tool`: its own table over `[tools."*"]`, or `None` when neither names it.
     pub fn for_tool(&self, tool: &str) -> Option<&ToolPolicy> {
-        self.tools.get(tool).or(self.any.as_ref())
+        self.tools.get(tool).or(self.any.as_deref())
     }
 
     /// The tools named by their own table.
@@ -239,7 +239,7 @@ impl ToolPolicies {
 
     /// The `[tools."*"]` policy.
     pub fn any_tool(&self) -> Option<&ToolPolicy> {
-        self.any.as_ref()
+        self.any.as_deref()
     }
 
     /// The `_meta` members a client's key is read from, in order.

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use super::policy_args::PolicyArgs;
 use anyhow::Context;
 use clap::Args;
 use hyper::body::Incoming;
@@ -114,6 +115,9 @@ pub(crate) struct ProxyArgs {
 
     #[command(flatten)]
     ops: OpsArgs,
+
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 impl ProxyArgs {
@@ -140,6 +144,8 @@ impl ProxyArgs {
         let upstream = Upstream::new(upstream_url.clone(), self.upstream_ca_cert.as_deref())
             .context("cannot set up the upstream's HTTP client (--upstream-ca-cert)")?;
         let scope_by = self.scope.scope_by()?;
+        let policies = self.policy.policies()?;
+        PolicyArgs::log(&policies);
         let store = self.ops.start(self.engine.open_store().await?).await?;
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
         let namespace = self
@@ -157,7 +163,8 @@ impl ProxyArgs {
             .interceptor_config(
                 InterceptorConfig::default()
                     .forward_key(self.forward_key)
-                    .cancel_policy(CancelPolicy::Absorb),
+                    .cancel_policy(CancelPolicy::Absorb)
+                    .tool_policies(policies),
             );
         let calls = layer.shutdown();
         let hosts = if self.allow_any_host {

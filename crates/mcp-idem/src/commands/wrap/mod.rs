@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::policy_args::PolicyArgs;
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::default_scope::{wrap_legacy_namespace, LegacyNamespaceReads};
@@ -39,6 +40,9 @@ pub(crate) struct WrapArgs {
 
     #[command(flatten)]
     ops: OpsArgs,
+
+    #[command(flatten)]
+    policy: PolicyArgs,
 
     /// Namespace of this server's records [default: `mcp-server:<name>`, the name the server
     /// gives itself when initialized (as the Python and TypeScript bindings do), so it keeps its
@@ -114,6 +118,8 @@ impl WrapArgs {
     }
 
     async fn run(self) -> anyhow::Result<ExitCode> {
+        let policies = self.policy.policies()?;
+        PolicyArgs::log(&policies);
         let mut store = self.ops.start(self.engine.open_store().await?).await?;
         let namespace = self
             .namespace
@@ -146,7 +152,8 @@ impl WrapArgs {
             .interceptor_config(
                 InterceptorConfig::default()
                     .forward_key(self.forward_key)
-                    .cancel_policy(self.cancel),
+                    .cancel_policy(self.cancel)
+                    .tool_policies(policies),
             )
             .max_line_bytes(self.max_line_bytes)
             .shutdown_grace(self.shutdown_grace);
