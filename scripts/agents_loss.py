@@ -332,6 +332,7 @@ class Result:
     answered: int = 0
     succeeded: int = 0
     failed: int = 0
+    failed_orders: list[str] = field(default_factory=list)
     model_retries: int = 0
     answers_in_ledger: int = 0
     faults: FaultCounts = field(default_factory=FaultCounts)
@@ -432,6 +433,7 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
                     break
                 else:
                     result.failed += 1
+                    result.failed_orders.append(order_id)
                 progress(key, i, opts.charges)
         finally:
             await asyncio.wait_for(client.cleanup(), 30)
@@ -534,6 +536,9 @@ def table(results: list[Result]) -> str:
         notes.append(
             f"{CONFIGS[r.config]}, orders run more than once: {', '.join(repeated) or 'none'}"
         )
+        if r.failed_orders:
+            failed = [f"{order} (run {r.per_order[order]}×)" for order in r.failed_orders]
+            notes.append(f"{CONFIGS[r.config]}, orders reported failed: {', '.join(failed)}")
     return "\n".join(lines + [""] + [f"{note}  " for note in notes])
 
 
