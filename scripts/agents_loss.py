@@ -48,6 +48,9 @@ key-from = ["/order_id"]   # the business identifier argument decides: same orde
 required = true
 """
 
+# The `_meta` member mcp-idem adds to a result it replays for a key the client did not send.
+REPLAYED_META = "mcp-idem/replayed"
+
 CONFIGS = {
     "c": "(c) no proxy",
     "a": "(a) proxy, no policy",
@@ -335,6 +338,7 @@ class Result:
     failed_orders: list[str] = field(default_factory=list)
     model_retries: int = 0
     answers_in_ledger: int = 0
+    replayed: int = 0
     faults: FaultCounts = field(default_factory=FaultCounts)
     seconds: float = 0.0
     errors: Counter = field(default_factory=Counter)
@@ -430,6 +434,8 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
                     if not answer.is_error:
                         result.succeeded += 1
                         answers[order_id] = charge_id_of(answer)
+                        if REPLAYED_META in (getattr(answer, "meta", None) or {}):
+                            result.replayed += 1
                     break
                 else:
                     result.failed += 1
@@ -518,6 +524,7 @@ def table(results: list[Result]) -> str:
     row("charges that got an answer", lambda r: r.answered)
     row("charges the client reported as success", lambda r: r.succeeded)
     row("successes naming a charge of that order in the ledger", lambda r: r.answers_in_ledger)
+    row(f'of which replays (`_meta["{REPLAYED_META}"]`)', lambda r: r.replayed)
     row("charges failed after all model retries", lambda r: r.failed)
     row("model-level retries (new call, same arguments)", lambda r: r.model_retries)
     row("`tools/call` POSTs seen by the forwarder", lambda r: r.faults.tool_posts)
@@ -567,6 +574,10 @@ def versions() -> str:
 
 async def run(opts) -> int:
     logging.basicConfig(level=logging.CRITICAL)
+    # SIGTERM cancels the run, so that every child is stopped on the way out (as on Ctrl-C).
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     from agents import set_tracing_disabled
 
     set_tracing_disabled(True)
@@ -638,7 +649,11 @@ def main() -> int:
     if opts.command == "serve":
         serve(opts.ledger)
         return 0
-    return asyncio.run(run(opts))
+    try:
+        return asyncio.run(run(opts))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("interrupted; every child process was stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
