@@ -12,6 +12,9 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+mod timing;
+use timing::{fastest, median};
+
 use mcp_idempotency::fingerprint::fingerprint;
 
 /// About 200 bytes, members in the order a client struct would emit them.
@@ -129,16 +132,6 @@ fn calibrate(target: Duration, mut f: impl FnMut()) -> u32 {
 struct Timings {
     serde: Vec<Duration>,
     fingerprint: Vec<Duration>,
-}
-
-fn fastest(samples: &[Duration]) -> Duration {
-    samples.iter().copied().min().unwrap_or_default()
-}
-
-fn median(samples: &[Duration]) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
 }
 
 fn measure(text: &str, rounds: usize) -> Timings {

@@ -31,6 +31,9 @@ use std::hint::black_box;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod timing;
+use timing::{fastest, median};
+
 use mcp_idempotency::embedded::{Connection, Embedded, FromClient, FromServer, Settings};
 use tokio::runtime::Runtime;
 
@@ -400,16 +403,6 @@ fn instructions(rows: &[usize], calls: u64) {
         );
     }
     let _ = std::fs::remove_dir_all(&work);
-}
-
-fn fastest(samples: &[Duration]) -> Duration {
-    samples.iter().copied().min().unwrap_or_default()
-}
-
-fn median(samples: &[Duration]) -> Duration {
-    let mut sorted = samples.to_vec();
-    sorted.sort_unstable();
-    sorted.get(sorted.len() / 2).copied().unwrap_or_default()
 }
 
 fn ratio(a: Duration, b: Duration) -> f64 {
