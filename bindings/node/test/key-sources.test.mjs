@@ -207,7 +207,7 @@ const BAD_POLICIES = {
     'an unknown setting': [{ tools: { charge: { keyForm: '/order_id' } } }, 'keyForm'],
     'not an object': [{ tools: ['charge'] }, '`tools` must be a table of tool names'],
     'not a JSON value': [{ tools: { charge: { wait: 10n } } }, 'expected an object of tool name to settings'],
-    'an empty meta key': [{ metaKey: '' }, 'must not be empty'],
+    'an empty meta key': [{ metaKey: '' }, 'none of them empty'],
     'a meta key that is not a string': [{ metaKey: 5 }, 'expected a string or an array of strings']
 };
 

@@ -253,7 +253,7 @@ BAD_POLICIES = {
     "an unknown setting": ({"tools": {"charge": {"key_form": "/order_id"}}}, "key_form"),
     "not a dict": ({"tools": ["charge"]}, "`tools` must be a table of tool names"),
     "not a JSON value": ({"tools": {"charge": {"wait": object()}}}, "expected a dict of tool name to settings"),
-    "an empty meta key": ({"meta_key": ""}, "must not be empty"),
+    "an empty meta key": ({"meta_key": ""}, "none of them empty"),
     "a meta key that is not a string": ({"meta_key": 5}, "expected a string or a list of strings"),
 }
 
