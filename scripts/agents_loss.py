@@ -3,16 +3,25 @@
 
 Driven by scripts/agents-loss.sh, which prepares the venv and the mcp-idem binary. Two commands:
 
-  agents_loss.py serve --ledger FILE
+  agents_loss.py serve --ledger FILE [--store S --namespace N [--tools JSON]]
       The upstream: a Streamable HTTP MCP server (official `mcp` SDK, stateless, JSON answers)
       with one tool, `charge(order_id, amount)`, that appends one JSON line to FILE per
-      execution. Prints `listening on http://127.0.0.1:PORT/mcp` on stderr.
+      execution. Prints `listening on http://127.0.0.1:PORT/mcp` on stderr. With --store, the
+      server is protected in process by the Python binding: `mcp_idempotency.idempotent(server,
+      store=S, namespace=N, tools=JSON)`.
 
   agents_loss.py run --bin MCP_IDEM --out REPORT.md [options]
-      Runs the same scripted agent against three set-ups and prints one markdown table:
+      Runs the same scripted agent against the set-ups of --configs (default c,a,b) and prints
+      one markdown table:
         (c) client -> lossy forwarder -> server                      (no proxy: the baseline)
         (a) client -> lossy forwarder -> mcp-idem proxy -> server    (no tool policy)
         (b) as (a), proxy started with `--config` holding [tools.charge] key-from = ["/order_id"]
+        (d) client -> lossy forwarder -> server protected in process by the Python binding,
+            tools={"charge": {"key-from": ["/order_id"], "required": True}}  (no proxy)
+        (e) the same on the TypeScript SDK with the Node binding (scripts/agents-loss-node-server.mjs)
+        (d0), (e0) as (d), (e) without `tools`: the binding alone, no policy
+      (d), (d0) need an interpreter with `mcp_idempotency` (--binding-python); (e), (e0) need
+      the Node binding built with its node_modules (--node-binding).
 
 The client is the unmodified `agents.mcp.MCPServerStreamableHttp` with `max_retry_attempts`
 set, called through its public `call_tool`. The lossy forwarder (here, plain asyncio) sits
@@ -48,6 +57,9 @@ key-from = ["/order_id"]   # the business identifier argument decides: same orde
 required = true
 """
 
+# The same policy as the bindings' `tools=` argument, for (d) and (e).
+POLICY = {"charge": {"key-from": ["/order_id"], "required": True}}
+
 # The `_meta` member mcp-idem adds to a result it replays for a key the client did not send.
 REPLAYED_META = "mcp-idem/replayed"
 
@@ -55,15 +67,22 @@ CONFIGS = {
     "c": "(c) no proxy",
     "a": "(a) proxy, no policy",
     "b": "(b) proxy + key-from policy",
+    "d": "(d) Python binding + key-from policy",
+    "e": "(e) Node binding + key-from policy",
+    "d0": "(d0) Python binding, no policy",
+    "e0": "(e0) Node binding, no policy",
 }
+# Set-ups with a store: each gets a fresh Redis namespace per run.
+STORED = ("a", "b", "d", "e", "d0", "e0")
 
 # ---------------------------------------------------------------------------------------------
 # The upstream charge server
 # ---------------------------------------------------------------------------------------------
 
 
-def serve(ledger: Path) -> None:
-    """Serves `charge` over Streamable HTTP on a free loopback port until SIGTERM."""
+def serve(ledger: Path, store: str | None, namespace: str | None, tools: str | None) -> None:
+    """Serves `charge` over Streamable HTTP on a free loopback port until SIGTERM; with `store`,
+    protected in process by the Python binding (`tools`: the policy as JSON, or none)."""
     import uuid
 
     import uvicorn
@@ -81,6 +100,16 @@ def serve(ledger: Path) -> None:
         os.write(fd, (json.dumps(line) + "\n").encode())
         return {"charge_id": charge_id, "order_id": order_id, "amount": amount}
 
+    if store is not None:
+        from mcp_idempotency import idempotent
+
+        # A bad option or an unreachable store fails here, before the server listens.
+        idempotent(
+            server,
+            store=store,
+            namespace=namespace,
+            tools=json.loads(tools) if tools is not None else None,
+        )
     app = server.streamable_http_app(stateless_http=True, json_response=True, host="127.0.0.1")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -353,19 +382,23 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
     children: list[Child] = []
     forwarder = None
     started = time.monotonic()
+    namespace = f"agents-loss-{key}-{os.getpid()}-{time.time_ns()}"
     try:
-        server = Child(
-            "charge server",
-            [sys.executable, __file__, "serve", "--ledger", str(ledger)],
-            workdir / "server.log",
-        )
+        argv = server_argv(key, opts, ledger, namespace)
+        if isinstance(argv, str):
+            result.unavailable = argv
+            return result
+        server = Child("charge server", argv, workdir / "server.log")
         children.append(server)
         url = await server.ready("listening on ", opts.start_timeout)
         if url is None:
+            if key in ("d", "e", "d0", "e0"):
+                output = server.output().splitlines()
+                result.unavailable = output[-1] if output else "the charge server exited"
+                return result
             raise RuntimeError(f"the charge server exited:\n{server.output()}")
 
         if key in ("a", "b"):
-            namespace = f"agents-loss-{key}-{os.getpid()}-{time.time_ns()}"
             argv = [
                 opts.bin,
                 "proxy",
@@ -464,6 +497,37 @@ async def run_config(key: str, opts, workdir: Path) -> Result:
         for child in reversed(children):
             child.stop()
     return result
+
+
+def server_argv(key: str, opts, ledger: Path, namespace: str) -> list[str] | str:
+    """How to start the charge server of set-up `key`, or why it cannot start here."""
+    if key in ("c", "a", "b"):
+        return [sys.executable, __file__, "serve", "--ledger", str(ledger)]
+    binding = ["--store", opts.redis, "--namespace", namespace]
+    if key in ("d", "e"):
+        binding += ["--tools", json.dumps(POLICY)]
+    if key in ("d", "d0"):
+        python = opts.binding_python
+        check = subprocess.run(
+            [python, "-c", "import mcp_idempotency, mcp, uvicorn"],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        if check.returncode != 0:
+            return (
+                f"`{python}` cannot import mcp_idempotency (install it with "
+                f"`PYTHON={python} bindings/python/install.sh`, or pass --binding-python)"
+            )
+        return [python, __file__, "serve", "--ledger", str(ledger), *binding]
+    package = Path(opts.node_binding)
+    if not list(package.glob("*.node")) or not (package / "node_modules").is_dir():
+        return (
+            f"no built Node binding in {package} (run bindings/node/install.sh, or pass "
+            "--node-binding DIR)"
+        )
+    server = Path(__file__).with_name("agents-loss-node-server.mjs")
+    return [opts.node, str(server), "--ledger", str(ledger), "--binding", str(package), *binding]
 
 
 async def connect(client, opts) -> None:
@@ -583,7 +647,14 @@ async def run(opts) -> int:
     set_tracing_disabled(True)
     redis = urlsplit(opts.redis)
     keys = [k.strip() for k in opts.configs.split(",") if k.strip()]
-    if any(k in ("a", "b") for k in keys):
+    unknown = [k for k in keys if k not in CONFIGS]
+    if unknown:
+        print(
+            f"error: unknown set-up {', '.join(unknown)} (known: {', '.join(CONFIGS)})",
+            file=sys.stderr,
+        )
+        return 2
+    if any(k in STORED for k in keys):
         try:
             socket.create_connection((redis.hostname or "127.0.0.1", redis.port or 6379), 5).close()
         except OSError as err:
@@ -599,6 +670,10 @@ async def run(opts) -> int:
         f"retry_backoff_seconds_max {opts.backoff_max:g}; model retries {opts.model_retries}",
         f"{versions()}; mcp-idem `{opts.bin}`; store `{opts.redis}`",
     ]
+    if any(k in ("d", "d0") for k in keys):
+        settings.append(f"Python binding: `{opts.binding_python}` imports `mcp_idempotency`")
+    if any(k in ("e", "e0") for k in keys):
+        settings.append(f"Node binding: `{opts.node_binding}` with `{opts.node}`")
     print("\n".join(settings), file=sys.stderr, flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="agents-loss-") as tmp:
@@ -627,10 +702,17 @@ def main() -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve")
     s.add_argument("--ledger", required=True, type=Path)
+    s.add_argument("--store", help="protect the server with the Python binding on this store")
+    s.add_argument("--namespace")
+    s.add_argument("--tools", help="the binding's tools= policy, as JSON")
     r = sub.add_parser("run")
     r.add_argument("--bin", required=True, help="the mcp-idem binary")
     r.add_argument("--out", required=True, help="write the markdown report here")
-    r.add_argument("--configs", default="c,a,b", help="which set-ups, in order (default c,a,b)")
+    r.add_argument(
+        "--configs",
+        default="c,a,b",
+        help=f"which set-ups, in order, of {','.join(CONFIGS)} (default c,a,b)",
+    )
     r.add_argument("--charges", type=int, default=40)
     r.add_argument("--seed", type=int, default=3182)
     r.add_argument("--loss", type=float, default=0.30, help="share of tools/call answers lost")
@@ -645,9 +727,22 @@ def main() -> int:
     r.add_argument("--call-deadline", type=float, default=300.0, help="cap on one SDK call_tool")
     r.add_argument("--start-timeout", type=float, default=60.0)
     r.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
+    r.add_argument(
+        "--binding-python",
+        default=os.environ.get("AGENTS_LOSS_BINDING_PYTHON", sys.executable),
+        help="interpreter with mcp_idempotency for (d), (d0) (default: this one)",
+    )
+    r.add_argument("--node", default="node", help="Node.js for (e), (e0)")
+    r.add_argument(
+        "--node-binding",
+        default=os.environ.get(
+            "AGENTS_LOSS_NODE_BINDING", str(Path(__file__).resolve().parents[1] / "bindings/node")
+        ),
+        help="the Node binding's package dir, built, with node_modules (default bindings/node)",
+    )
     opts = parser.parse_args()
     if opts.command == "serve":
-        serve(opts.ledger)
+        serve(opts.ledger, opts.store, opts.namespace, opts.tools)
         return 0
     try:
         return asyncio.run(run(opts))
