@@ -18,6 +18,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
+use crate::key::KeySource;
+
 pub use parse::PolicyError;
 
 /// The shortest duplicate window.
@@ -112,6 +114,14 @@ impl ToolPolicy {
     /// How long a key-less duplicate of a running call waits for its outcome (`wait`).
     pub fn wait(&self) -> Duration {
         self.wait
+    }
+
+    /// Whether a duplicate of a running call under `source` waits for its outcome (a key-less
+    /// client cannot retry later with a key, so it is given the outcome as its own answer). A call
+    /// that carries a key of the client's own (`has_client_key`, beside a business identifier) is
+    /// answered at once, as the SEP says: it can retry with its key.
+    pub(crate) fn waits(&self, source: KeySource, has_client_key: bool) -> bool {
+        !source.is_client_key() && !has_client_key && !self.wait.is_zero()
     }
 
     /// Whether the policy gives key-less calls a key at all.

@@ -14,7 +14,7 @@
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{Pointer, ToolPolicies, ToolPolicy};
+use super::{Pointer, ToolPolicies};
 use crate::fingerprint::fingerprint;
 use crate::interceptor::raw_object::RawObject;
 use crate::key::KeySource;
@@ -193,14 +193,4 @@ fn pointer_list(pointers: &[Pointer]) -> String {
         .map(|p| format!("`{}`", p.as_str()))
         .collect();
     format!("its identifier {}", names.join(", "))
-}
-
-impl ToolPolicy {
-    /// Whether a duplicate of a running call under `source` waits for its outcome (a key-less
-    /// client cannot retry later with a key, so it is given the outcome as its own answer). A call
-    /// that carries a key of the client's own (`has_client_key`, beside a business identifier) is
-    /// answered at once, as the SEP says: it can retry with its key.
-    pub(crate) fn waits(&self, source: KeySource, has_client_key: bool) -> bool {
-        !source.is_client_key() && !has_client_key && !self.wait.is_zero()
-    }
 }
