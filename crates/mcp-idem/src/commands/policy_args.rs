@@ -21,11 +21,12 @@ pub(crate) struct PolicyArgs {
 impl PolicyArgs {
     /// The policies, with the `_meta` names added.
     pub(crate) fn policies(&self) -> anyhow::Result<ToolPolicies> {
-        let mut policies = self.tools.clone().unwrap_or_default();
-        for name in self.meta_key.iter().flat_map(|names| &names.0) {
-            policies = policies.with_meta_key(name)?;
-        }
-        Ok(policies)
+        let names = self.meta_key.iter().flat_map(|names| &names.0);
+        Ok(self
+            .tools
+            .clone()
+            .unwrap_or_default()
+            .with_meta_keys(names.map(String::as_str))?)
     }
 
     /// Logs the policies once at start: each tool's, so an operator sees what protects what.

@@ -139,12 +139,10 @@ pub const TOOLS: GatewayOption = GatewayOption {
            \"*\") to settings: key-from, key-argument, window, required, on-error, store-down, \
            wait (the config file's [tools.NAME] tables; see docs/key-sources.md)",
     set: |settings, value| {
-        let mut policies = tool_policies(value)?;
-        for name in settings.interceptor.policies().meta_keys() {
-            policies = policies
-                .with_meta_key(name)
-                .map_err(|err| err.to_string())?;
-        }
+        let meta_keys = settings.interceptor.policies().meta_keys().iter();
+        let policies = tool_policies(value)?
+            .with_meta_keys(meta_keys.map(String::as_str))
+            .map_err(|err| err.to_string())?;
         settings.interceptor = settings.interceptor.clone().tool_policies(policies);
         Ok(())
     },
@@ -157,12 +155,12 @@ pub const META_KEY: GatewayOption = GatewayOption {
     help: "Also read a client's idempotency key from these `params._meta` members \
            (comma-separated), beside `_meta.idempotencyKey`, always read",
     set: |settings, value| {
-        let mut policies = settings.interceptor.policies().clone();
-        for name in meta_keys(value)?.0 {
-            policies = policies
-                .with_meta_key(&name)
-                .map_err(|err| err.to_string())?;
-        }
+        let policies = settings
+            .interceptor
+            .policies()
+            .clone()
+            .with_meta_keys(meta_keys(value)?.0.iter().map(String::as_str))
+            .map_err(|err| err.to_string())?;
         settings.interceptor = settings.interceptor.clone().tool_policies(policies);
         Ok(())
     },

@@ -235,6 +235,16 @@ impl ToolPolicies {
         Ok(self)
     }
 
+    /// Also reads a client's key from each of `names` ([`with_meta_key`](Self::with_meta_key)).
+    pub fn with_meta_keys<'a>(
+        self,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, PolicyError> {
+        names
+            .into_iter()
+            .try_fold(self, |policies, name| policies.with_meta_key(name))
+    }
+
     /// The policy of `tool`: its own table over `[tools."*"]`, or `None` when neither names it.
     pub fn for_tool(&self, tool: &str) -> Option<&ToolPolicy> {
         self.tools.get(tool).or(self.any.as_deref())
