@@ -6,6 +6,9 @@
 #
 #   scripts/conformance.sh                 install (once), build, run both, compare
 #   scripts/conformance.sh --install-only  only install Node 22 and the suite into the cache
+#   scripts/conformance.sh --node-path     print the path of that Node 22 (exit 3 if not installed);
+#                                          other tests that need Node 22 run it (the MCP Inspector's
+#                                          CLI: crates/mcp-idem/tests/integration/inspector_cli.rs)
 #
 # Environment:
 #   MCP_IDEM_CONFORMANCE_CACHE  where Node 22 and the suite go (default ~/.cache/mcp-idem-conformance)
@@ -60,6 +63,12 @@ install() {
     "$NODE" --version >/dev/null
     touch "$CACHE/.complete"
 }
+
+if [ "${1:-}" = "--node-path" ]; then
+    installed || exit 3
+    echo "$NODE"
+    exit 0
+fi
 
 install
 if [ "${1:-}" = "--install-only" ]; then

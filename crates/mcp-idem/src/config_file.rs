@@ -67,7 +67,7 @@ impl Invocation {
 /// `MCP_IDEM_CONFIG` names for `wrap`, `proxy` and `config-check wrap|proxy`. Command-line
 /// errors exit the process as clap does; config file errors are returned.
 pub(crate) fn parse(command: Command, args: Vec<OsString>) -> anyhow::Result<Invocation> {
-    let Some(path) = which_file(&args) else {
+    let Some(path) = which_file(&command, &args) else {
         return Ok(Invocation {
             matches: command.clone().get_matches_from(args),
             command,
@@ -170,23 +170,28 @@ fn subcommand_path(args: &[OsString]) -> Vec<String> {
     }
 }
 
-/// The file named by `--config` (before any `--`), else by `MCP_IDEM_CONFIG`.
-fn which_file(args: &[OsString]) -> Option<PathBuf> {
-    if subcommand_path(args).is_empty() {
+/// The file named by the command's own `--config`, else by `MCP_IDEM_CONFIG`. Read from a first
+/// parse by clap that ignores errors (an option the file would supply may be missing): clap
+/// knows which words are options, their values, and where `wrap`'s server command starts, so a
+/// `--config` of the server's (`mcp-idem wrap server --config x.toml`) is never taken for ours.
+fn which_file(command: &Command, args: &[OsString]) -> Option<PathBuf> {
+    let route = subcommand_path(args);
+    if route.is_empty() {
         return None;
     }
-    let mut words = args.iter().skip(1).take_while(|a| *a != "--");
-    while let Some(word) = words.next() {
-        if word == "--config" {
-            return words.next().map(PathBuf::from);
-        }
-        if let Some(path) = word.to_str().and_then(|w| w.strip_prefix("--config=")) {
-            return Some(PathBuf::from(path));
-        }
+    let matches = command
+        .clone()
+        .ignore_errors(true)
+        .try_get_matches_from(args)
+        .ok()?;
+    let mut matches = &matches;
+    for name in &route {
+        matches = matches.subcommand_matches(name)?;
     }
-    std::env::var_os("MCP_IDEM_CONFIG")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
+    matches
+        .get_one::<PathBuf>("config")
+        .filter(|path| !path.as_os_str().is_empty())
+        .cloned()
 }
 
 fn read(path: &Path) -> anyhow::Result<toml::Table> {

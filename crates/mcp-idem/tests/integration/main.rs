@@ -97,6 +97,7 @@ mod tls_clients;
 #[cfg(unix)]
 mod tools_command;
 #[cfg(unix)]
+mod wrap_command_line;
 mod wrap_concurrency;
 #[cfg(unix)]
 mod wrap_discovery;

@@ -1,4 +1,4 @@
-//! `mcp-idem wrap -- <command>`: SEP-3182 in front of any stdio MCP server.
+//! `mcp-idem wrap [--] <command>`: SEP-3182 in front of any stdio MCP server.
 //!
 //! On SIGTERM, SIGINT or the client's EOF, `wrap` stops taking keyed calls, gives the calls in
 //! flight `--shutdown-grace` to be answered and recorded (see the library's
@@ -74,8 +74,10 @@ pub(crate) struct WrapArgs {
     #[arg(long, env = "MCP_IDEM_SHUTDOWN_GRACE", default_value = DEFAULT_GRACE, value_parser = humantime::parse_duration)]
     shutdown_grace: Duration,
 
-    /// The MCP server to run, and its arguments.
-    #[arg(last = true, required = true, value_name = "COMMAND")]
+    /// The MCP server to run, and its arguments, after `--` or not: the first word that is not
+    /// one of `wrap`'s options starts it, and every word after it is the server's (`--config`
+    /// there is the server's option, not `wrap`'s).
+    #[arg(trailing_var_arg = true, required = true, num_args = 1.., value_name = "COMMAND")]
     command: Vec<String>,
 }
 
