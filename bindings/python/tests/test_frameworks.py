@@ -229,3 +229,34 @@ def test_a_server_killed_mid_call_leaves_outcome_unknown_never_a_second_run(fram
     finally:
         second.close()
     assert ledger_lines(ledger) == [], "the killed call ran again, or finished"
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_key_policies_and_meta_keys_hold(framework, tmp_path):
+    """`tools=` (a business identifier) and `meta_key=` work on every framework as on `MCPServer`:
+    a key-less retry with the same `order_id`, and a retry with the same key in a `_meta` member
+    named by `meta_key`, replay the first charge; the tool reads the key it ran under."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    policies = json.dumps({"charge_payment": {"key_from": ["/order_id"]}})
+    command = [python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory",
+               "--tools", policies, "--meta-key", "io.example/key"]
+    peer = Peer(command, tmp_path / "server.stderr")
+    try:
+        def charge(order_id: str | None, meta: dict | None = None) -> dict:
+            arguments = {"amount": 7, "currency": "eur"} | ({"order_id": order_id} if order_id else {})
+            params = {"name": "charge_payment", "arguments": arguments} | ({"_meta": meta} if meta else {})
+            return peer.request("tools/call", params)
+
+        first, retry = charge("o-1"), charge("o-1")
+        [charged] = ledger_lines(ledger)
+        assert charged["chargeId"] in json.dumps(first) and charged["chargeId"] in json.dumps(retry), (first, retry)
+        assert charged["key"], charged  # the key the policy made reached the tool
+        charge("o-2")
+        assert len(ledger_lines(ledger)) == 2
+        first, retry = charge(None, {"io.example/key": "meta-key-1"}), charge(None, {"io.example/key": "meta-key-1"})
+        charges = ledger_lines(ledger)
+        assert len(charges) == 3 and charges[2]["key"], charges
+        assert charges[2]["chargeId"] in json.dumps(retry), retry
+    finally:
+        peer.close()
