@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Creates one venv per framework environment (bindings/python/frameworks/NAME.txt, each a pinned
-# dependency tree: mcp 2.x with jlowin's fastmcp 4.x, mcp 1.x newest with fastmcp 3.x, the oldest
-# mcp 1.x supported) under
-# bindings/python/.frameworks/NAME (or $MCP_IDEM_FRAMEWORKS/NAME), and installs the wheel that
-# install.sh built (dist/*.whl) into each, WITHOUT --no-deps: the wheel's dependency range must
-# leave the pinned framework and mcp as they are (bindings/python/tests/test_frameworks.py checks
-# that, then runs the matrix). Venvs are kept between runs; pip only installs what changed.
+# Creates one venv per framework environment under bindings/python/.frameworks/NAME (or
+# $MCP_IDEM_FRAMEWORKS/NAME) from its pinned dependency tree, bindings/python/frameworks/NAME.txt
+# (mcp2: mcp 2.x with jlowin's fastmcp 4.x; mcp1: the newest mcp 1.x with fastmcp 3.x;
+# mcp1-oldest: the oldest mcp 1.x supported), and installs the wheel that install.sh built
+# (dist/*.whl) into each, WITHOUT --no-deps: the wheel's dependency range must leave the pinned
+# framework and mcp as they are (bindings/python/tests/test_frameworks.py checks that, then runs
+# the matrix). Venvs are kept between runs; pip then only installs what changed.
 set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
