@@ -260,3 +260,33 @@ def test_key_policies_and_meta_keys_hold(framework, tmp_path):
         assert charges[2]["chargeId"] in json.dumps(retry), retry
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_a_cancelled_keyed_call_runs_once_and_its_retry_replays_it(framework, tmp_path):
+    """`cancel=absorb` (the default): a keyed call the client cancels runs to its end, its retry
+    gets its outcome, and the server goes on serving (the SDK's own answer to the cancellation is
+    the only one sent)."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    peer = Peer([python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory"],
+                tmp_path / "server.stderr")
+    try:
+        call = {"name": "charge_payment", "arguments": {"amount": 3, "currency": "eur", "delay_ms": 500},
+                "idempotencyKey": "cancelled"}
+        cancelled = peer.start("tools/call", call)
+        time.sleep(0.1)
+        peer.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": cancelled, "reason": "timed out"}})
+        deadline = time.monotonic() + 30
+        while True:
+            retry = peer.request("tools/call", call)
+            if error_type(retry) != "idempotency_key_in_progress" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        [charged] = ledger_lines(ledger)
+        assert charged["chargeId"] in json.dumps(retry), retry
+        balance = peer.request("tools/call", {"name": "get_balance", "arguments": {}})
+        assert "result" in balance, balance
+    finally:
+        peer.close()

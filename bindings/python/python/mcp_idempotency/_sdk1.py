@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+import anyio
+import anyio.lowlevel
 from mcp import types
 from mcp.server.lowlevel.server import Server, request_ctx
 from mcp.shared.exceptions import McpError
@@ -93,6 +95,10 @@ def _carried(carrier: Carrier, handler: Callable[..., Any]) -> Callable[..., Any
                 request_ctx.reset(token)
 
         result, error = await carrier.carry(context, context.request_id, request.method, wire.get("params"), run)
+        # A call the client cancelled ran to its end (`cancel=absorb`) and is recorded; the SDK
+        # answered the cancellation itself and must not answer twice: the cancellation goes on
+        # from here, as the SDK expects it.
+        await anyio.lowlevel.checkpoint()
         if error is not None:
             raise McpError(types.ErrorData.model_validate(error))
         return types.ServerResult.model_validate(result)
