@@ -47,6 +47,10 @@ def install(lowlevel: Any, carrier: Carrier) -> None:
     if isinstance(lowlevel.request_handlers, _Handlers):
         return  # already idempotent: one gateway per server
     lowlevel.request_handlers = _Handlers(carrier, lowlevel.request_handlers)
+    # The SDK's experimental (tasks) handlers, once made, register into the dict they were given.
+    experimental = getattr(lowlevel, "_experimental_handlers", None)
+    if experimental is not None and isinstance(getattr(experimental, "_request_handlers", None), dict):
+        experimental._request_handlers = lowlevel.request_handlers
     capabilities = lowlevel.get_capabilities  # bound: the server's own, or its framework's override
 
     def get_capabilities(*args: Any, **kwargs: Any) -> types.ServerCapabilities:
