@@ -115,6 +115,6 @@ def test_servers_with_the_same_options_share_one_gateway():
     second = MCPServer("shared")
     idempotent(first, store="memory")
     idempotent(second, store="memory")
-    [ours] = [m for m in first._lowlevel_server.middleware if hasattr(m, "gateway")]
-    [theirs] = [m for m in second._lowlevel_server.middleware if hasattr(m, "gateway")]
-    assert ours.gateway == theirs.gateway
+    [ours] = [m for m in first._lowlevel_server.middleware if hasattr(m, "carrier")]
+    [theirs] = [m for m in second._lowlevel_server.middleware if hasattr(m, "carrier")]
+    assert ours.carrier.gateway == theirs.carrier.gateway

@@ -1,7 +1,13 @@
-"""SEP-3182 request idempotency in process, for MCP servers on the official Python SDK (`mcp` 2.x).
+"""SEP-3182 request idempotency in process, for MCP servers in Python.
 
     from mcp_idempotency import idempotent
-    idempotent(server)          # an MCPServer or a low-level Server
+    idempotent(server)
+
+`server` is one of (anything else raises `TypeError` at once, naming what it got):
+- the official SDK `mcp` 2.x (>= 2.3): an `MCPServer` or a low-level `mcp.server.lowlevel.Server`;
+- the official SDK `mcp` 1.x (>= 1.24): a `mcp.server.fastmcp.FastMCP` or a low-level `Server`;
+- jlowin's `fastmcp` (PyPI `fastmcp`) 4.x on `mcp` 2.x, or 3.x (>= 3.4) on `mcp` 1.x: a
+  `fastmcp.FastMCP`.
 
 The server then advertises `capabilities.tools.idempotency`, and a `tools/call` carrying an
 `idempotencyKey` is deduplicated exactly as `mcp-idem wrap` does it: the retry of a recorded call
@@ -11,34 +17,27 @@ refused at once (`idempotency_key_in_progress`), and a call whose server died mi
 `idempotency_outcome_unknown`. Calls without that key are protected per tool by `tools=` policies
 (a business identifier, a key argument, a duplicate window) and `_meta` keys, as under `mcp-idem
 wrap --tools`. Every decision, the equivalence of arguments and the stores are the
-Rust library's (`mcp-idempotency`); this module only carries the SDK's messages to it, in the
-SDK's own middleware chain, so stdio and Streamable HTTP (JSON or SSE, sessions or not) are covered
-alike. Tools run on the server's event loop; store I/O runs on the library's tokio runtime.
+Rust library's (`mcp-idempotency`); this package only carries the SDK's messages to it, at the
+one place of each SDK line that sees every request as the client sent it and its answer
+(`_sdk2`, `_sdk1`, `_fastmcp`), so stdio and Streamable HTTP (JSON or SSE, sessions or not) are
+covered alike. Tools run on the server's event loop; store I/O runs on the library's tokio runtime.
 """
 
 from __future__ import annotations
 
-import asyncio
 import atexit
-import dataclasses
 import datetime
 import json
-import weakref
 from collections.abc import Callable, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
-import anyio
-from mcp.shared.exceptions import MCPError
-from mcp.types import INTERNAL_ERROR, INVALID_PARAMS, RequestParams
-from pydantic import ValidationError
-
+from ._core import Carrier, authenticated_client
 from ._native import (
     META_KEY,
     OPTIONS,
-    Completions,
     Gateway,
     IdempotencyError,
-    client_principal,
     invalid_option,
     server_namespace,
     settle_at_exit,
@@ -90,9 +89,6 @@ def idempotent(
     it): a bad option or policy, a store URL that does not parse or a store that cannot be
     reached raises `IdempotencyError` (with `.type` and `.code`) at once.
     """
-    lowlevel = getattr(server, "_lowlevel_server", server)
-    if not hasattr(lowlevel, "middleware"):
-        raise TypeError(f"idempotent() takes an MCPServer or a low-level mcp Server, not {type(server).__name__}")
     settings: list[tuple[str, str]] = []
     if store is not None:
         settings.append(("store", _option_text("store", store)))
@@ -106,177 +102,75 @@ def idempotent(
         settings.append(("meta-key", _meta_key_text(meta_key)))
     for name, value in options.items():
         settings.append((name, _option_text(name, value)))
-    # One gateway per namespace and options (the library's): servers built per request or per
-    # session share one store.
-    gateway = Gateway.open(namespace or server_namespace(lowlevel.name), settings)
-    resolve = principal if callable(principal) else _authenticated_client
-    lowlevel.middleware.append(
-        IdempotencyMiddleware(gateway, principal=resolve, absorb_cancel=gateway.absorbs_cancellations)
-    )
+
+    def carrier_for(lowlevel: Any) -> Carrier:
+        # One gateway per namespace and options (the library's): servers built per request or
+        # per session share one store.
+        gateway = Gateway.open(namespace or server_namespace(lowlevel.name), settings)
+        return Carrier(gateway, principal if callable(principal) else authenticated_client)
+
+    mcp_major = _mcp_line(server)
+    from . import _fastmcp
+
+    if _fastmcp.is_fastmcp(server):
+        return _fastmcp.install(server, carrier_for, mcp_major)
+    if mcp_major == 2:
+        from . import _sdk2 as sdk
+    else:
+        from . import _sdk1 as sdk  # type: ignore[no-redef]
+    lowlevel = sdk.lowlevel_of(server)
+    if lowlevel is None:
+        raise TypeError(f"idempotent() cannot wire {_named(server)}: it takes {SUPPORTED}")
+    sdk.install(lowlevel, carrier_for(lowlevel))
     return server
+
+
+# What `idempotent()` wires; anything else raises at once.
+SUPPORTED = (
+    "an mcp 2.x (>=2.3) MCPServer or low-level Server, an mcp 1.x (>=1.24) mcp.server.fastmcp.FastMCP "
+    "or low-level Server, or a jlowin fastmcp.FastMCP (fastmcp 4.x on mcp 2.x, 3.x >=3.4 on mcp 1.x)"
+)
+
+
+def _named(server: Any) -> str:
+    if isinstance(server, type):
+        return f"the class {server.__module__}.{server.__qualname__} (not an instance of it)"
+    cls = type(server)
+    return f"a {cls.__module__}.{cls.__qualname__}"
+
+
+def _mcp_line(server: Any) -> int:
+    """The installed `mcp`'s major version, when it is in the supported range; else raises."""
+    try:
+        installed = version("mcp")
+    except PackageNotFoundError:
+        raise TypeError(f"idempotent() cannot wire {_named(server)}: the mcp package is not installed") from None
+    try:
+        major, minor = (int(part) for part in installed.split(".")[:2])
+    except ValueError:
+        raise TypeError(f"idempotent() does not know mcp {installed}; it supports mcp >=1.24,<2 and >=2.3,<3") from None
+    if (major, minor) < (1, 24) or (2, 0) <= (major, minor) < (2, 3) or major >= 3:
+        raise TypeError(f"idempotent() supports mcp >=1.24,<2 and >=2.3,<3, not mcp {installed} (given {_named(server)})")
+    return major
 
 
 def idempotency_key(context: Any) -> str | None:
     """The idempotency key of the call a tool is running for (`None` without one).
 
-    Takes an `MCPServer` tool's `Context` or a low-level handler's request context.
+    Takes a tool's `Context` (`MCPServer`, `mcp.server.fastmcp.FastMCP`, jlowin's `FastMCP`) or
+    a low-level handler's request context: the params' `_meta` (`mcp` 2.x) or the parsed `meta`
+    (`mcp` 1.x, whose models keep unknown members).
     """
     request_context = getattr(context, "request_context", context)
-    params = getattr(request_context, "params", None) or {}
-    meta = params.get("_meta") if isinstance(params, Mapping) else None
+    params = getattr(request_context, "params", None)
+    if isinstance(params, Mapping):
+        meta = params.get("_meta")
+    else:
+        meta = getattr(request_context, "meta", None)
+        if hasattr(meta, "model_dump"):
+            meta = meta.model_dump(by_alias=True)
     key = meta.get(META_KEY) if isinstance(meta, Mapping) else None
     return key if isinstance(key, str) else None
-
-
-class IdempotencyMiddleware:
-    """The SDK middleware that hands each request and its answer to the gateway.
-
-    Each request is a connection of its own to the library: its claim lives in the store, so
-    duplicates on other requests, sessions or processes sharing the store see it. The SDK runs each
-    request in a task of its own and hands the client's responses (an elicitation answer) to the
-    waiting request directly, so a key-less duplicate waiting here for a running call's outcome
-    (up to its tool's `wait`) holds up no other message, not even the answer that call waits for.
-    """
-
-    def __init__(self, gateway: Gateway, *, principal: Callable[[Any], str | None], absorb_cancel: bool):
-        self.gateway = gateway
-        self._principal = principal
-        self._absorb_cancel = absorb_cancel
-
-    async def __call__(self, ctx: Any, call_next: Callable[[Any], Any]) -> Any:
-        if ctx.request_id is None:
-            # A notification: the SDK handles cancellations itself (see `absorb_cancel`), and no
-            # call of a per-request connection can be in flight for anything else to concern.
-            return await call_next(ctx)
-        request_id = ctx.request_id
-        request: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": ctx.method}
-        if ctx.params is not None:
-            request["params"] = ctx.params
-        connection = self.gateway.connect(self._principal(ctx))
-        completions = _LoopCompletions.of_running_loop()
-        action, message = await completions.settled(connection.from_client(_dumps(request), completions.native))
-        if action == "respond":
-            return _result_or_raise(json.loads(message))
-        if action == "rewritten":
-            params = json.loads(message).get("params")
-            ctx = dataclasses.replace(ctx, params=params, meta=_meta_of(params))
-        try:
-            if self._absorb_cancel and action == "rewritten":
-                # A claimed call runs to its end and is recorded even if the client cancels it
-                # (`cancel=absorb`, as `wrap` does): the retry that follows gets its outcome. Not
-                # the library's `ClientAction::Absorb` (dropping the notification, as `wrap` and
-                # the Node binding do): this SDK's dispatcher acts on `notifications/cancelled`
-                # itself, cancelling the handler before any middleware sees the notification, so
-                # only a shield keeps the handler running.
-                with anyio.CancelScope(shield=True):
-                    result, error = await _outcome(call_next, ctx)
-            else:
-                result, error = await _outcome(call_next, ctx)
-        except BaseException:
-            # Cancelled (the client with `cancel=forward`, or the server shutting down): the
-            # call may or may not have taken effect.
-            with anyio.CancelScope(shield=True):
-                await completions.settled(connection.close(completions.native))
-            raise
-        if error is not None:
-            answer = {"jsonrpc": "2.0", "id": request_id, "error": _error_body(error)}
-        else:
-            answer = {"jsonrpc": "2.0", "id": request_id, "result": result}
-        action, message = await completions.settled(connection.from_server(_dumps(answer), completions.native))
-        if error is not None:
-            raise error
-        if action == "rewritten":
-            return json.loads(message)["result"]
-        return result
-
-
-async def _outcome(call_next: Callable[[Any], Any], ctx: Any) -> tuple[Any, MCPError | None]:
-    """The handler's wire result, or the error the client is sent (the same for the replay)."""
-    try:
-        result = await call_next(ctx)
-    except MCPError as error:
-        return None, error
-    except ValidationError:
-        return None, MCPError(code=INVALID_PARAMS, message="Invalid request parameters", data="")
-    except Exception as error:  # noqa: BLE001 - recorded and sent as the internal error it is
-        return None, MCPError(code=INTERNAL_ERROR, message=str(error))
-    if result is None:
-        return {}, None
-    if hasattr(result, "model_dump"):
-        return result.model_dump(by_alias=True, mode="json", exclude_none=True), None
-    return dict(result), None
-
-
-class _LoopCompletions:
-    """The answers of store round trips for one asyncio loop.
-
-    A decision that waits on the store runs on the library's runtime and comes back as a ticket;
-    its answer is queued natively, and the loop is woken through a socket it watches. The answers
-    are taken here, on the loop, which resolves the futures waiting for them.
-    """
-
-    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopCompletions] = weakref.WeakKeyDictionary()
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self.native = Completions()
-        self.waiting: dict[int, asyncio.Future[Any]] = {}
-        loop.add_reader(self.native.fileno(), self._take)
-
-    @classmethod
-    def of_running_loop(cls) -> _LoopCompletions:
-        loop = asyncio.get_running_loop()
-        completions = cls._by_loop.get(loop)
-        if completions is None:
-            completions = cls._by_loop[loop] = cls(loop)
-        return completions
-
-    async def settled(self, step: Any) -> Any:
-        """A step of the library: ready at once, or a ticket awaited while the store answers."""
-        if not isinstance(step, int):
-            return step
-        waiting = self.waiting[step] = self.loop.create_future()
-        return await waiting
-
-    def _take(self) -> None:
-        for ticket, answer in self.native.take():
-            waiting = self.waiting.pop(ticket, None)
-            if waiting is not None and not waiting.done():
-                waiting.set_result(answer)
-
-
-def _result_or_raise(response: Mapping[str, Any]) -> dict[str, Any]:
-    error = response.get("error")
-    if error is not None:
-        raise MCPError(code=error.get("code", INTERNAL_ERROR), message=error.get("message", ""), data=error.get("data"))
-    return response.get("result", {})
-
-
-def _error_body(error: MCPError) -> dict[str, Any]:
-    return error.error.model_dump(by_alias=True, mode="json", exclude_none=True)
-
-
-def _meta_of(params: Any) -> Any:
-    if not isinstance(params, Mapping) or "_meta" not in params:
-        return None
-    try:
-        return RequestParams.model_validate(params, by_name=False).meta
-    except ValidationError:
-        return None
-
-
-def _authenticated_client(ctx: Any) -> str | None:
-    """The client of an authenticated HTTP request (the SDK's access token), else None."""
-    try:
-        from mcp.server.auth.middleware.auth_context import get_access_token
-    except ImportError:  # pragma: no cover - an SDK without its auth module
-        return None
-    token = get_access_token()
-    return None if token is None else client_principal(token.client_id)
-
-
-def _dumps(message: Mapping[str, Any]) -> str:
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
 
 
 def _option_text(name: str, value: Any) -> str:

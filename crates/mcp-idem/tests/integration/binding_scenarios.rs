@@ -20,10 +20,13 @@
 //!   outcome, and the npm package installs with its prebuilt addon; the key policies of issue 34
 //!   (`tools`, `meta-key`) hold with the official clients: a key in `_meta`, a business
 //!   identifier, `required`, a window, and a key-less duplicate waiting beside the elicitation
-//!   answer its running call waits for.
+//!   answer its running call waits for; and the Python binding holds on every framework it
+//!   supports (`tests/test_frameworks.py`: `mcp` 2.x and 1.x, jlowin's `fastmcp` 4.x and 3.x, each
+//!   pinned in a venv of its own: `check` over stdio and Streamable HTTP, a SIGKILL mid-call, the
+//!   key policies, the wheel's dependencies leaving the framework as it is, and what it refuses).
 //!
-//! The bindings are built and installed by `bindings/python/install.sh` and
-//! `bindings/node/install.sh` (`.ci/run` runs both). Without them the tests print a note and pass,
+//! The bindings are built and installed by `bindings/python/install.sh` (the framework venvs by
+//! `bindings/python/frameworks.sh`) and `bindings/node/install.sh` (`.ci/run` runs them). Without them the tests print a note and pass,
 //! except under `CI=true`, where they fail.
 
 use std::ffi::OsString;

@@ -1,0 +1,40 @@
+"""The payments server (see common.py) on jlowin's `fastmcp` (4.x on mcp 2.x, 3.x on mcp 1.x),
+with `idempotent()`."""
+
+import asyncio
+from typing import Any
+
+from common import Ledger, failed_after, parse, serve_http
+from fastmcp import Context, FastMCP
+from fastmcp.exceptions import ToolError
+
+from mcp_idempotency import idempotency_key, idempotent
+
+args, options = parse()
+ledger = Ledger(args.ledger)
+server = FastMCP("payments")
+
+
+@server.tool
+async def charge_payment(amount: int | float, currency: str, ctx: Context, order_id: str | None = None,
+                         delay_ms: int = 0, fail_after_charge: bool = False) -> dict[str, Any]:
+    """Charge a payment: appends one line to the ledger and returns its chargeId."""
+    charge = await ledger.charge(amount, currency, order_id, delay_ms, idempotency_key(ctx))
+    if fail_after_charge:
+        raise ToolError(failed_after(charge))
+    return charge
+
+
+@server.tool
+def get_balance() -> dict[str, Any]:
+    """Number of charges in the ledger and the sum per currency."""
+    return ledger.balance()
+
+
+idempotent(server, **options)
+
+if __name__ == "__main__":
+    if args.http:
+        asyncio.run(serve_http(server.http_app(stateless_http=True, json_response=True)))
+    else:
+        server.run(show_banner=False)

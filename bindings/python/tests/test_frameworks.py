@@ -1,0 +1,292 @@
+"""The binding on every framework it supports, each in a venv of its own with its pinned release
+from PyPI (bindings/python/frameworks/*.txt: mcp 2.3 with jlowin's fastmcp 4.2, mcp 1.30 with fastmcp 3.4, mcp
+1.24; built by bindings/python/frameworks.sh):
+
+- the wheel installs into each (with its dependencies, no --no-deps) without changing a version;
+- `idempotent()` refuses at once what it cannot wire (an arbitrary object, an object with a
+  `.middleware` of its own, an SDK or fastmcp version out of range, a fastmcp missing its hook);
+- for each framework API, a payments server passes `mcp-idem check` over stdio and over
+  Streamable HTTP (11 ledger lines, as `wrap` around the demo server), and a server SIGKILLed
+  while a keyed call runs leaves a claim that a restarted server answers
+  `idempotency_outcome_unknown`, never running the tool a second time.
+
+Without the environments the tests skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import HERE, IN_CI, REPO, Peer, ledger_lines, mcp_idem_binary
+
+PINNED = REPO / "bindings/python/frameworks"
+ENVIRONMENTS = Path(os.environ.get("MCP_IDEM_FRAMEWORKS", REPO / "bindings/python/.frameworks"))
+SERVERS = HERE / "frameworks"
+LEGACY_ONLY = {"mrtr.continuation", "capability.discover"}  # mcp 1.x speaks no server/discover
+CURRENT = {"mrtr.continuation"}  # no tool of the payments servers asks for input (MRTR)
+
+# (environment, payments server, the checks `check` skips)
+MATRIX = {
+    "mcp2.3-MCPServer": ("mcp2", HERE / "payments_server.py", CURRENT),
+    "mcp2.3-lowlevel": ("mcp2", SERVERS / "sdk2_lowlevel.py", CURRENT),
+    "mcp1.30-FastMCP": ("mcp1", SERVERS / "sdk1_fastmcp.py", LEGACY_ONLY),
+    "mcp1.30-lowlevel": ("mcp1", SERVERS / "sdk1_lowlevel.py", LEGACY_ONLY),
+    "mcp1.24-FastMCP": ("mcp1-oldest", SERVERS / "sdk1_fastmcp.py", LEGACY_ONLY),
+    "mcp1.24-lowlevel": ("mcp1-oldest", SERVERS / "sdk1_lowlevel.py", LEGACY_ONLY),
+    "fastmcp4.2-mcp2.3": ("mcp2", SERVERS / "jlowin_fastmcp.py", CURRENT),
+    "fastmcp3.4-mcp1.30": ("mcp1", SERVERS / "jlowin_fastmcp.py", LEGACY_ONLY),
+}
+WITNESS = [
+    "--tool", "charge_payment",
+    "--args", '{"amount": 12.5, "currency": "usd"}',
+    "--slow-args", '{"amount": 12.5, "currency": "usd", "delay_ms": 1500}',
+    "--error-args", '{"amount": 12.5, "currency": "usd", "fail_after_charge": true}',
+    "--observe-tool", "get_balance",
+    "--json",
+]
+# As `wrap` around the demo server: two unkeyed calls, then one per key that ran.
+CHARGES_OF_A_PASSING_RUN = 11
+
+
+def python_of(environment: str) -> str:
+    python = ENVIRONMENTS / environment / "bin/python"
+    if not python.exists():
+        why = f"no framework environment {environment} at {python.parent.parent}: run bindings/python/frameworks.sh"
+        if IN_CI:
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    return str(python)
+
+
+def pinned(environment: str) -> dict[str, str]:
+    lines = (PINNED / f"{environment}.txt").read_text().splitlines()
+    return dict(line.lower().split("==") for line in lines if line and not line.startswith("#"))
+
+
+def installed(python: str) -> dict[str, str]:
+    listing = subprocess.run([python, "-m", "pip", "list", "--format=json", "--disable-pip-version-check"],
+                             capture_output=True, text=True, check=True).stdout
+    return {package["name"].lower(): package["version"] for package in json.loads(listing)}
+
+
+@pytest.mark.parametrize("environment", sorted(path.stem for path in PINNED.glob("*.txt")))
+def test_the_wheel_installs_with_its_dependencies_and_changes_no_version(environment):
+    python = python_of(environment)
+    [wheel] = (REPO / "bindings/python/dist").glob("*.whl")
+    pip = [python, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "uninstall", "--yes", "mcp-idempotency"], check=True)
+    before = installed(python)
+    subprocess.run([*pip, "install", str(wheel)], check=True)  # no --no-deps
+    after = installed(python)
+    assert after.pop("mcp-idempotency", None), "the wheel did not install"
+    assert after == before
+    # What was installed is the pinned tree, framework and mcp included.
+    for package, version in pinned(environment).items():
+        assert after.get(package) == version, (package, version, after.get(package))
+
+
+@pytest.mark.parametrize("environment,line", [("mcp2", "sdk2"), ("mcp2", "fastmcp"), ("mcp1", "sdk1"),
+                                              ("mcp1", "fastmcp"), ("mcp1-oldest", "sdk1")])
+def test_what_cannot_be_wired_is_refused_at_once(environment, line):
+    python = python_of(environment)
+    run = subprocess.run([python, str(SERVERS / "shapes.py"), line], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    shapes = json.loads(run.stdout)
+    supported = {"sdk2": ["MCPServer", "low-level Server"], "sdk1": ["FastMCP", "low-level Server"],
+                 "fastmcp": ["fastmcp.FastMCP"]}[line]
+    for name, outcome in shapes.items():
+        if name in supported:
+            assert outcome == "ok", (name, outcome)
+        else:
+            # Raised before anything is wired, naming what it got and what is supported.
+            assert outcome.startswith("TypeError: "), (name, outcome)
+            assert "supports" in outcome or "runs on mcp" in outcome or "takes" in outcome, (name, outcome)
+    assert "TypeError: idempotent() cannot wire a builtins.object" in shapes["an object"]
+    assert "test_frameworks" not in shapes["an object with a .middleware list"]
+    assert "HasMiddleware" in shapes["an object with a .middleware list"]
+    assert "not mcp 1.23.0" in shapes["mcp 1.23.0"] and "not mcp 3.0.0" in shapes["mcp 3.0.0"]
+
+
+def assert_passes(run: subprocess.CompletedProcess, skipped: set[str], ledger: Path) -> None:
+    report = json.loads(run.stdout)
+    failed = [check for check in report["checks"] if check["status"] == "fail"]
+    assert not failed, json.dumps(failed, indent=1)
+    assert {check["name"] for check in report["checks"] if check["status"] == "skip"} == skipped, report
+    assert "capability.initialize" in {check["name"] for check in report["checks"] if check["status"] == "pass"}
+    assert report["conformant"] and run.returncode == 0, run.stderr
+    assert len(ledger_lines(ledger)) == CHARGES_OF_A_PASSING_RUN, report
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_check_passes_over_stdio(framework, tmp_path):
+    environment, server, skipped = MATRIX[framework]
+    python = python_of(environment)
+    ledger = tmp_path / "ledger.jsonl"
+    target = [python, str(server), "--ledger", str(ledger), "--store", f"sqlite:{tmp_path / 'records.sqlite3'}"]
+    run = subprocess.run([mcp_idem_binary(), "check", *WITNESS, "--", *target],
+                         capture_output=True, text=True, timeout=300)
+    assert_passes(run, skipped, ledger)
+
+
+class HttpServer:
+    """A payments server over stateless Streamable HTTP; its URL read from its first stderr line."""
+
+    def __init__(self, command: list[str], stderr: Path):
+        self.stderr = stderr
+        with open(stderr, "wb") as sink:
+            self.process = subprocess.Popen([*command, "--http"], stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.DEVNULL, stderr=sink)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for line in stderr.read_text(errors="replace").splitlines():
+                if line.startswith("listening on "):
+                    self.url = line.removeprefix("listening on ").strip()
+                    return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.kill()
+        raise AssertionError(f"the server did not start: {stderr.read_text(errors='replace')}")
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_check_passes_over_streamable_http(framework, tmp_path):
+    environment, server, skipped = MATRIX[framework]
+    python = python_of(environment)
+    ledger = tmp_path / "ledger.jsonl"
+    bound = HttpServer([python, str(server), "--ledger", str(ledger), "--store", "memory"], tmp_path / "server.stderr")
+    try:
+        run = subprocess.run([mcp_idem_binary(), "check", *WITNESS, "--url", bound.url],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        bound.kill()
+    assert_passes(run, skipped, ledger)
+
+
+def answers(peer: Peer, seconds: float):
+    """The responses `peer` sends within `seconds` (it is one JSON-RPC message per line)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([peer.process.stdout], [], [], left)
+        if not ready:
+            return
+        line = peer.process.stdout.readline()
+        if not line:
+            return
+        message = json.loads(line)
+        if "id" in message and ("result" in message or "error" in message):
+            yield message
+
+
+def error_type(answer: dict) -> str | None:
+    data = answer.get("error", {}).get("data")
+    return data.get("type") if isinstance(data, dict) else None
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_a_server_killed_mid_call_leaves_outcome_unknown_never_a_second_run(framework, tmp_path):
+    environment, server, _ = MATRIX[framework]
+    python = python_of(environment)
+    ledger = tmp_path / "ledger.jsonl"
+    command = [python, str(server), "--ledger", str(ledger), "--store", f"sqlite:{tmp_path / 'records.sqlite3'}",
+               "--lease", "1s"]
+    call = {"name": "charge_payment", "arguments": {"amount": 100, "currency": "eur", "delay_ms": 60_000},
+            "idempotencyKey": "killed"}
+    first = Peer(command, tmp_path / "first.stderr")
+    try:
+        # The call is claimed once a duplicate is told it is in progress (whichever of the two
+        # reached the store first runs; both are the same call).
+        first.start("tools/call", call)
+        first.start("tools/call", call)
+        told = next((answer for answer in answers(first, 30) if error_type(answer) == "idempotency_key_in_progress"), None)
+        assert told is not None, "the call was never claimed"
+    finally:
+        first.process.kill()
+        first.close()
+    second = Peer(command, tmp_path / "second.stderr")
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            second.start("tools/call", call)
+            retry = next(answers(second, 30), None)
+            assert retry is not None, "the retry was not answered: did the tool run again?"
+            # The dead owner's lease (1 s) has not run out yet.
+            if error_type(retry) != "idempotency_key_in_progress" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert error_type(retry) == "idempotency_outcome_unknown", retry
+    finally:
+        second.close()
+    assert ledger_lines(ledger) == [], "the killed call ran again, or finished"
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_key_policies_and_meta_keys_hold(framework, tmp_path):
+    """`tools=` (a business identifier) and `meta_key=` work on every framework as on `MCPServer`:
+    a key-less retry with the same `order_id`, and a retry with the same key in a `_meta` member
+    named by `meta_key`, replay the first charge; the tool reads the key it ran under."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    policies = json.dumps({"charge_payment": {"key_from": ["/order_id"]}})
+    command = [python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory",
+               "--tools", policies, "--meta-key", "io.example/key"]
+    peer = Peer(command, tmp_path / "server.stderr")
+    try:
+        def charge(order_id: str | None, meta: dict | None = None) -> dict:
+            arguments = {"amount": 7, "currency": "eur"} | ({"order_id": order_id} if order_id else {})
+            params = {"name": "charge_payment", "arguments": arguments} | ({"_meta": meta} if meta else {})
+            return peer.request("tools/call", params)
+
+        first, retry = charge("o-1"), charge("o-1")
+        [charged] = ledger_lines(ledger)
+        assert charged["chargeId"] in json.dumps(first) and charged["chargeId"] in json.dumps(retry), (first, retry)
+        assert charged["key"], charged  # the key the policy made reached the tool
+        charge("o-2")
+        assert len(ledger_lines(ledger)) == 2
+        first, retry = charge(None, {"io.example/key": "meta-key-1"}), charge(None, {"io.example/key": "meta-key-1"})
+        charges = ledger_lines(ledger)
+        assert len(charges) == 3 and charges[2]["key"], charges
+        assert charges[2]["chargeId"] in json.dumps(retry), retry
+    finally:
+        peer.close()
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_a_cancelled_keyed_call_runs_once_and_its_retry_replays_it(framework, tmp_path):
+    """`cancel=absorb` (the default): a keyed call the client cancels runs to its end, its retry
+    gets its outcome, and the server goes on serving (the SDK's own answer to the cancellation is
+    the only one sent)."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    peer = Peer([python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory"],
+                tmp_path / "server.stderr")
+    try:
+        call = {"name": "charge_payment", "arguments": {"amount": 3, "currency": "eur", "delay_ms": 500},
+                "idempotencyKey": "cancelled"}
+        cancelled = peer.start("tools/call", call)
+        time.sleep(0.1)
+        peer.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": cancelled, "reason": "timed out"}})
+        deadline = time.monotonic() + 30
+        while True:
+            retry = peer.request("tools/call", call)
+            if error_type(retry) != "idempotency_key_in_progress" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        [charged] = ledger_lines(ledger)
+        assert charged["chargeId"] in json.dumps(retry), retry
+        balance = peer.request("tools/call", {"name": "get_balance", "arguments": {}})
+        assert "result" in balance, balance
+    finally:
+        peer.close()
