@@ -1,8 +1,9 @@
 // The payments server of the binding's tests on punkpeye's `fastmcp` (npm `fastmcp`, on the
 // TypeScript SDK v1), with SEP-3182 in process through `idempotent` of this package, started as
 // fastmcp's README starts it: `server.start({ transportType: 'stdio' })`, or with --http
-// `server.start({ transportType: 'httpStream', httpStream: { port } })` (sessions, SSE answers).
-// Command line, ledger and tools: payments.mjs.
+// `server.start({ transportType: 'httpStream', httpStream: { port } })` (sessions, SSE answers;
+// with --stateless, `stateless: true`: a session per request). Command line, ledger and tools:
+// payments.mjs.
 import { FastMCP, UserError } from 'fastmcp';
 import * as z from 'zod';
 
@@ -50,7 +51,7 @@ if (!args.plain) idempotent(server, options);
 
 if (args.http) {
     const port = await freePort();
-    await server.start({ transportType: 'httpStream', httpStream: { port, host: '127.0.0.1' } });
+    await server.start({ transportType: 'httpStream', httpStream: { port, host: '127.0.0.1', stateless: args.stateless } });
     process.stderr.write(`listening on http://127.0.0.1:${port}/mcp\n`);
 } else {
     await server.start({ transportType: 'stdio' });

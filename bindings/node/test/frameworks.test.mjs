@@ -7,7 +7,7 @@
 //   (sdk-v1-server.mjs), over `StdioServerTransport` and a stateless
 //   `StreamableHTTPServerTransport` per request;
 // - punkpeye's `fastmcp` (fastmcp-server.mjs), with `start({transportType: 'stdio'})` and
-//   `start({transportType: 'httpStream'})` (sessions).
+//   `start({transportType: 'httpStream'})`, with sessions and stateless.
 //
 // For each: `mcp-idem check` passes every SEP scenario (the 2026-07-28 `server/discover` is skipped
 // where the framework speaks only the 2025 protocol, as MRTR continuations are for every server),
@@ -28,7 +28,8 @@ const SERVERS = [
     { name: 'TypeScript SDK v2 low-level Server', script: 'payments-server.mjs', args: ['--lowlevel'], current: true },
     { name: 'TypeScript SDK v1 McpServer', script: 'sdk-v1-server.mjs', args: [] },
     { name: 'TypeScript SDK v1 low-level Server', script: 'sdk-v1-server.mjs', args: ['--lowlevel'] },
-    { name: "punkpeye's fastmcp", script: 'fastmcp-server.mjs', args: [] }
+    { name: "punkpeye's fastmcp", script: 'fastmcp-server.mjs', args: [] },
+    { name: "punkpeye's fastmcp, stateless httpStream", script: 'fastmcp-server.mjs', args: ['--stateless'], transports: ['http'] }
 ];
 
 /** `node SCRIPT --ledger LEDGER ARGS... EXTRA...`. */
@@ -68,7 +69,9 @@ async function retryAfterKill(call) {
 
 for (const server of SERVERS) {
     describe(server.name, () => {
-        test('over stdio: mcp-idem check passes every SEP scenario', async () => {
+        // The stateless variant of a framework is its HTTP transport only.
+        const overStdio = (server.transports ?? ['stdio', 'http']).includes('stdio') ? test : () => {};
+        overStdio('over stdio: mcp-idem check passes every SEP scenario', async () => {
             const directory = sandbox();
             const ledger = join(directory, 'ledger.jsonl');
             const run = await check(['--', ...command(server, ledger, '--store', `sqlite:${join(directory, 'r.sqlite3')}`)]);
@@ -87,7 +90,7 @@ for (const server of SERVERS) {
             }
         });
 
-        test('over stdio: a SIGKILL mid-call ends outcome unknown, never a second run', async () => {
+        overStdio('over stdio: a SIGKILL mid-call ends outcome unknown, never a second run', async () => {
             const directory = sandbox();
             const ledger = join(directory, 'ledger.jsonl');
             const [program, ...args] = command(server, ledger, '--store', `sqlite:${join(directory, 'r.sqlite3')}`, '--lease', '1s');

@@ -14,6 +14,7 @@
 //               [--http]     Streamable HTTP on 127.0.0.1, a free port; the first stderr line is
 //                            "listening on http://127.0.0.1:PORT/mcp"
 //               [--lowlevel] the SDK's low-level `Server` instead of `McpServer` (SDK servers)
+//               [--stateless] with --http, stateless HTTP where the framework has both (fastmcp)
 //               [--plain]    the same server without the binding
 import { closeSync, openSync, readFileSync, writeSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
@@ -32,6 +33,7 @@ export function serverArgs() {
             'meta-key': { type: 'string', multiple: true },
             http: { type: 'boolean', default: false },
             lowlevel: { type: 'boolean', default: false },
+            stateless: { type: 'boolean', default: false },
             plain: { type: 'boolean', default: false }
         }
     });
