@@ -130,7 +130,8 @@ test("fastmcp's connect(transport, auth) is wired and keeps its auth: the capabi
     };
     const connected = server.connect(serverSide, { user: 'alice' });
     const initialized = await request(1, 'initialize', { protocolVersion: '2025-11-25', capabilities: {}, clientInfo: { name: 'c', version: '0' } });
-    await connected;
+    // The session pings its client every 5 s until it is closed.
+    const session = await connected;
     await client.send({ jsonrpc: '2.0', method: 'notifications/initialized' });
     try {
         assert.ok(initialized.result.capabilities.tools.idempotency, JSON.stringify(initialized));
@@ -141,6 +142,7 @@ test("fastmcp's connect(transport, auth) is wired and keeps its auth: the capabi
         assert.deepEqual(retry.result, first.result);
         assert.equal(runs, 1);
     } finally {
+        await session.close();
         await client.close();
     }
 });
