@@ -1,4 +1,5 @@
-// Types of `mcp-idempotency` (index.js): SEP-3182 in process for the TypeScript MCP SDK v2.
+// Types of `mcp-idempotency` (index.js): SEP-3182 in process for the TypeScript MCP SDK (v1 and v2)
+// and punkpeye's fastmcp.
 
 /** Where a claimed call's key reaches the tool: `params._meta['mcp-idem/idempotencyKey']`. */
 export declare const META_KEY: 'mcp-idem/idempotencyKey';
@@ -63,8 +64,12 @@ export interface IdempotencyOptions {
 }
 
 /**
- * Gives `server` (an `McpServer` or a low-level `Server`) SEP-3182 and returns it; call it before
- * `connect`. Throws an `IdempotencyError` at once when the store or a policy cannot be set up.
+ * Gives `server` SEP-3182 and returns it: an `McpServer` or a low-level `Server` of the TypeScript
+ * SDK v1 (`@modelcontextprotocol/sdk`) or v2 (`@modelcontextprotocol/server`), before `connect`;
+ * or a `FastMCP` of punkpeye's `fastmcp` 4.x, before `start()` (`stdio` or `httpStream`) or
+ * `connect()`. Anything else, a server already connected or already given SEP-3182 throws a
+ * `TypeError` at once; a FastMCP started with another transport type rejects its `start()`.
+ * Throws an `IdempotencyError` at once when the store or a policy cannot be set up.
  */
 export declare function idempotent<S>(server: S, options?: IdempotencyOptions): S;
 

@@ -1,9 +1,11 @@
 // The package as npm ships it: `npm pack` holds the prebuilt linux-x64-gnu addon, and a project
 // that installs the tarball loads it without building anything (elsewhere install.js builds it
-// from source, as bindings/node/install.sh does in this checkout).
+// from source, as bindings/node/install.sh does in this checkout). Its peer dependencies (the
+// SDK v1, the SDK v2, fastmcp) are all optional: installed beside a project on one SDK line, it
+// adds itself and nothing else, and never changes the project's SDK.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { readdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readdirSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
@@ -14,18 +16,24 @@ import { sandbox } from './support.mjs';
 const packageDirectory = join(dirname(fileURLToPath(import.meta.url)), '..');
 const { platformTriple } = await import(join(packageDirectory, 'triple.js'));
 
-test('the packed package installs with its prebuilt addon and loads without a build', { skip: platformTriple() !== 'linux-x64-gnu' }, () => {
+/** `npm pack` of this package into a fresh folder: `[folder, tarball path]`. */
+function packed() {
     const directory = sandbox();
     execFileSync('npm', ['pack', '--pack-destination', directory, '--loglevel=error'], { cwd: packageDirectory, stdio: 'pipe' });
     const [tarball] = readdirSync(directory).filter((name) => name.endsWith('.tgz'));
-    const files = execFileSync('tar', ['tzf', join(directory, tarball)], { encoding: 'utf8' }).split('\n');
+    return [directory, join(directory, tarball)];
+}
+
+test('the packed package installs with its prebuilt addon and loads without a build', { skip: platformTriple() !== 'linux-x64-gnu' }, () => {
+    const [directory, tarball] = packed();
+    const files = execFileSync('tar', ['tzf', tarball], { encoding: 'utf8' }).split('\n');
     assert.ok(files.includes('package/mcp-idempotency.linux-x64-gnu.node'), files.join(' '));
 
     const project = join(directory, 'project');
     execFileSync('mkdir', [project]);
     writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'project', version: '1.0.0', private: true }));
     // The SDK is a peer dependency; this test needs only the package itself, offline.
-    const log = execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', join(directory, tarball)], {
+    const log = execFileSync('npm', ['install', '--offline', '--legacy-peer-deps', '--no-audit', '--no-fund', tarball], {
         cwd: project,
         encoding: 'utf8',
         stdio: 'pipe'
@@ -34,4 +42,39 @@ test('the packed package installs with its prebuilt addon and loads without a bu
     const probe = "const m = require('mcp-idempotency'); process.stdout.write(JSON.stringify([typeof m.idempotent, m.OPTIONS.length]))";
     // The library's options, as this checkout's package has them.
     assert.equal(execFileSync('node', ['-e', probe], { cwd: project, encoding: 'utf8' }), JSON.stringify(['function', OPTIONS.length]));
+});
+
+/** What `npm install --dry-run` would do in `project`, with `more` packages: `['add NAME VERSION', ...]`. */
+function wouldInstall(project, ...more) {
+    const log = execFileSync('npm', ['install', '--dry-run', '--prefer-offline', '--no-audit', '--no-fund', '--loglevel=error', ...more], {
+        cwd: project,
+        encoding: 'utf8',
+        stdio: 'pipe'
+    });
+    return log.split('\n').filter((line) => /^(add|change|remove) \S+ \S+$/.test(line));
+}
+
+test('installed beside a project on one SDK line, it adds itself and no other SDK, and changes none', () => {
+    const [directory, tarball] = packed();
+    const lines = {
+        'TypeScript SDK v1': { dependencies: { '@modelcontextprotocol/sdk': '1.32.2' }, absent: /^add (@modelcontextprotocol\/(server|client|core)|fastmcp) / },
+        'TypeScript SDK v2': { dependencies: { '@modelcontextprotocol/server': '2.4.0' }, absent: /^add (@modelcontextprotocol\/sdk|fastmcp) / }
+    };
+    for (const [line, { dependencies, absent }] of Object.entries(lines)) {
+        const project = join(directory, line.replaceAll(' ', '-'));
+        mkdirSync(project);
+        writeFileSync(join(project, 'package.json'), JSON.stringify({ name: 'project', version: '1.0.0', private: true, dependencies }));
+        const without = wouldInstall(project);
+        const withPackage = wouldInstall(project, tarball);
+        // The project's own tree and this package, nothing else: no other SDK line, no fastmcp,
+        // no other version of the project's SDK.
+        assert.deepEqual(
+            withPackage.filter((action) => !without.includes(action)),
+            ['add mcp-idempotency 0.1.0'],
+            `${line}: ${withPackage.join(', ')}`
+        );
+        assert.deepEqual(without.filter((action) => !withPackage.includes(action)), [], line);
+        for (const [name, version] of Object.entries(dependencies)) assert.ok(withPackage.includes(`add ${name} ${version}`), `${line}: ${withPackage.join(', ')}`);
+        assert.deepEqual(withPackage.filter((action) => absent.test(action)), [], line);
+    }
 });

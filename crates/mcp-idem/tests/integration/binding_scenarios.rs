@@ -17,7 +17,11 @@
 //! - the binding's own tests pass (`bindings/python/tests` with pytest, `bindings/node/test` with
 //!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
 //!   run side by side), a store that goes down mid-run refuses keyed calls and loses no
-//!   outcome, and the npm package installs with its prebuilt addon; the key policies of issue 34
+//!   outcome, and the npm package installs with its prebuilt addon, beside either SDK line
+//!   without adding the other; the npm package's framework matrix (`frameworks.test.mjs`: the
+//!   TypeScript SDK v1 and v2, `McpServer` and low-level `Server`, and punkpeye's fastmcp, over
+//!   stdio and Streamable HTTP, pass `check` and a SIGKILL mid-call) and its refusals of what it
+//!   cannot wire (`shapes.test.mjs`); the key policies of issue 34
 //!   (`tools`, `meta-key`) hold with the official clients: a key in `_meta`, a business
 //!   identifier, `required`, a window, and a key-less duplicate waiting beside the elicitation
 //!   answer its running call waits for; and the Python binding holds on every framework it
@@ -446,6 +450,8 @@ fn own_tests(binding: Binding) {
                 "test/binding.test.mjs",
                 "test/key-sources.test.mjs",
                 "test/package.test.mjs",
+                "test/shapes.test.mjs",
+                "test/frameworks.test.mjs",
             ],
             repo().join("bindings/node"),
         ),
