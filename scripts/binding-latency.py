@@ -11,6 +11,8 @@ file) three servers run the payments server of the binding's tests over stdio:
 
 - plain:       the server without the binding (`--plain`): the baseline;
 - in process:  the server with the binding (`--store S`);
+- inline:      on SQLite only, the same with `store-io = inline` (SQLite's transactions on the
+               server's thread instead of the library's runtime);
 - wrap:        `mcp-idem wrap --store S -- <the plain server>`.
 
 Each is spoken to with one JSON-RPC message per line, after the legacy handshake and 100 uncounted
@@ -116,6 +118,9 @@ def main():
                 "in process": server + ["--ledger", ledger, "--store", store],
                 "wrap": [binary, "wrap", "--store", store, "--"] + plain,
             }
+            if store_kind == "sqlite":
+                rows["inline"] = server + ["--ledger", ledger, "--store", store,
+                                           "--option", "store_io=inline"]
             samples = {name: [] for name in rows}
             for _ in range(rounds):
                 for name, command in rows.items():
@@ -128,6 +133,11 @@ def main():
                   "%+7.1f  wrap %+7.1f  ratio %.2f (target < 0.50)"
                   % (language, store_kind, p50["plain"], p50["in process"], p50["wrap"],
                      in_process, wrap, ratio))
+            if "inline" in p50:
+                inline = p50["inline"] - p50["plain"]
+                print("%-6s %-6s inline (store-io) %7.1f  |  added: inline %+7.1f  ratio %.2f"
+                      % (language, store_kind, p50["inline"], inline,
+                         inline / wrap if wrap > 0 else float("inf")))
             sys.stdout.flush()
 
 

@@ -8,14 +8,15 @@
 //! SDK's transport and here.
 //!
 //! A decision that needs no store round trip comes back at once; one that waits on the store
-//! comes back as a promise whose I/O runs on napi's tokio runtime, never on Node's event loop.
+//! comes back as a promise whose I/O runs on napi's tokio runtime, never on Node's event loop, unless
+//! the gateway was opened with `storeIo: 'inline'` (SQLite's transactions then run on Node's thread,
+//! which waits for them: `mcp_idempotency::embedded::StoreIo`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use mcp_idempotency::embedded::{
-    self, now_or_later, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings,
-    SetupError,
+    self, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings, SetupError,
 };
 use mcp_idempotency::interceptor::META_KEY;
 use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
@@ -81,15 +82,17 @@ impl From<SetupError> for SetupFailure {
     }
 }
 
-/// The answer now when it is ready, else a promise of it run on the tokio runtime.
-fn answer<T>(
-    env: &Env,
+/// The answer now when it is ready (or, under `store-io = inline`, once run here), else a promise
+/// of it run on the tokio runtime.
+fn answer<'env, T>(
+    env: &'env Env,
+    connection: &embedded::Connection,
     future: impl std::future::Future<Output = T> + Send + 'static,
-) -> Result<Either<T, PromiseRaw<'_, T>>>
+) -> Result<Either<T, PromiseRaw<'env, T>>>
 where
     T: napi::bindgen_prelude::ToNapiValue + Send + 'static,
 {
-    match within_runtime_if_available(|| now_or_later(future)) {
+    match within_runtime_if_available(|| connection.answer(future, false)) {
         Answer::Ready(value) => Ok(Either::A(value)),
         Answer::Pending(future) => Ok(Either::B(
             env.spawn_future(async move { Ok(future.await) })?,
@@ -102,6 +105,23 @@ where
 #[napi]
 pub struct Gateway {
     inner: Embedded,
+}
+
+/// napi's tokio runtime, with one worker thread instead of one per CPU: every store round trip
+/// of the process runs there, and a second worker only takes CPU from Node's thread (a task
+/// spawned from Node's thread woke one worker, which woke the other to look for more work; the
+/// two took turns running the store's operations). Without a runtime (it cannot start), napi's
+/// default one is used.
+#[napi_derive::module_init]
+fn init() {
+    let runtime = napi::tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("mcp-idempotency")
+        .enable_all()
+        .build();
+    if let Ok(runtime) = runtime {
+        napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
+    }
 }
 
 /// The gateways this process opened, by namespace and options.
@@ -194,7 +214,7 @@ impl Connection {
         let connection = Arc::clone(&self.inner);
         let decided = async move { client_step(connection.decide(received).await) };
         Ok(
-            match within_runtime_if_available(|| now_or_later(decided)) {
+            match within_runtime_if_available(|| self.inner.answer(decided, may_wait)) {
                 Answer::Ready(step) => Either3::A(step),
                 Answer::Pending(decided) if may_wait => Either3::C(Waiting {
                     decided: Some(decided),
@@ -214,7 +234,7 @@ impl Connection {
         message: String,
     ) -> Result<Either<Step, PromiseRaw<'env, Step>>> {
         let connection = Arc::clone(&self.inner);
-        answer(env, async move {
+        answer(env, &self.inner, async move {
             server_step(connection.from_server(&message).await)
         })
     }
@@ -265,8 +285,7 @@ pub fn client_principal(client_id: String) -> String {
 /// Every option `open` takes, by `wrap`'s names.
 #[napi]
 pub fn options() -> Vec<String> {
-    options::ALL
-        .iter()
+    options::every()
         .map(|option| option.name.to_owned())
         .collect()
 }

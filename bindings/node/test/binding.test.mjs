@@ -46,6 +46,9 @@ test('unknown options and bad values are refused', () => {
     assert.equal(refused({ store: 'memory', maxKeyBytes: [1] }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', afterCrash: 'retry' }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', principal: 7 }).type, 'idempotency_invalid_option');
+    assert.equal(refused({ store: 'memory', storeIo: 'elsewhere' }).type, 'idempotency_invalid_option');
+    const inlineOnRedis = refused({ store: 'redis://127.0.0.1:1', storeIo: 'inline' });
+    assert.ok(inlineOnRedis.message.startsWith('invalid value "inline" for option "store-io"'), inlineOnRedis.message);
     assert.throws(() => idempotent({}, { store: 'memory' }), TypeError);
 });
 
@@ -164,6 +167,25 @@ test('a cancelled keyed call still runs once and its retry replays it', async ()
         await peer.close();
     }
 });
+
+for (const storeIo of ['runtime', 'inline']) {
+    test(`storeIo ${storeIo} replays a keyed call and refuses a conflict`, async () => {
+        // `storeIo: 'inline'` runs SQLite's transactions on Node's thread instead of the library's
+        // runtime: the same records, replays and conflicts.
+        const dir = sandbox();
+        const ledger = join(dir, 'ledger.jsonl');
+        const peer = await bound(ledger, '--store', `sqlite:${join(dir, 'records.sqlite3')}`, '--option', `storeIo=${storeIo}`);
+        try {
+            const first = chargeId(await peer.call('charge_payment', CHARGE, 'store-io'));
+            assert.equal(chargeId(await peer.call('charge_payment', CHARGE, 'store-io')), first);
+            const conflict = await peer.call('charge_payment', { ...CHARGE, amount: 8 }, 'store-io');
+            assert.equal(errorType(conflict), 'idempotency_key_conflict', JSON.stringify(conflict));
+            assert.equal(ledgerLines(ledger).length, 1);
+        } finally {
+            await peer.close();
+        }
+    });
+}
 
 test('a low-level Server is made idempotent too', async () => {
     const peer = await Peer.start('node', [fileURLToPath(new URL('./lowlevel-server.mjs', import.meta.url)), 'memory']);

@@ -6,7 +6,9 @@
 //! fingerprint and the store are the Rust crate's; the Python package
 //! (`python/mcp_idempotency/__init__.py`) only carries messages between the SDK and here.
 //!
-//! A decision that needs no store round trip comes back at once. One that waits on the store runs
+//! A decision that needs no store round trip comes back at once, and so does one that waits on the
+//! store under `store_io="inline"` (run on the caller's thread, without the GIL:
+//! `mcp_idempotency::embedded::StoreIo`). Otherwise it runs
 //! on this module's tokio runtime, never on the server's event loop, and comes back as a ticket:
 //! its answer is queued in the loop's [`Completions`], which wakes the loop through a socket the
 //! loop watches. The runtime's threads never take the GIL; the loop takes the answers with the GIL
@@ -20,8 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use mcp_idempotency::embedded::{
-    self, now_or_later, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings,
-    SetupError,
+    self, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings, SetupError,
 };
 use mcp_idempotency::interceptor::{CancelPolicy, META_KEY};
 use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
@@ -47,7 +48,11 @@ static GATEWAYS: Gateways = Gateways::new();
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     RUNTIME
         .get_or_init(|| {
+            // One worker: a second only takes CPU from the loop's thread (the one woken by a
+            // ticket spawned from the loop woke the other to look for more work, and the two
+            // took turns running the store's operations: docs/benchmarks.md).
             tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
                 .thread_name("mcp-idempotency")
                 .enable_all()
                 .build()
@@ -167,14 +172,14 @@ impl Completions {
 
     /// The queued answers, `(ticket, answer)`, in the order they came.
     fn take<'py>(&self, py: Python<'py>) -> PyResult<Vec<(u64, Bound<'py, PyAny>)>> {
-        // The wake-ups first: an answer queued after this writes a new one.
+        // The wake-ups first: an answer queued after this writes a new one. A read that does not
+        // fill the buffer emptied the socket (one system call, not a second to learn it is empty).
         let mut drained = [0u8; 64];
         loop {
             match (&self.readable).read(&mut drained) {
-                Ok(0) => break,
-                Ok(_) => continue,
+                Ok(n) if n == drained.len() => continue,
                 Err(err) if err.kind() == ErrorKind::Interrupted => continue,
-                Err(_) => break,
+                _ => break,
             }
         }
         let ready = std::mem::take(&mut *self.queue.lock());
@@ -185,15 +190,21 @@ impl Completions {
     }
 }
 
-/// The answer now when it is ready, else a ticket whose answer `completions` will hold.
+/// The answer now when it is ready (or, under `store-io = inline`, once run here), else a ticket
+/// whose answer `completions` will hold. Without the GIL: an inline decision may wait on the store.
 fn answer<'py>(
     py: Python<'py>,
     completions: &Completions,
+    connection: &embedded::Connection,
     future: impl std::future::Future<Output = Ready> + Send + 'static,
+    may_wait: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     let runtime = runtime()?;
-    let _entered = runtime.enter();
-    match now_or_later(future) {
+    let decided = py.detach(|| {
+        let _entered = runtime.enter();
+        connection.answer(future, may_wait)
+    });
+    match decided {
         Answer::Ready(value) => value.into_pyobject(py),
         Answer::Pending(future) => {
             let ticket = completions
@@ -293,10 +304,11 @@ impl Connection {
         message: String,
         completions: &Completions,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let received = self.inner.receive(&message);
+        let may_wait = received.may_wait();
         let connection = Arc::clone(&self.inner);
-        answer(py, completions, async move {
-            client_step(connection.from_client(&message).await)
-        })
+        let decided = async move { client_step(connection.decide(received).await) };
+        answer(py, completions, &self.inner, decided, may_wait)
     }
 
     /// What to do with a message from the server: `(action, message)`, or a ticket of
@@ -308,9 +320,8 @@ impl Connection {
         completions: &Completions,
     ) -> PyResult<Bound<'py, PyAny>> {
         let connection = Arc::clone(&self.inner);
-        answer(py, completions, async move {
-            server_step(connection.from_server(&message).await)
-        })
+        let decided = async move { server_step(connection.from_server(&message).await) };
+        answer(py, completions, &self.inner, decided, false)
     }
 
     /// Ends the connection: calls still running are recorded outcome-unknown. Returns the
@@ -321,9 +332,8 @@ impl Connection {
         completions: &Completions,
     ) -> PyResult<Bound<'py, PyAny>> {
         let connection = Arc::clone(&self.inner);
-        answer(py, completions, async move {
-            Ready::Responses(connection.close().await)
-        })
+        let closed = async move { Ready::Responses(connection.close().await) };
+        answer(py, completions, &self.inner, closed, false)
     }
 }
 
@@ -349,7 +359,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("IdempotencyError", m.py().get_type::<IdempotencyError>())?;
     m.add_function(wrap_pyfunction!(settle_at_exit, m)?)?;
     m.add_function(wrap_pyfunction!(invalid_option, m)?)?;
-    let names: Vec<&str> = options::ALL.iter().map(|option| option.name).collect();
+    let names: Vec<&str> = options::every().map(|option| option.name).collect();
     m.add("OPTIONS", names)?;
     m.add("META_KEY", META_KEY)?;
     m.add("SETTLE_GRACE_SECONDS", DEFAULT_SHUTDOWN_GRACE.as_secs_f64())?;

@@ -50,6 +50,9 @@ def test_unknown_options_and_bad_values_are_refused():
     assert refused(store="memory", max_key_bytes=[1]).type == "idempotency_invalid_option"
     assert refused(store="memory", after_crash="retry").type == "idempotency_invalid_option"
     assert refused(store="memory", principal=7).type == "idempotency_invalid_option"
+    assert refused(store="memory", store_io="elsewhere").type == "idempotency_invalid_option"
+    inline_on_redis = refused(store="redis://127.0.0.1:1", store_io="inline")
+    assert str(inline_on_redis).startswith('invalid value "inline" for option "store-io"'), inline_on_redis
 
 
 def test_a_server_that_is_not_an_mcp_server_is_a_type_error():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from conftest import ledger_lines
 
 CHARGE = {"amount": 7, "currency": "eur"}
@@ -92,3 +94,16 @@ def test_records_are_scoped_to_the_principal(bound, tmp_path):
     assert charge_id(bob.call("charge_payment", CHARGE, "shared-key")) != first
     assert charge_id(alice_again.call("charge_payment", CHARGE, "shared-key")) == first
     assert len(ledger_lines(ledger)) == 2
+
+
+@pytest.mark.parametrize("store_io", ["runtime", "inline"])
+def test_store_io_either_way_replays_a_keyed_call_and_refuses_a_conflict(store_io, bound, tmp_path):
+    """`store_io="inline"` runs SQLite's transactions on the server's thread instead of the
+    library's runtime: the same records, replays and conflicts."""
+    ledger = tmp_path / "ledger.jsonl"
+    peer = bound("--store", f"sqlite:{tmp_path / 'records.sqlite3'}", "--option", f"store_io={store_io}")
+    first = charge_id(peer.call("charge_payment", CHARGE, "store-io"))
+    assert charge_id(peer.call("charge_payment", CHARGE, "store-io")) == first
+    conflict = peer.call("charge_payment", dict(CHARGE, amount=8), "store-io")
+    assert error_type(conflict) == "idempotency_key_conflict", conflict
+    assert len(ledger_lines(ledger)) == 1

@@ -505,8 +505,7 @@ fn constants_are_the_librarys(binding: Binding) {
         String::from_utf8_lossy(&output.stderr)
     );
     let seen: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let names: Vec<&str> = mcp_idempotency::embedded::options::ALL
-        .iter()
+    let names: Vec<&str> = mcp_idempotency::embedded::options::every()
         .map(|option| option.name)
         .collect();
     let grace_ms = mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE.as_millis();

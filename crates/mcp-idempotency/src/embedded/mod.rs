@@ -42,9 +42,10 @@ mod settings;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use crate::claims::StopGate;
@@ -79,6 +80,7 @@ struct Inner {
     dedup: Deduplicator,
     scope: Scope,
     config: InterceptorConfig,
+    store_io: StoreIo,
     purge: Option<tokio::task::AbortHandle>,
 }
 
@@ -94,6 +96,16 @@ impl Embedded {
     /// A gateway deciding with `dedup`, recording under `scope`. Started on a tokio runtime, it
     /// purges expired records on it.
     pub fn new(dedup: Deduplicator, scope: Scope, config: InterceptorConfig) -> Self {
+        Self::start(dedup, scope, config, StoreIo::Runtime)
+    }
+
+    /// [`new`](Self::new), its decisions that wait on the store run where `store_io` says.
+    fn start(
+        dedup: Deduplicator,
+        scope: Scope,
+        config: InterceptorConfig,
+        store_io: StoreIo,
+    ) -> Self {
         let purge = tokio::runtime::Handle::try_current().ok().map(|runtime| {
             let dedup = dedup.clone();
             let purge = crate::upkeep::purge_periodically(dedup);
@@ -104,6 +116,7 @@ impl Embedded {
                 dedup,
                 scope,
                 config,
+                store_io,
                 purge,
             }),
         }
@@ -122,6 +135,7 @@ impl Embedded {
             scope,
             state: Mutex::new(Interceptor::new(self.inner.config.clone())),
             closed: AtomicBool::new(false),
+            store_io: self.inner.store_io,
         }
     }
 
@@ -201,6 +215,7 @@ pub struct Connection {
     scope: Scope,
     state: Mutex<Interceptor<RunningClaim>>,
     closed: AtomicBool,
+    store_io: StoreIo,
 }
 
 impl Connection {
@@ -289,6 +304,24 @@ impl Connection {
         responses
     }
 
+    /// A decision of this connection (a future of [`from_client`](Self::from_client),
+    /// [`decide`](Self::decide), [`from_server`](Self::from_server) or [`close`](Self::close)), as
+    /// a binding hands it back: [`now_or_later`]; and under `store-io = inline` ([`StoreIo`]) a
+    /// decision still waiting on the store is run to its end here, on the caller's thread, unless
+    /// it `may_wait` for another call's outcome ([`Received::may_wait`]): that one stays on the
+    /// runtime, since the call it waits for may need the host's loop. Call it inside the runtime.
+    pub fn answer<F>(&self, answer: F, may_wait: bool) -> Answer<F::Output>
+    where
+        F: Future + Send + 'static,
+    {
+        match now_or_later(answer) {
+            Answer::Pending(answer) if self.store_io == StoreIo::Inline && !may_wait => {
+                Answer::Ready(run_here(answer))
+            }
+            answer => answer,
+        }
+    }
+
     /// Whether a call of this connection is waiting for the server's answer.
     pub fn has_calls_in_flight(&self) -> bool {
         self.lock().has_calls_in_flight()
@@ -352,6 +385,55 @@ where
     {
         Poll::Ready(output) => Answer::Ready(output),
         Poll::Pending => Answer::Pending(answer),
+    }
+}
+
+/// Where a binding runs a decision that waits on the store: the `store-io` option.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StoreIo {
+    /// On the library's tokio runtime, its answer handed back to the host's event loop, which
+    /// never waits on the store (the default).
+    #[default]
+    Runtime,
+    /// On the host's thread, which waits for it: no hand-off between threads and no wake-up of
+    /// the host's loop, but the loop stops for each store round trip (a SQLite transaction, tens
+    /// of microseconds; up to SQLite's busy timeout, 5 s, while another process holds the file's
+    /// write lock). Local stores only (`sqlite:`, `memory`): a network store's answers arrive on
+    /// the runtime anyway.
+    Inline,
+}
+
+impl FromStr for StoreIo {
+    type Err = String;
+
+    fn from_str(value: &str) -> Result<Self, String> {
+        match value {
+            "runtime" => Ok(Self::Runtime),
+            "inline" => Ok(Self::Inline),
+            _ => Err("expected runtime or inline".into()),
+        }
+    }
+}
+
+/// Runs `future` to its end on this thread, parking it while the future waits.
+fn run_here<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut context = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+            return output;
+        }
+        std::thread::park();
     }
 }
 

@@ -230,7 +230,20 @@ pub const MAX_RECORDS_TOTAL: GatewayOption = GatewayOption {
     },
 };
 
-/// Every option [`Settings::set`] takes, in `--help`'s order.
+/// Where a binding runs the decisions that wait on the store ([`StoreIo`](super::StoreIo)).
+pub const STORE_IO: GatewayOption = GatewayOption {
+    name: "store-io",
+    default: Some("runtime"),
+    help: "Where a decision that waits on the store runs: `runtime` (the library's tokio \
+           runtime; the host's event loop never waits on the store) or `inline` (on the host's \
+           thread, which waits for it: no hand-off between threads; `sqlite:` and `memory` only)",
+    set: |settings, value| {
+        settings.store_io = value.parse()?;
+        Ok(())
+    },
+};
+
+/// Every option of `wrap` and `proxy`, in `--help`'s order.
 pub const ALL: [GatewayOption; 15] = [
     STORE,
     NAMESPACE,
@@ -249,11 +262,19 @@ pub const ALL: [GatewayOption; 15] = [
     MAX_RECORDS_TOTAL,
 ];
 
+/// The options only a binding takes: `wrap` and `proxy` run their store I/O on their own thread.
+pub const EMBEDDED: [GatewayOption; 1] = [STORE_IO];
+
+/// Every option [`Settings::set`] takes: [`ALL`], then [`EMBEDDED`].
+pub fn every() -> impl Iterator<Item = &'static GatewayOption> {
+    ALL.iter().chain(EMBEDDED.iter())
+}
+
 /// The option called `name`: `wrap`'s kebab-case name, or the same in snake_case or camelCase
 /// (`max_key_bytes`, `maxKeyBytes`), as the bindings' languages spell it.
 pub fn find(name: &str) -> Option<&'static GatewayOption> {
     let name = kebab_case(name);
-    ALL.iter().find(|option| option.name == name)
+    every().find(|option| option.name == name)
 }
 
 /// A duration: `24h`, `30s`, `1h 30m`, `500ms`.
@@ -333,20 +354,21 @@ mod tests {
 
     #[test]
     fn names_are_found_in_each_languages_spelling() {
-        for option in &ALL {
+        for option in every() {
             assert_eq!(find(option.name).map(|o| o.name), Some(option.name));
             let snake = option.name.replace('-', "_");
             assert_eq!(find(&snake).map(|o| o.name), Some(option.name));
         }
         assert_eq!(find("maxKeyBytes").map(|o| o.name), Some("max-key-bytes"));
         assert_eq!(find("afterCrash").map(|o| o.name), Some("after-crash"));
+        assert_eq!(find("storeIo").map(|o| o.name), Some("store-io"));
         assert!(find("retension").is_none());
     }
 
     #[test]
     fn the_defaults_are_the_engines_and_the_interceptors() {
         let mut settings = Settings::new("n");
-        for option in &ALL {
+        for option in every() {
             if let Some(default) = option.default {
                 (option.set)(&mut settings, default).unwrap();
             }
@@ -356,5 +378,6 @@ mod tests {
             format!("{:?}", settings.interceptor),
             format!("{:?}", InterceptorConfig::default())
         );
+        assert_eq!(settings.store_io, super::super::StoreIo::Runtime);
     }
 }

@@ -9,7 +9,7 @@ use crate::stdio::local_user;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RejectionKind, Scope};
 
-use super::{options, Embedded};
+use super::{options, Embedded, StoreIo};
 
 /// Why an embedded gateway could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +85,7 @@ impl SetupError {
 }
 
 fn option_names() -> String {
-    let names: Vec<&str> = options::ALL.iter().map(|option| option.name).collect();
+    let names: Vec<&str> = options::every().map(|option| option.name).collect();
     names.join(", ")
 }
 
@@ -115,6 +115,7 @@ pub struct Settings {
     pub(super) principal: Option<String>,
     pub(super) engine: EngineConfig,
     pub(super) interceptor: InterceptorConfig,
+    pub(super) store_io: StoreIo,
     /// The options set, by their kebab-case names: with the namespace, what tells two gateways
     /// apart ([`Gateways`](super::Gateways)).
     given: BTreeMap<&'static str, String>,
@@ -130,11 +131,12 @@ impl Settings {
             principal: None,
             engine: EngineConfig::default(),
             interceptor: InterceptorConfig::default(),
+            store_io: StoreIo::default(),
             given: BTreeMap::new(),
         }
     }
 
-    /// Sets the option `name` to `value` (see [`options::ALL`]). `name` is `wrap`'s, or the same
+    /// Sets the option `name` to `value` (see [`options::every`]). `name` is `wrap`'s, or the same
     /// in snake_case or camelCase (`max_key_bytes`, `maxKeyBytes`).
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), SetupError> {
         let option = options::find(name).ok_or_else(|| SetupError::UnknownOption {
@@ -165,6 +167,15 @@ impl Settings {
     /// an unreachable store is an error here, as it is when `wrap` starts.
     pub async fn open(self) -> Result<Embedded, SetupError> {
         let url = self.store_url()?;
+        if self.store_io == StoreIo::Inline
+            && !matches!(url, StoreUrl::Sqlite(_) | StoreUrl::Memory)
+        {
+            return Err(SetupError::invalid_option(
+                options::STORE_IO.name,
+                "inline",
+                "only the sqlite: and memory stores run on the host's thread",
+            ));
+        }
         let store = store::open(&url)
             .await
             .map_err(|source| SetupError::Store {
@@ -172,10 +183,11 @@ impl Settings {
                 source,
             })?;
         let principal = self.principal.unwrap_or_else(local_user);
-        Ok(Embedded::new(
+        Ok(Embedded::start(
             Deduplicator::new(self.engine, store),
             Scope::new(self.namespace, principal),
             self.interceptor,
+            self.store_io,
         ))
     }
 }

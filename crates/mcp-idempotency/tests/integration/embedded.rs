@@ -2,9 +2,12 @@
 //! through. The same decisions as `mcp-idem wrap`, one connection per transport, records shared
 //! by every connection of a gateway.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use mcp_idempotency::embedded::{Embedded, FromClient, FromServer, Settings, SetupError};
+use mcp_idempotency::embedded::{
+    Answer, Connection, Embedded, FromClient, FromServer, Settings, SetupError,
+};
 use serde_json::{json, Value};
 
 async fn gateway(options: &[(&str, &str)]) -> Embedded {
@@ -202,4 +205,88 @@ async fn a_store_that_is_down_at_start_is_a_setup_error() {
             .starts_with("cannot open the record store postgres://postgres@127.0.0.1:1/test: "),
         "{err}"
     );
+}
+
+/// A client's message handed over as a binding does: decided at once when it can be.
+fn client_now(connection: &Arc<Connection>, message: &str) -> Answer<FromClient> {
+    let received = connection.receive(message);
+    let may_wait = received.may_wait();
+    let deciding = Arc::clone(connection);
+    connection.answer(async move { deciding.decide(received).await }, may_wait)
+}
+
+/// A server's message handed over as a binding does.
+fn server_now(connection: &Arc<Connection>, message: &str) -> Answer<FromServer> {
+    let deciding = Arc::clone(connection);
+    let message = message.to_owned();
+    connection.answer(async move { deciding.from_server(&message).await }, false)
+}
+
+/// The answer, and whether it came at once (else it is awaited on the runtime).
+fn settled<T>(runtime: &tokio::runtime::Runtime, answer: Answer<T>) -> (T, bool) {
+    match answer {
+        Answer::Ready(value) => (value, true),
+        Answer::Pending(later) => (runtime.block_on(later), false),
+    }
+}
+
+/// `store-io = inline`: a claim and a completion that wait on SQLite are run to their end on the
+/// binding's thread (no hand-off to the runtime), with the same replay and conflict as under the
+/// default, where they are handed to the runtime.
+#[cfg(feature = "sqlite")]
+#[test]
+fn inline_store_io_runs_sqlite_on_the_callers_thread_with_the_same_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    for store_io in ["runtime", "inline"] {
+        let mut settings = Settings::new(format!("embedded:{store_io}"));
+        let file = dir.path().join(format!("{store_io}.sqlite3"));
+        settings
+            .set("store", &format!("sqlite:{}", file.display()))
+            .unwrap();
+        settings.set("store_io", store_io).unwrap();
+        let gateway = runtime.block_on(settings.open()).unwrap();
+        // The binding's thread, inside the runtime's context but not one of its workers.
+        let _entered = runtime.enter();
+        let inline = store_io == "inline";
+        let first = Arc::new(gateway.connect(None));
+        let (claimed, at_once) = settled(&runtime, client_now(&first, &call(1, "k", 5)));
+        assert_eq!(
+            forwarded(claimed)["params"]["_meta"]["mcp-idem/idempotencyKey"],
+            "k"
+        );
+        assert_eq!(at_once, inline, "the claim under store-io = {store_io}");
+        let (recorded, at_once) = settled(&runtime, server_now(&first, &answer(1, "ch_1")));
+        assert_eq!(recorded, FromServer::Forward);
+        assert_eq!(
+            at_once, inline,
+            "the completion under store-io = {store_io}"
+        );
+
+        let retry = Arc::new(gateway.connect(None));
+        let (replayed, _) = settled(&runtime, client_now(&retry, &call(2, "k", 5)));
+        assert_eq!(responded(replayed)["result"]["content"][0]["text"], "ch_1");
+        let (conflict, _) = settled(&runtime, client_now(&retry, &call(3, "k", 6)));
+        assert_eq!(error_type(&responded(conflict)), "idempotency_key_conflict");
+    }
+}
+
+#[tokio::test]
+async fn inline_store_io_is_refused_for_a_network_store() {
+    let mut settings = Settings::new("embedded:test");
+    settings.set("store", "redis://127.0.0.1:1").unwrap();
+    settings.set("storeIo", "inline").unwrap();
+    let err = settings.open().await.unwrap_err();
+    assert_eq!(err.error_type(), "idempotency_invalid_option");
+    assert!(
+        err.to_string()
+            .starts_with("invalid value \"inline\" for option \"store-io\""),
+        "{err}"
+    );
+    let mut settings = Settings::new("embedded:test");
+    assert!(settings.set("store-io", "elsewhere").is_err());
 }
