@@ -30,14 +30,29 @@ struct Args {
     listen: SocketAddr,
 }
 
+/// Logs go to stderr, filtered by `MCP_IDEM_LOG` as `mcp-idem`'s (`warn` by default).
+fn init_logging() {
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = std::env::var("MCP_IDEM_LOG")
+        .ok()
+        .and_then(|directives| directives.parse().ok())
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing_subscriber::filter::LevelFilter::WARN)
+        });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(filter),
+        )
+        .init();
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_IDEM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    init_logging();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

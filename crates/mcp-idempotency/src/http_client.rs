@@ -2,7 +2,7 @@
 //! (feature `http-client`), used by the bridge and by `mcp-idem proxy` for its upstream.
 //!
 //! Certificates are checked against the system's roots plus, optionally, the CAs of a PEM file
-//! (`--ca-cert`, for a private CA). The crypto provider is chosen explicitly (aws-lc-rs), so the
+//! (`--ca-cert`, for a private CA). The crypto provider is chosen explicitly (ring), so the
 //! client works whichever providers other crates enable.
 
 use std::path::Path;

@@ -1,6 +1,6 @@
 //! The one place TLS client configurations are made: the roots certificates are checked
 //! against (the system's, plus the CAs of an optional PEM file), and the crypto provider, chosen
-//! explicitly (aws-lc-rs) so that TLS works whichever providers other crates enable. Used by the
+//! explicitly (ring) so that TLS works whichever providers other crates enable. Used by the
 //! HTTP client, the PostgreSQL store and the Redis store.
 
 use std::path::{Path, PathBuf};
@@ -33,10 +33,10 @@ pub enum TlsSetupError {
     allow(dead_code)
 )]
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Makes the crate's provider (aws-lc-rs, as [`provider`]) the process' default, unless one is set
+/// Makes the crate's provider (ring, as [`provider`]) the process' default, unless one is set
 /// already: for the crates that build their rustls configurations themselves with the default
 /// provider (the `redis` crate), which would otherwise panic when several providers are compiled
 /// in.
@@ -45,7 +45,7 @@ pub(crate) fn install_default_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
         // Another thread may have installed one meanwhile: that one is kept, which is as good.
         let _ = rustls::crypto::CryptoProvider::install_default(
-            rustls::crypto::aws_lc_rs::default_provider(),
+            rustls::crypto::ring::default_provider(),
         );
     }
 }

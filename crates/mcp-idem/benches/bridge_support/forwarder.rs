@@ -23,7 +23,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
@@ -144,7 +144,7 @@ async fn forward(
     let lose = is_call && {
         state.counts.tool_calls.fetch_add(1, Ordering::Relaxed);
         let mut rng = state.rng.lock().unwrap_or_else(|e| e.into_inner());
-        rng.gen_bool(state.loss)
+        rng.random_bool(state.loss)
     };
 
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());

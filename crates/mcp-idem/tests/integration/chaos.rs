@@ -31,7 +31,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -182,7 +182,7 @@ async fn start_injector(
                 continue;
             };
             counts.connections.fetch_add(1, Ordering::Relaxed);
-            let roll: f64 = rng.lock().unwrap().gen();
+            let roll: f64 = rng.lock().unwrap().random();
             let fault = if roll < P_DROP {
                 Fault::DropResponse
             } else if roll < P_DROP + P_DELAY {
@@ -354,7 +354,7 @@ pub(crate) async fn logical_call(
     let mut history = Vec::new();
     while attempts < MAX_ATTEMPTS {
         attempts += 1;
-        let proxy = rng.gen_range(0..raws.len());
+        let proxy = rng.random_range(0..raws.len());
         let raw = &raws[proxy];
         let message = charge(u64::from(attempts), amount, Some(key));
         let mut pause = Duration::from_millis(50);

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use serde_json::{json, Value};
 
 use crate::support::chaos::{
@@ -259,10 +259,10 @@ impl Run {
         key: &str,
         rng: &mut StdRng,
     ) -> CallResult {
-        let delay_ms = if rng.gen_bool(P_SLOW) {
+        let delay_ms = if rng.random_bool(P_SLOW) {
             SLOW_MS
         } else {
-            rng.gen_range(0..=20)
+            rng.random_range(0..=20)
         };
         let arguments = json!({"amount": amount, "currency": "EUR", "delay_ms": delay_ms});
         let mut attempts = 0;
@@ -293,7 +293,7 @@ impl Run {
                     self.counts.timeouts.fetch_add(1, Ordering::Relaxed);
                     last = "timeout".into();
                 }
-                Got::Answer(_) if rng.gen_bool(P_DROP) => {
+                Got::Answer(_) if rng.random_bool(P_DROP) => {
                     if let Some(entry) = history.last_mut() {
                         entry.push_str(" (dropped by the client)");
                     }
@@ -505,9 +505,9 @@ fn chaos_run(after_crash: AfterCrash) {
         let mut rng = StdRng::seed_from_u64(seed ^ 0x6b69_6c6c);
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_millis(rng.gen_range(KILL_EVERY_MS)));
+                std::thread::sleep(Duration::from_millis(rng.random_range(KILL_EVERY_MS)));
                 if !stop.load(Ordering::Relaxed) {
-                    run.kill(rng.gen_range(0..CLIENTS));
+                    run.kill(rng.random_range(0..CLIENTS));
                 }
             }
         })

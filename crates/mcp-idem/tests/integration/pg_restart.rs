@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 
 use crate::support::chaos::{classify, executions, size_and_seed, AnswerMeans, Outcome};
 use crate::support::common::ledger_lines;
@@ -194,8 +194,8 @@ async fn restart_mid_run(how: Shutdown) {
                     return results;
                 }
                 let key = key_of(&tag, amount);
-                let first = rng.gen_range(0..INSTANCES);
-                let seen = if rng.gen_bool(P_DUPLICATE) {
+                let first = rng.random_range(0..INSTANCES);
+                let seen = if rng.random_bool(P_DUPLICATE) {
                     let (a, b) = tokio::join!(
                         settle(&raws, amount, &key, first, &tally),
                         settle(&raws, amount, &key, first + 1, &tally)

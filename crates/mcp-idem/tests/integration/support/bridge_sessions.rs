@@ -21,7 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_rustls::rustls::crypto::aws_lc_rs;
+use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio_rustls::rustls::ServerConfig;
 
@@ -276,7 +276,7 @@ impl TestCa {
         std::fs::write(&ca_pem, ca.pem()).expect("write ca.pem");
         // The provider is named explicitly: with more than one in the build, rustls has no
         // process-wide default.
-        let server = ServerConfig::builder_with_provider(Arc::new(aws_lc_rs::default_provider()))
+        let server = ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
             .with_safe_default_protocol_versions()
             .expect("TLS versions")
             .with_no_client_auth()

@@ -71,7 +71,8 @@ impl ScopeBy {
             Self::Bearer => {
                 let token = bearer_token(headers)?;
                 let digest = Sha256::digest(token.as_bytes());
-                Ok(Principal::new(format!("bearer:{digest:x}")))
+                let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+                Ok(Principal::new(format!("bearer:{hex}")))
             }
             Self::Jwt(validator) => validator.validate(bearer_token(headers)?, now),
         }

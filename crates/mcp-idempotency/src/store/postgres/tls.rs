@@ -140,7 +140,7 @@ impl RustlsConnect {
 fn unverified(verifier: impl ServerCertVerifier + 'static) -> rustls::ClientConfig {
     rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .expect("aws-lc-rs supports the default protocol versions")
+        .expect("ring supports the default protocol versions")
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth()

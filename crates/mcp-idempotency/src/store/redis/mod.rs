@@ -131,7 +131,7 @@ const LIST_BATCH: usize = 256;
 /// [`StoreError::Unavailable`], saying the certificate was refused, with rustls' reason as its
 /// source. `sslrootcert` on a `redis://` URL is an invalid URL. The `redis` crate builds its TLS
 /// configuration with the process' default rustls crypto provider: opening a TLS store installs
-/// aws-lc-rs (the provider of the crate's other TLS clients) as that default, unless one is set.
+/// ring (the provider of the crate's other TLS clients) as that default, unless one is set.
 ///
 /// # Durability and waiting for replicas
 ///
