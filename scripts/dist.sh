@@ -108,13 +108,14 @@ npm_package() {
         rm -f "$dist"/mcp-idempotency-*.tgz
         npm pack --silent --pack-destination "$dist" >/dev/null
     )
-    local packed
+    local packed addon
     packed=$(ls "$dist"/mcp-idempotency-*.tgz)
-    tar -tzf "$packed" | grep -q '^package/mcp-idempotency\..*\.node$' || {
+    addon=$(tar -tzf "$packed" | grep '^package/mcp-idempotency\..*\.node$' || true)
+    [ -n "$addon" ] || {
         echo "$packed has no prebuilt addon" >&2
         return 1
     }
-    echo "$(basename "$packed"): $(tar -tzf "$packed" | grep '\.node$')"
+    echo "$(basename "$packed"): $addon"
 }
 
 binary() {
