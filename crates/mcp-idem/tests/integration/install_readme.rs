@@ -1,8 +1,8 @@
 //! The README's install from source, run as a user runs it, not through `install.sh`: in a new
 //! project folder, the README's `git clone` (of this checkout's committed `HEAD`, the README's URL
 //! replaced by its path), then the README's `pip install ./mcp-idem/bindings/python` into a new
-//! venv, or its `npm` lines (`npm install ./mcp-idem/bindings/node`, then the approval and
-//! `npm rebuild` that run its install hook under npm 11.19+), verbatim. The user's project already
+//! venv, or its `npm install ./mcp-idem/bindings/node` (whose install hook builds the addon),
+//! verbatim. The user's project already
 //! has its SDK (the versions the repository pins). The installed binding then runs the README's
 //! snippet: the capability is advertised, and two calls with one key charge once.
 //!
@@ -40,26 +40,20 @@ fn readme_install_lines() -> Vec<String> {
         .collect()
 }
 
-/// The README's lines that start with `start`, in order.
-fn readme_lines(start: &str) -> Vec<String> {
+/// The README's one line that starts with `start`.
+fn readme_line(start: &str) -> String {
     let lines = readme_install_lines();
-    let found: Vec<String> = lines
+    let mut found: Vec<String> = lines
         .iter()
         .filter(|line| line.starts_with(start))
         .cloned()
         .collect();
-    assert!(
-        !found.is_empty(),
-        "no `{start}…` line in the README's install block: {lines:?}"
+    assert_eq!(
+        found.len(),
+        1,
+        "`{start}…` in the README's install block: {lines:?}"
     );
-    found
-}
-
-/// The README's one line that starts with `start`.
-fn readme_line(start: &str) -> String {
-    let mut lines = readme_lines(start);
-    assert_eq!(lines.len(), 1, "{lines:?}");
-    lines.remove(0)
+    found.remove(0)
 }
 
 /// A project folder with the README's `git clone` run in it: `PROJECT/mcp-idem`.
@@ -109,13 +103,9 @@ fn the_readme_npm_install_from_a_clone_replays_a_charge() {
     let sandbox = Sandbox::new();
     let project = project_with_clone(&sandbox);
     node_project(&project, &path());
-    // `npm install ./mcp-idem/bindings/node`, then what approves and runs its install hook.
-    let lines = readme_lines("npm ");
-    assert_eq!(lines[0], "npm install ./mcp-idem/bindings/node");
-    let log: String = lines
-        .iter()
-        .map(|line| run(&project, &path(), line))
-        .collect();
+    let install = readme_line("npm install ");
+    assert_eq!(install, "npm install ./mcp-idem/bindings/node");
+    let log = run(&project, &path(), &install);
     let addon = project.join("mcp-idem/bindings/node/mcp-idempotency.linux-x64-gnu.node");
     assert!(addon.exists(), "no addon was built:\n{log}");
 
