@@ -10,7 +10,10 @@ const { platformTriple } = require('./triple.js');
 const addon = join(__dirname, `mcp-idempotency.${platformTriple()}.node`);
 if (!existsSync(addon)) {
     const local = join(__dirname, 'node_modules', '.bin', 'napi');
-    const [program, prefix] = existsSync(local) ? [local, []] : ['npx', ['--yes', '@napi-rs/cli@3.10.12']];
+    // @napi-rs/cli has two executables (`napi`, `napi-raw`): npx is told which package and which one.
+    const [program, prefix] = existsSync(local)
+        ? [local, []]
+        : ['npx', ['--yes', '--package=@napi-rs/cli@3.10.12', 'napi']];
     console.error(`mcp-idempotency: no prebuilt addon for ${platformTriple()}; building it from source`);
     execFileSync(program, [...prefix, 'build', '--platform', '--release', '--no-js', '--dts', 'native.d.ts'], {
         cwd: __dirname,

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# Builds the `mcp-idempotency` wheel from source (maturin, abi3 for Python >= 3.10) and installs it
-# into the Python that runs the tests (`python3`, or $PYTHON). Needs a Rust toolchain; maturin
-# comes from PyPI. The binding's tests: python3 -m pytest bindings/python/tests
+# Builds the `mcp-idempotency` wheel that users install, the manylinux2014 one of scripts/dist.sh
+# (maturin with zig, abi3 for Python >= 3.10, into target/dist/), copies it to
+# bindings/python/dist/, and installs it into the Python that runs the tests (`python3`, or
+# $PYTHON). Needs a Rust toolchain; the build tools come from PyPI (see scripts/dist.sh).
+# The binding's tests: python3 -m pytest bindings/python/tests
 set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}
-"$python" -m pip install --quiet --root-user-action=ignore "maturin>=1.9,<2" "pytest>=8"
-# The host triple, as napi-rs builds: both bindings then share one build of the library.
+"$python" -m pip install --quiet --root-user-action=ignore "pytest>=8"
+../../scripts/dist.sh wheel
+dist_dir=${DIST_DIR:-$(cd ../.. && pwd)/target/dist}
 rm -rf dist
-"$python" -m maturin build --release --quiet --out dist --target "$(rustc -vV | sed -n "s/^host: //p")"
+mkdir dist
+cp "$dist_dir"/mcp_idempotency-*.whl dist/
 "$python" -m pip install --quiet --root-user-action=ignore --force-reinstall --no-deps dist/*.whl
 "$python" -c 'import mcp_idempotency; print("mcp_idempotency installed:", mcp_idempotency.__file__)'

@@ -52,6 +52,12 @@ mod failover_storm;
 #[cfg(unix)]
 mod inspect;
 mod inspect_cluster;
+// The artifacts of scripts/dist.sh, installed without a Rust toolchain.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod install_artifacts;
+// The README's install commands, from a fresh clone.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod install_readme;
 #[cfg(unix)]
 mod interop_clients;
 #[cfg(unix)]

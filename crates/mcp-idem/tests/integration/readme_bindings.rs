@@ -18,7 +18,7 @@ fn readme() -> String {
 }
 
 /// The first ```` ```fence ```` block after the heading `heading`.
-fn snippet(heading: &str, fence: &str) -> String {
+pub(crate) fn snippet(heading: &str, fence: &str) -> String {
     let readme = readme();
     let section = readme
         .split_once(&format!("\n{heading}\n"))
@@ -36,7 +36,7 @@ fn snippet(heading: &str, fence: &str) -> String {
 }
 
 /// Starts the snippet's server, calls `charge` twice with one key and once with other arguments.
-fn replays_one_charge(mut command: Command, sandbox: &Sandbox) {
+pub(crate) fn replays_one_charge(mut command: Command, sandbox: &Sandbox) {
     let data = sandbox.path("data");
     command
         .env("XDG_DATA_HOME", &data)

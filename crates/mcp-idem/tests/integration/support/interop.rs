@@ -29,7 +29,7 @@ pub(crate) fn script(name: &str) -> PathBuf {
     interop_dir().join(name)
 }
 
-fn in_ci() -> bool {
+pub(crate) fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|ci| ci.eq_ignore_ascii_case("true") || ci == "1")
 }
 

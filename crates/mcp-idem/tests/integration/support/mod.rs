@@ -10,6 +10,8 @@ pub(crate) mod chaos;
 pub(crate) mod common;
 pub(crate) mod http;
 #[cfg(unix)]
+pub(crate) mod install;
+#[cfg(unix)]
 pub(crate) mod interop;
 #[cfg(unix)]
 pub(crate) mod pg_restart;
