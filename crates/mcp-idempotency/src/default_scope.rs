@@ -5,9 +5,10 @@
 //! authenticated client on HTTP. A server moved from one form to another keeps its records.
 //!
 //! Before this rule, `wrap` kept records under [`wrap_legacy_namespace`] and the in-process stdio
-//! adapter under [`embedded_legacy_namespace`]. Those forms still decide under their legacy
-//! namespace while the server has not named itself yet, and read records there through
-//! [`LegacyNamespaceReads`], so an upgrade strands no record.
+//! adapter under [`embedded_legacy_namespace`]. Those forms read records there through
+//! [`LegacyNamespaceReads`], so an upgrade strands no record; they no longer decide under them
+//! (a call before the server named itself waits until it has, see
+//! [`StdioProxy::namespace_from_server`](crate::stdio::StdioProxy::namespace_from_server)).
 //!
 //! The proxy (`http:<upstream URL>`) and the HTTP layer (`"default"`) keep namespaces of their
 //! own: an instance may get a call before it has seen any discovery result, so it cannot know the
@@ -38,9 +39,9 @@ pub fn client_principal(client_id: &str) -> String {
     format!("client:{client_id}")
 }
 
-/// The namespace `mcp-idem wrap` used by default before [`server_namespace`], and still uses
-/// for calls made before the server named itself: `wrap:<program name>:<hash of the whole
-/// command line>`, `command` being the program and its arguments.
+/// The namespace `mcp-idem wrap` used by default before [`server_namespace`], whose records it
+/// still reads: `wrap:<program name>:<hash of the whole command line>`, `command` being the
+/// program and its arguments.
 pub fn wrap_legacy_namespace(command: &[String]) -> String {
     let mut hasher = Sha256::new();
     for arg in command {
@@ -58,8 +59,7 @@ pub fn wrap_legacy_namespace(command: &[String]) -> String {
 }
 
 /// The namespace [`idempotent_stdio`](crate::stdio::idempotent_stdio) used by default before
-/// [`server_namespace`], and still uses for calls made before the server named itself:
-/// `embedded:<name of this executable>`.
+/// [`server_namespace`], whose records it still reads: `embedded:<name of this executable>`.
 pub fn embedded_legacy_namespace() -> String {
     let exe = std::env::current_exe().ok();
     let name = exe

@@ -49,6 +49,11 @@ pub enum RejectionKind {
     /// was neither run nor claimed, so it is safe to retry with the same key, here after
     /// `data.retryAfterMs` (once the gateway is back) or at once through another instance.
     ShuttingDown,
+    /// `idempotency_scope_unknown`: the gateway decides under the server's own name and could not
+    /// learn it (the server answered `server/discover` without it, and no `initialize` was sent
+    /// first), so it cannot tell where the call's record is. The call was neither run nor
+    /// claimed: send `initialize` first, or give the gateway a namespace of its own.
+    ScopeUnknown,
 }
 
 impl RejectionKind {
@@ -65,6 +70,7 @@ impl RejectionKind {
             Self::OutcomeUnknown => "idempotency_outcome_unknown",
             Self::OutcomeNotRetained => "idempotency_outcome_not_retained",
             Self::ShuttingDown => "idempotency_shutting_down",
+            Self::ScopeUnknown => "idempotency_scope_unknown",
         }
     }
 
@@ -80,12 +86,13 @@ impl RejectionKind {
             Self::StoreUnavailable
             | Self::OutcomeUnknown
             | Self::OutcomeNotRetained
-            | Self::ShuttingDown => INTERNAL_ERROR,
+            | Self::ShuttingDown
+            | Self::ScopeUnknown => INTERNAL_ERROR,
         }
     }
 
     /// Every kind, for documentation and tests.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::KeyInvalid,
         Self::ArgumentsInvalid,
         Self::ArgumentsTooLarge,
@@ -96,6 +103,7 @@ impl RejectionKind {
         Self::OutcomeUnknown,
         Self::OutcomeNotRetained,
         Self::ShuttingDown,
+        Self::ScopeUnknown,
     ];
 }
 
@@ -163,6 +171,22 @@ impl Rejection {
              retrying with the same idempotencyKey is safe",
         )
         .with_retry_after(SHUTTING_DOWN_RETRY_AFTER);
+        match key.and_then(Value::as_str) {
+            Some(key) => rejection.with_key(key),
+            None => rejection,
+        }
+    }
+
+    /// The refusal of a keyed call that a gateway deciding under the server's own name could not
+    /// place: the server did not name itself ([`RejectionKind::ScopeUnknown`]). Nothing ran and
+    /// nothing was claimed.
+    pub(crate) fn scope_unknown(key: Option<&Value>) -> Self {
+        let rejection = Self::new(
+            RejectionKind::ScopeUnknown,
+            "the MCP server did not give its name (it answered server/discover without it), so \
+             the gateway cannot tell where this call's record is; nothing was run. Send \
+             `initialize` before the call, or give the gateway a namespace (--namespace)",
+        );
         match key.and_then(Value::as_str) {
             Some(key) => rejection.with_key(key),
             None => rejection,
@@ -252,6 +276,7 @@ mod tests {
                 "idempotency_outcome_unknown",
                 "idempotency_outcome_not_retained",
                 "idempotency_shutting_down",
+                "idempotency_scope_unknown",
             ]
         );
         for kind in RejectionKind::ALL {

@@ -82,7 +82,14 @@ pub(crate) struct DemoServerArgs {
     /// `initialize`) before charging. `--http-stateful` always offers it.
     #[arg(long, conflicts_with = "http")]
     confirm: bool,
+    /// The name the server gives itself (`serverInfo.name`), which gateways key its records by
+    /// by default: two servers under one name on one store share records.
+    #[arg(long, value_name = "NAME", default_value = DEMO_SERVER_NAME)]
+    name: String,
 }
+
+/// The demo server's default `serverInfo.name`.
+const DEMO_SERVER_NAME: &str = "mcp-idem-demo-server";
 
 impl DemoServerArgs {
     pub(crate) fn exec(self) -> anyhow::Result<ExitCode> {
@@ -92,7 +99,7 @@ impl DemoServerArgs {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        let server = PaymentServer::new(ledger, self.http_stateful || self.confirm);
+        let server = PaymentServer::new(ledger, self.http_stateful || self.confirm, self.name);
         match self.http {
             Some(addr) => {
                 let mode = if self.http_stateful {
@@ -158,19 +165,21 @@ struct ConfirmArgs {
 #[derive(Debug, Clone)]
 struct PaymentServer {
     ledger: Arc<Ledger>,
+    name: Arc<str>,
     tool_router: ToolRouter<Self>,
 }
 
 #[tool_router]
 impl PaymentServer {
     /// The server over `ledger`; with `confirm`, it also offers `confirm_charge`.
-    fn new(ledger: Ledger, confirm: bool) -> Self {
+    fn new(ledger: Ledger, confirm: bool, name: String) -> Self {
         let mut tool_router = Self::tool_router();
         if confirm {
             tool_router += Self::confirm_router();
         }
         Self {
             ledger: Arc::new(ledger),
+            name: name.into(),
             tool_router,
         }
     }
@@ -308,7 +317,7 @@ impl ServerHandler for PaymentServer {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new(
-                "mcp-idem-demo-server",
+                self.name.to_string(),
                 env!("CARGO_PKG_VERSION"),
             ))
             .with_instructions(

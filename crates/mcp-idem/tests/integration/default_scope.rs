@@ -88,7 +88,8 @@ fn records_of_the_previous_wrap_default_are_found_after_the_upgrade() {
 }
 
 /// A client that calls before `initialize` / `server/discover` gets the call decided under the
-/// legacy namespace; its retry after the server named itself replays, also in a later `wrap`.
+/// server's name all the same (`wrap` asks for it); its retry after a handshake replays, also in a
+/// later `wrap`.
 #[test]
 fn a_call_made_before_the_server_named_itself_replays_after() {
     let sandbox = Sandbox::new();

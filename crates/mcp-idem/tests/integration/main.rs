@@ -96,6 +96,8 @@ mod proxy_store_outage;
 mod proxy_upstream;
 // The README's Python and TypeScript snippets, run with the bindings.
 mod readme_bindings;
+#[cfg(unix)]
+mod scope_handshakes;
 #[cfg(target_os = "linux")]
 mod store_faults;
 #[cfg(unix)]

@@ -1,7 +1,7 @@
 //! Records in one store are scoped by namespace and principal (default: the local user): different
 //! servers never share records, the same server does across restarts. The default namespace is the
-//! server's own name once it gave it (`default_scope` tests that); the calls here come before
-//! `initialize`, so they are decided under the namespace derived from the command line.
+//! server's own name (`default_scope` and `scope_handshakes` test how it is learned); the calls
+//! here come with no handshake first, so `wrap` asks the server its name itself.
 
 use std::time::{Duration, Instant};
 
@@ -11,14 +11,19 @@ use crate::support::common::ledger_lines;
 use crate::support::wrap::{assert_rejected, charge, charge_id, Sandbox};
 
 #[test]
-fn different_commands_on_one_store_do_not_share_records_and_the_same_command_does() {
+fn different_servers_on_one_store_do_not_share_records_and_the_same_server_does() {
     let sandbox = Sandbox::new();
     let (ledger_a, ledger_b) = (sandbox.path("a.jsonl"), sandbox.path("b.jsonl"));
     let arguments = json!({"amount":20,"currency":"EUR"});
+    let named = |ledger: &std::path::Path, name: &str| {
+        let mut command = sandbox.demo(ledger);
+        command.extend(["--name".into(), name.into()]);
+        command
+    };
 
-    // Two different command lines (other --ledger), both running at once on one store file.
-    let mut a = sandbox.wrap(&[], &sandbox.demo(&ledger_a));
-    let mut b = sandbox.wrap(&[], &sandbox.demo(&ledger_b));
+    // Two servers of other names, both running at once on one store file.
+    let mut a = sandbox.wrap(&[], &named(&ledger_a, "payments-a"));
+    let mut b = sandbox.wrap(&[], &named(&ledger_b, "payments-b"));
     let in_a = charge_id(&a.request(charge(1, arguments.clone(), "shared-key")));
     let in_b = charge_id(&b.request(charge(1, arguments.clone(), "shared-key")));
     assert_ne!(in_a, in_b, "the same key executed in both");
@@ -27,8 +32,8 @@ fn different_commands_on_one_store_do_not_share_records_and_the_same_command_doe
     assert_eq!(a.finish().code(), Some(0));
     assert_eq!(b.finish().code(), Some(0));
 
-    // The same command line again, after a restart: its records are still there.
-    let mut a_again = sandbox.wrap(&[], &sandbox.demo(&ledger_a));
+    // The first server again, after a restart: its records are still there.
+    let mut a_again = sandbox.wrap(&[], &named(&ledger_a, "payments-a"));
     let replay = a_again.request(charge(2, arguments.clone(), "shared-key"));
     assert_eq!(charge_id(&replay), in_a);
     assert_eq!(a_again.finish().code(), Some(0));

@@ -268,6 +268,7 @@ impl Connection {
         match action {
             ServerAction::Forward => FromServer::Forward,
             ServerAction::ForwardRewritten(message) => FromServer::ForwardRewritten(message),
+            ServerAction::Absorb => FromServer::Drop,
             ServerAction::Record {
                 claim,
                 outcome,

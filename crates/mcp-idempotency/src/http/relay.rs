@@ -199,7 +199,8 @@ impl Relaying {
         };
         let body = match std::str::from_utf8(&bytes) {
             Ok(text) => match self.exchange.interceptor.on_server_message(text) {
-                ServerAction::Forward => bytes,
+                // The layer sends no request of its own: nothing is absorbed.
+                ServerAction::Forward | ServerAction::Absorb => bytes,
                 ServerAction::ForwardRewritten(rewritten) => Bytes::from(rewritten),
                 ServerAction::Record { claim, outcome, .. } => {
                     claim.record(outcome).await;
@@ -280,7 +281,7 @@ impl Exchange {
             return Bytes::from(event.raw);
         };
         match self.interceptor.on_server_message(data) {
-            ServerAction::Forward => Bytes::from(event.raw),
+            ServerAction::Forward | ServerAction::Absorb => Bytes::from(event.raw),
             ServerAction::ForwardRewritten(rewritten) => Bytes::from(event.with_data(&rewritten)),
             ServerAction::Record { claim, outcome, .. } => {
                 claim.record(outcome).await;

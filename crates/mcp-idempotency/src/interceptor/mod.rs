@@ -27,6 +27,7 @@
 //!   that are not JSON or not JSON-RPC) passes through untouched.
 
 mod batch;
+mod discovery;
 mod prefilter;
 pub(crate) mod raw_object;
 
@@ -47,6 +48,8 @@ use crate::rejection::{Rejection, RejectionKind};
 use raw_object::{json_string, RawObject};
 
 pub use batch::BATCH_REFUSED;
+pub use discovery::LearnName;
+use discovery::{inject_capability, warn_unlisted, Discovery};
 
 /// The `params._meta` member that carries the key to the server on executed calls.
 pub const META_KEY: &str = "mcp-idem/idempotencyKey";
@@ -255,6 +258,9 @@ pub enum ServerAction<C = Claim> {
     Forward,
     /// Send this message to the client instead.
     ForwardRewritten(String),
+    /// Drop the message: the answer to the gateway's own request
+    /// ([`Interceptor::learn_server_name`]), which the client never sent.
+    Absorb,
     /// Record `outcome` for `claim`; then, if `forward`, send the original message to the client
     /// (not when the client cancelled the call and the cancellation was absorbed).
     Record {
@@ -291,13 +297,11 @@ struct InFlight<C> {
 pub struct Interceptor<C = Claim> {
     config: InterceptorConfig,
     in_flight: HashMap<RequestId, InFlight<C>>,
-    discovery: HashSet<RequestId>,
+    discovery: Discovery,
     /// Ids of other client requests forwarded and not answered yet: a keyed call must not reuse
     /// one, or that request's response would be recorded as the call's outcome.
     pending: HashSet<RequestId>,
     store_unusable: bool,
-    /// The server's `serverInfo.name`, from the first discovery result that had one.
-    server_name: Option<String>,
     /// A `tools/list` request whose answer is checked against the tool policies (once).
     tools_list: Option<RequestId>,
 }
@@ -311,10 +315,9 @@ impl<C> Default for Interceptor<C> {
         Self {
             config: InterceptorConfig::default(),
             in_flight: HashMap::new(),
-            discovery: HashSet::new(),
+            discovery: Discovery::default(),
             pending: HashSet::new(),
             store_unusable: false,
-            server_name: None,
             tools_list: None,
         }
     }
@@ -363,7 +366,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 ))
             }
             (Some("initialize" | "server/discover"), Some(id)) => {
-                self.discovery.insert(id);
+                self.discovery.requests.insert(id);
                 ClientAction::Forward
             }
             (Some("tools/list"), Some(id))
@@ -525,6 +528,17 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         }
     }
 
+    /// Refuses a call the driver could not decide under the server's name
+    /// ([`LearnName::Failed`]): answered `idempotency_scope_unknown`, counted.
+    pub fn refuse_unnamed(&mut self, call: KeyedCall) -> Decided {
+        // Only the client's SEP key is named back; a derived key is the gateway's own.
+        let key = call.key.as_ref().filter(|_| call.source == KeySource::Sep);
+        let decision = Decision::Reject(Rejection::scope_unknown(key));
+        #[cfg(feature = "metrics")]
+        crate::metrics::on_decision(&decision);
+        self.on_decision(call, decision)
+    }
+
     /// The request for the server: without `idempotencyKey` unless configured, and with the key in
     /// `_meta` when the call was claimed.
     fn rewrite_for_server(&self, call: &KeyedCall, claimed_key: Option<&str>) -> String {
@@ -577,6 +591,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
             return ServerAction::Forward;
         };
+        if self.discovery.on_probe_answer(&id, &envelope) {
+            return ServerAction::Absorb;
+        }
         let was_pending = self.pending.remove(&id);
         // Most responses answer neither a claimed call nor a discovery request: an empty map is
         // not hashed into.
@@ -614,10 +631,8 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 self.config.tools_checked.set();
             }
         }
-        if !self.discovery.is_empty() && self.discovery.remove(&id) {
-            if self.server_name.is_none() {
-                self.server_name = server_name(&envelope);
-            }
+        if !self.discovery.requests.is_empty() && self.discovery.requests.remove(&id) {
+            self.discovery.on_result(&envelope);
             if let Some(rewritten) = inject_capability(&envelope).filter(|_| !self.store_unusable) {
                 return ServerAction::ForwardRewritten(rewritten);
             }
@@ -645,14 +660,25 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// gets the capability added, has not been seen yet; or a `tools/list` whose answer is checked
     /// against the tool policies.
     pub fn awaits_discovery_result(&self) -> bool {
-        !self.discovery.is_empty() || self.tools_list.is_some()
+        !self.discovery.requests.is_empty() || self.tools_list.is_some()
     }
 
     /// The server's own name (its `serverInfo.name`) from the first `initialize` or
     /// `server/discover` result that gave one; `None` until then. The default namespace of its records is
     /// [`server_namespace`](crate::default_scope::server_namespace) of it.
     pub fn server_name(&self) -> Option<&str> {
-        self.server_name.as_deref()
+        self.discovery.server_name.as_deref()
+    }
+
+    /// What to do, before deciding a call under the server's name, while the server has not named
+    /// itself: wait for a discovery result that is on its way, or send the gateway's own
+    /// `server/discover` (whose answer [`on_server_message`](Self::on_server_message) absorbs),
+    /// so that the namespace a call is decided under never depends on what its connection sent
+    /// before it.
+    pub fn learn_server_name(&mut self) -> LearnName {
+        let (in_flight, pending) = (&self.in_flight, &self.pending);
+        self.discovery
+            .learn(|id| in_flight.contains_key(id) || pending.contains(id))
     }
 
     /// Whether calls are waiting for the server.
@@ -750,62 +776,6 @@ fn has_key(envelope: &RawObject<'_>) -> bool {
         .get("params")
         .and_then(|p| RawObject::parse(p.get()))
         .is_some_and(|params| params.contains("idempotencyKey"))
-}
-
-/// Logs the tools a policy names that the server's `tools/list` result does not list; `false`
-/// when the message is not such a result (the next one is checked).
-fn warn_unlisted(policies: &ToolPolicies, envelope: &RawObject<'_>) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Listed {
-        tools: Vec<Named>,
-        #[serde(rename = "nextCursor")]
-        next_cursor: Option<String>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Named {
-        name: String,
-    }
-    let Some(listed) = envelope
-        .get("result")
-        .and_then(|result| serde_json::from_str::<Listed>(result.get()).ok())
-    else {
-        return false;
-    };
-    if listed.next_cursor.is_some() {
-        // One page of several: the policy may name a tool of another page.
-        return true;
-    }
-    let names: Vec<&str> = listed.tools.iter().map(|tool| tool.name.as_str()).collect();
-    for tool in policies.unlisted(&names) {
-        tracing::warn!(
-            tool,
-            "a tool policy names a tool the server does not list; check its name"
-        );
-    }
-    true
-}
-
-/// Adds `tools.idempotency = {}` to the capabilities of an `initialize` / `server/discover` result.
-fn inject_capability(envelope: &RawObject<'_>) -> Option<String> {
-    let result = RawObject::parse(envelope.get("result")?.get())?;
-    let capabilities = RawObject::parse(result.get("capabilities")?.get())?;
-    let tools = RawObject::parse(capabilities.get("tools")?.get())?;
-    let tools = tools.to_string_with("idempotency", "{}");
-    let capabilities = capabilities.to_string_with("tools", &tools);
-    let result = result.to_string_with("capabilities", &capabilities);
-    Some(envelope.to_string_with("result", &result))
-}
-
-/// The server's name in an `initialize` result (`result.serverInfo.name`) or a `server/discover`
-/// result (`result._meta["io.modelcontextprotocol/serverInfo"].name`), when it is a string.
-fn server_name(envelope: &RawObject<'_>) -> Option<String> {
-    let result = RawObject::parse(envelope.get("result")?.get())?;
-    let info = match result.get("serverInfo") {
-        Some(info) => info,
-        None => RawObject::parse(result.get("_meta")?.get())?
-            .get("io.modelcontextprotocol/serverInfo")?,
-    };
-    RawObject::parse(info.get())?.get_str("name")
 }
 
 fn rejection_response(id: &RequestId, rejection: &Rejection) -> String {

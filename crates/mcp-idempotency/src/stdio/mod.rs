@@ -44,6 +44,7 @@
 //! read, and the server's input is closed; the server's output is still relayed until it ends.
 
 pub(crate) mod lines;
+mod naming;
 mod stopping;
 
 use std::future::Future;
@@ -56,7 +57,7 @@ use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
 
-use crate::default_scope::{embedded_legacy_namespace, server_namespace, LegacyNamespaceReads};
+use crate::default_scope::{embedded_legacy_namespace, LegacyNamespaceReads};
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::jsonrpc::{
     error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
@@ -67,6 +68,8 @@ use crate::{Deduplicator, EngineConfig, RunningClaim};
 use futures_util::StreamExt;
 use lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use stopping::Stopping;
+
+pub use naming::SERVER_NAME_TIMEOUT;
 
 /// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
 /// input, waits 2 s, sends SIGTERM, waits 2 s more and sends SIGKILL; a grace counted from the
@@ -197,32 +200,17 @@ impl StdioProxy {
         self
     }
 
-    /// Record under the server's own name: once its `initialize` or `server/discover` result
-    /// names it, calls are decided under the namespace
+    /// Record under the server's own name: calls are decided under the namespace
     /// [`server_namespace`](crate::default_scope::server_namespace)`(name)` with the principal
-    /// of the scope given to [`new`](Self::new); before that, under that scope (default: no, the
-    /// scope given to `new` throughout). See [`default_scope`](crate::default_scope).
+    /// of the scope given to [`new`](Self::new) (default: no, the scope given to `new`
+    /// throughout). The name comes from the server's `initialize` or `server/discover` result; a
+    /// call that comes before any waits for one on its way, or for the proxy's own
+    /// `server/discover`, up to [`SERVER_NAME_TIMEOUT`]. A server that does not name itself
+    /// there gets such calls refused with `idempotency_scope_unknown`, never decided under
+    /// another namespace. See [`default_scope`](crate::default_scope).
     pub fn namespace_from_server(mut self, learn: bool) -> Self {
         self.namespace_from_server = learn;
         self
-    }
-
-    /// The scope a call decided now is recorded under.
-    fn scope(&self, state: &Mutex<Interceptor<RunningClaim>>) -> &Scope {
-        if !self.namespace_from_server {
-            return &self.scope;
-        }
-        if let Some(named) = self.named.get() {
-            return named;
-        }
-        match lock(state).server_name() {
-            Some(name) => self.named.get_or_init(|| {
-                let scope = Scope::new(server_namespace(name), self.scope.principal());
-                tracing::info!(namespace = scope.namespace(), "the server named itself");
-                scope
-            }),
-            None => &self.scope,
-        }
     }
 
     /// Interceptor settings (key forwarding, cancellation policy).
@@ -502,9 +490,26 @@ impl StdioProxy {
                 ClientAction::Respond(response) => {
                     send(to_client, &mut response.into_bytes()).await
                 }
-                ClientAction::Decide(call) if call.waits_for_duplicates().is_some() => {
+                ClientAction::Decide(call) => {
+                    let Some(scope) = self.scope_for_call(state, &mut server_in, stopping).await?
+                    else {
+                        let decided = lock(state).refuse_unnamed(call);
+                        self.send_decided(decided, &mut server_in, to_client)
+                            .await?;
+                        continue;
+                    };
                     let deciding = stopping.enter_decision();
-                    let scope = self.scope(state).clone();
+                    if call.waits_for_duplicates().is_none() {
+                        let decision = self
+                            .dedup
+                            .begin_guarded(&scope, &call.tool_call(), &deciding)
+                            .await;
+                        let decided = lock(state).on_decision(call, decision);
+                        drop(deciding);
+                        self.send_decided(decided, &mut server_in, to_client)
+                            .await?;
+                        continue;
+                    }
                     waiting.push(async move {
                         let decision = self
                             .dedup
@@ -512,17 +517,6 @@ impl StdioProxy {
                             .await;
                         (call, decision, deciding)
                     });
-                }
-                ClientAction::Decide(call) => {
-                    let deciding = stopping.enter_decision();
-                    let decision = self
-                        .dedup
-                        .begin_guarded(self.scope(state), &call.tool_call(), &deciding)
-                        .await;
-                    let decided = lock(state).on_decision(call, decision);
-                    drop(deciding);
-                    self.send_decided(decided, &mut server_in, to_client)
-                        .await?;
                 }
                 ClientAction::RecordThenForward(claim, outcome) => {
                     claim.record(outcome).await;
@@ -580,8 +574,11 @@ impl StdioProxy {
                 }
                 None => ServerAction::Forward,
             };
+            // A call may be waiting for the server's name.
+            stopping.server_answered.notify_waiters();
             match action {
                 ServerAction::Forward => send(to_client, &mut line).await,
+                ServerAction::Absorb => {}
                 ServerAction::ForwardRewritten(message) => {
                     send(to_client, &mut message.into_bytes()).await
                 }
@@ -647,10 +644,10 @@ impl StdioProxy {
 
 /// This process's stdin and stdout with SEP-3182 in front, for an rmcp server to serve on: records
 /// in the store at `store_url` (`sqlite:PATH`, `memory`) under the namespace
-/// [`server_namespace`](crate::default_scope::server_namespace)`(the server's name)` (before the
-/// server named itself, and for records kept before that rule,
-/// [`embedded_legacy_namespace`](crate::default_scope::embedded_legacy_namespace)), default
-/// settings, scoped to the local user. Use [`StdioProxy::spawn_in_process`] for other settings.
+/// [`server_namespace`](crate::default_scope::server_namespace)`(the server's name)` (records
+/// kept before that rule, under
+/// [`embedded_legacy_namespace`](crate::default_scope::embedded_legacy_namespace), are still
+/// found), default settings, scoped to the local user. Use [`StdioProxy::spawn_in_process`] for other settings.
 pub async fn idempotent_stdio(
     store_url: &str,
 ) -> Result<(ReadHalf<DuplexStream>, WriteHalf<DuplexStream>), StoreError> {

@@ -36,6 +36,11 @@ pub(super) struct Stopping {
     /// keeps its permit for one waiter, which may not be waiting yet.
     pub(super) server_gone_for_pump: Notify,
     pub(super) server_gone_for_drain: Notify,
+    /// The server answered something, or its output ended: a call waiting for the server's name
+    /// looks again ([`notify_waiters`](Notify::notify_waiters): every waiter, none kept).
+    pub(super) server_answered: Notify,
+    /// The server's output has ended.
+    server_ended: AtomicBool,
 }
 
 impl Stopping {
@@ -56,8 +61,15 @@ impl Stopping {
 
     /// The server's output has ended: nothing the client sends can be answered any more.
     pub(super) fn server_gone(&self) {
+        self.server_ended.store(true, Ordering::SeqCst);
         self.server_gone_for_pump.notify_one();
         self.server_gone_for_drain.notify_one();
+        self.server_answered.notify_waiters();
+    }
+
+    /// Whether the server's output has ended.
+    pub(super) fn is_server_gone(&self) -> bool {
+        self.server_ended.load(Ordering::SeqCst)
     }
 
     pub(super) fn is_over(&self) -> bool {

@@ -45,9 +45,11 @@ pub(crate) struct WrapArgs {
     policy: PolicyArgs,
 
     /// Namespace of this server's records [default: `mcp-server:<name>`, the name the server
-    /// gives itself when initialized (as the Python and TypeScript bindings do), so it keeps its
-    /// records when moved into a binding; calls before that: `wrap:<program>:<hash of the
-    /// command line>`, which is also read for records kept by earlier versions].
+    /// gives itself in its `initialize` / `server/discover` result (as the Python and TypeScript
+    /// bindings do), so it keeps its records when moved into a binding. A keyed call sent before
+    /// any such result waits for one, `wrap` asking the server itself with `server/discover`;
+    /// records kept by earlier versions under `wrap:<program>:<hash of the command line>` are
+    /// still found].
     #[arg(long = NAMESPACE.name, env = "MCP_IDEM_NAMESPACE")]
     namespace: Option<String>,
 

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use mcp_idempotency::fingerprint::Fingerprint;
 use mcp_idempotency::interceptor::{
-    CancelPolicy, ClientAction, Decided, Interceptor, InterceptorConfig, KeyedCall, ServerAction,
-    META_KEY,
+    CancelPolicy, ClientAction, Decided, Interceptor, InterceptorConfig, KeyedCall, LearnName,
+    ServerAction, META_KEY,
 };
 use mcp_idempotency::store::{ClaimOutcome, StoreError};
 use mcp_idempotency::{

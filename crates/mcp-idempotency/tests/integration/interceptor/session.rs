@@ -276,3 +276,62 @@ fn a_result_without_a_string_name_names_nothing() {
         assert_eq!(h.interceptor.server_name(), None, "{result}");
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Learning the server's name before a call (the gateway's own `server/discover`)
+// ---------------------------------------------------------------------------------------------
+
+/// The gateway's own request, from [`LearnName::Send`].
+fn probe(step: LearnName) -> Value {
+    match step {
+        LearnName::Send(request) => serde_json::from_str(&request).unwrap(),
+        other => panic!("expected a request to send, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_gateway_asks_the_server_its_name_once_and_absorbs_the_answer() {
+    let mut h = Harness::new();
+    let request = probe(h.interceptor.learn_server_name());
+    assert_eq!(request["method"], "server/discover");
+    assert_eq!(request["id"], "mcp-idem/server-name-1");
+    // Asked again while the answer is awaited: wait, nothing more is sent.
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Wait);
+    let answer = DISCOVER_RESULT.replace(r#""id":"d-1""#, r#""id":"mcp-idem/server-name-1""#);
+    assert!(matches!(h.server(&answer), ServerAction::Absorb));
+    assert_eq!(h.interceptor.server_name(), Some("s"));
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Known);
+    assert!(!h.interceptor.has_requests_in_flight());
+}
+
+#[test]
+fn a_client_handshake_on_its_way_is_waited_for_instead_of_asking() {
+    let mut h = Harness::new();
+    assert!(is_forward(&h.client(INITIALIZE)));
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Wait);
+    let _ = expect_rewritten(h.server(INITIALIZE_RESULT));
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Known);
+}
+
+#[test]
+fn a_server_that_answers_without_its_name_fails_until_a_client_handshake_names_it() {
+    let mut h = Harness::new();
+    probe(h.interceptor.learn_server_name());
+    let error = r#"{"jsonrpc":"2.0","id":"mcp-idem/server-name-1","error":{"code":-32601,"message":"Method not found"}}"#;
+    assert!(matches!(h.server(error), ServerAction::Absorb));
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Failed);
+    // Not asked again; a client's `initialize` still names it.
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Failed);
+    assert!(is_forward(&h.client(INITIALIZE)));
+    let _ = expect_rewritten(h.server(INITIALIZE_RESULT));
+    assert_eq!(h.interceptor.learn_server_name(), LearnName::Known);
+}
+
+#[test]
+fn the_probe_id_never_takes_one_a_client_request_uses() {
+    let mut h = Harness::new();
+    let taken = r#"{"jsonrpc":"2.0","id":"mcp-idem/server-name-1","method":"ping"}"#;
+    assert!(is_forward(&h.client(taken)));
+    let request = probe(h.interceptor.learn_server_name());
+    assert_eq!(request["id"], "mcp-idem/server-name-2");
+}

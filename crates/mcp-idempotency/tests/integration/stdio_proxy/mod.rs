@@ -248,6 +248,9 @@ fn spawn_echo_server(mut server: ServerEnds) -> (Log, JoinHandle<()>) {
                 "initialize" => {
                     r#"{"protocolVersion":"2025-06-18","capabilities":{"tools":{"listChanged":true}},"serverInfo":{"name":"echo","version":"1"}}"#.into()
                 }
+                "server/discover" => {
+                    r#"{"capabilities":{"tools":{}},"_meta":{"io.modelcontextprotocol/serverInfo":{"name":"echo","version":"1"}}}"#.into()
+                }
                 _ => "{}".into(),
             };
             server

@@ -267,10 +267,11 @@ async fn claimed_call_that_cannot_reach_the_server_is_outcome_unknown() {
     assert_recorded_unknown(&*store, "undelivered").await;
 }
 
-/// With `namespace_from_server`, calls are recorded under the scope given until the server names
-/// itself, then under `mcp-server:<its name>` with the same principal.
+/// With `namespace_from_server`, every call is recorded under `mcp-server:<the server's name>`
+/// with the principal given: a call before any handshake waits while the proxy asks the server
+/// itself (its own `server/discover`, whose answer the client never sees).
 #[tokio::test]
-async fn calls_are_recorded_under_the_servers_own_name_once_it_gave_it() {
+async fn calls_are_recorded_under_the_servers_own_name_asked_for_before_a_handshake() {
     let (dedup, store) = memory_dedup(EngineConfig::default());
     let proxy = StdioProxy::new(dedup, scope()).namespace_from_server(true);
     let (mut client, server, run) = start_proxy(proxy);
@@ -281,10 +282,19 @@ async fn calls_are_recorded_under_the_servers_own_name_once_it_gave_it() {
     client
         .send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}"#)
         .await;
-    client.recv().await;
+    assert_eq!(client.recv().await["id"], json!(0));
     client.send(&call(2, "after", json!({"n": 2}))).await;
     assert_eq!(client.recv().await["id"], json!(2));
     assert_eq!(log.executions(), 2);
+    let asked: Vec<String> = log
+        .lines
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|line| String::from_utf8_lossy(line).into_owned())
+        .filter(|line| line.contains("server/discover"))
+        .collect();
+    assert_eq!(asked.len(), 1, "{asked:?}");
 
     let named = |key: &str| RecordId {
         scope: Scope::new("mcp-server:echo", "alice"),
@@ -295,8 +305,8 @@ async fn calls_are_recorded_under_the_servers_own_name_once_it_gave_it() {
         .get(&record_id("before"), now)
         .await
         .unwrap()
-        .is_some());
-    assert!(store.get(&named("before"), now).await.unwrap().is_none());
+        .is_none());
+    assert!(store.get(&named("before"), now).await.unwrap().is_some());
     assert!(store.get(&named("after"), now).await.unwrap().is_some());
     assert!(store.get(&record_id("after"), now).await.unwrap().is_none());
 

@@ -1,0 +1,86 @@
+//! The scope a call is decided under when the records are kept under the server's own name
+//! ([`StdioProxy::namespace_from_server`]): the name is learned before the call is decided, from
+//! a discovery result on its way or the gateway's own `server/discover`, so that the namespace
+//! never depends on what the call's connection sent before it (a client of MCP 2026-07-28 need
+//! send no handshake at all).
+
+use std::io;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::AsyncWrite;
+
+use super::stopping::Stopping;
+use super::{lock, write_line, StdioProxy};
+use crate::default_scope::server_namespace;
+use crate::interceptor::{Interceptor, LearnName};
+use crate::record::Scope;
+use crate::RunningClaim;
+
+/// Longest a call waits for the server to name itself (a server that starts slowly, a first
+/// `npx -y`, answers its first request late); past it the call is refused, not run.
+pub const SERVER_NAME_TIMEOUT: Duration = Duration::from_secs(60);
+
+impl StdioProxy {
+    /// The scope to decide a call under now: the configured one, or the one under the server's
+    /// name, learned first if the server has not named itself yet (the gateway's own
+    /// `server/discover`, written to `server_in`, when no discovery result is on its way).
+    /// `None` when the server does not name itself: the call is refused, not decided elsewhere.
+    pub(super) async fn scope_for_call<SW: AsyncWrite + Unpin>(
+        &self,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        server_in: &mut SW,
+        stopping: &Stopping,
+    ) -> io::Result<Option<Scope>> {
+        if !self.namespace_from_server {
+            return Ok(Some(self.scope.clone()));
+        }
+        if let Some(named) = self.named.get() {
+            return Ok(Some(named.clone()));
+        }
+        let deadline = tokio::time::sleep(SERVER_NAME_TIMEOUT);
+        tokio::pin!(deadline);
+        loop {
+            // Registered before the state is read, so that an answer in between is not missed.
+            let answered = stopping.server_answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            let step = lock(state).learn_server_name();
+            match step {
+                LearnName::Known => {
+                    let name = lock(state).server_name().map(str::to_owned);
+                    return Ok(name.map(|name| self.named_scope(&name).clone()));
+                }
+                LearnName::Failed => return Ok(None),
+                LearnName::Send(request) => {
+                    tracing::debug!("asking the server its name before deciding a call");
+                    write_line(server_in, &mut request.into_bytes()).await?;
+                }
+                LearnName::Wait => {}
+            }
+            if stopping.is_server_gone() {
+                return Ok(None);
+            }
+            tokio::select! {
+                biased;
+                () = &mut answered => {}
+                () = &mut deadline => {
+                    tracing::warn!(
+                        timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
+                        "the server did not name itself in time; refusing the keyed call"
+                    );
+                    return Ok(None);
+                }
+            }
+        }
+    }
+
+    /// The scope under the server's name `name` (the first one it gave, for the whole run).
+    fn named_scope(&self, name: &str) -> &Scope {
+        self.named.get_or_init(|| {
+            let scope = Scope::new(server_namespace(name), self.scope.principal());
+            tracing::info!(namespace = scope.namespace(), "the server named itself");
+            scope
+        })
+    }
+}
