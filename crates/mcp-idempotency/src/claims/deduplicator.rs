@@ -11,7 +11,7 @@ use super::writes::StoreWrites;
 use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::policy::ToolPolicy;
-use crate::record::{FencingToken, Outcome, Scope};
+use crate::record::{FencingTokens, Outcome, Scope};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
 use crate::time::{backoff, Clock, SystemClock};
@@ -40,10 +40,12 @@ pub(crate) trait StopGate {
 
 /// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
 ///
-/// Its time is its own, so that a test or a simulation can drive it: every wait of its claims (a
-/// duplicate waiting for a running call, the renewals of leases, the completions and releases
-/// sent again, the purge) is a sleep on its [`Clock`] ([`with_clock`](Self::with_clock)), by
-/// default the system clock with tokio's timer.
+/// Its time and its randomness are its own, so that a test or a simulation can drive them: every
+/// wait of its claims (a duplicate waiting for a running call, the renewals of leases, the
+/// completions and releases sent again, the purge) is a sleep on its [`Clock`]
+/// ([`with_clock`](Self::with_clock)), and the fencing tokens of its claims come from its
+/// [`FencingTokens`] ([`with_tokens`](Self::with_tokens)). By default they are the system clock
+/// with tokio's timer, and random tokens.
 ///
 /// This is the piece every transport adapter shares: hand it a call ([`begin`](Self::begin)), act
 /// on the [`Decision`], and finish the [`RunningClaim`] of an executed call with its outcome. The
@@ -112,6 +114,8 @@ pub struct Deduplicator {
     store_usable: Arc<AtomicBool>,
     /// The running claims whose leases the one renewing task keeps alive.
     renewals: Arc<Renewals>,
+    /// Where the fencing tokens of claims come from.
+    tokens: FencingTokens,
 }
 
 impl Deduplicator {
@@ -121,6 +125,7 @@ impl Deduplicator {
             writes: StoreWrites::new(Engine::new(config), store, Arc::new(SystemClock)),
             store_usable: Arc::new(AtomicBool::new(true)),
             renewals: Arc::default(),
+            tokens: FencingTokens::random(),
         }
     }
 
@@ -129,6 +134,13 @@ impl Deduplicator {
     /// the test moves it).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.writes.clock = clock;
+        self
+    }
+
+    /// Draws the fencing tokens of claims from `tokens` instead of at random
+    /// ([`FencingTokens::seeded`] in a simulation: the same seed, the same tokens).
+    pub fn with_tokens(mut self, tokens: FencingTokens) -> Self {
+        self.tokens = tokens;
         self
     }
 
@@ -265,13 +277,13 @@ impl Deduplicator {
         let engine = self.engine();
         let now = self.clock().now();
         let mut companion = None;
-        let step = match engine.client_key_claim(scope, call, FencingToken::random(), now) {
-            None => engine.begin(scope, call, FencingToken::random(), now),
+        let step = match engine.client_key_claim(scope, call, self.tokens.mint(), now) {
+            None => engine.begin(scope, call, self.tokens.mint(), now),
             Some(Err(rejection)) => Step::Done(Decision::Reject(rejection)),
             Some(Ok(own)) => match self.store().get(&own.id, now).await {
                 Ok(None) => {
                     companion = Some(own);
-                    engine.begin(scope, call, FencingToken::random(), now)
+                    engine.begin(scope, call, self.tokens.mint(), now)
                 }
                 Ok(Some(record)) => {
                     // Decided by the client's key, as the SEP says: its replay stays byte for

@@ -1,11 +1,12 @@
-//! The claim path's time is the deduplicator's: every wait of a claim (the renewals of its lease,
-//! a duplicate waiting for its outcome, a completion and a release sent again) is a sleep on the
-//! deduplicator's clock. On a `ManualClock` and a runtime without tokio's timer, the tests below
-//! drive each wait by moving the clock: nothing sleeps, and a task that slept on tokio's timer
-//! would panic.
+//! The claim path's time and randomness are the deduplicator's: every wait of a claim (the
+//! renewals of its lease, a duplicate waiting for its outcome, a completion and a release sent
+//! again) is a sleep on the deduplicator's clock, and its fencing tokens come from the
+//! deduplicator's `FencingTokens`. On a `ManualClock` and a runtime without tokio's timer, the
+//! tests below drive each wait by moving the clock: nothing sleeps, and a task that slept on
+//! tokio's timer would panic.
 
 use mcp_idempotency::policy::ToolPolicies;
-use mcp_idempotency::KeySource;
+use mcp_idempotency::{FencingTokens, KeySource};
 
 use super::failing_store::FlakyStore;
 use super::running_claim::{begin, lease_in};
@@ -235,5 +236,36 @@ fn a_lost_claim_is_released_on_the_manual_clocks_backoff() {
         assert_eq!(sent(), 6);
         assert!(record(&store, &scope(), "k").await.is_none());
         execute(decide(&d, &scope(), TOOL, ARGS, "k").await);
+    });
+}
+
+/// Two deduplicators whose tokens come from one seed give their claims the same tokens, in the
+/// same order; another seed, or the default (random), others.
+#[test]
+fn two_deduplicators_with_one_seed_make_the_same_tokens() {
+    on_manual_time(async {
+        async fn owners(tokens: Option<FencingTokens>) -> Vec<FencingToken> {
+            let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+            let mut d = dedup(&store, EngineConfig::default());
+            if let Some(tokens) = tokens {
+                d = d.with_tokens(tokens);
+            }
+            let mut owners = Vec::new();
+            for key in ["k-1", "k-2", "k-3"] {
+                let owner = execute(decide(&d, &scope(), TOOL, ARGS, key).await).owner();
+                let stored = record(&store, &scope(), key).await.map(|r| r.state);
+                assert!(
+                    matches!(stored, Some(RecordState::InProgress { owner: o, .. }) if o == owner),
+                    "{stored:?}"
+                );
+                owners.push(owner);
+            }
+            owners
+        }
+
+        let seeded = owners(Some(FencingTokens::seeded(7))).await;
+        assert_eq!(seeded, owners(Some(FencingTokens::seeded(7))).await);
+        assert_ne!(seeded, owners(Some(FencingTokens::seeded(8))).await);
+        assert_ne!(owners(None).await, owners(None).await);
     });
 }
