@@ -117,7 +117,8 @@ pub use config::{AfterCrash, EngineConfig};
 pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall, REPLAYED_META};
 pub use key::{IdempotencyKey, KeyError, KeySource};
 pub use record::{
-    CorruptRecord, FencingToken, Outcome, OutcomeKind, Record, RecordId, RecordState, Scope,
+    CorruptRecord, FencingToken, FencingTokens, Outcome, OutcomeKind, Record, RecordId,
+    RecordState, Scope,
 };
 pub use rejection::{Rejection, RejectionKind, UnknownRejectionKind, SHUTTING_DOWN_RETRY_AFTER};
-pub use time::{Clock, ManualClock, SystemClock, Timestamp};
+pub use time::{Clock, ManualClock, Sleep, SystemClock, Timestamp};

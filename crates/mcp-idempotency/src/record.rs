@@ -2,7 +2,10 @@
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
@@ -77,6 +80,54 @@ impl FencingToken {
     /// The token's value, for writing to a store.
     pub const fn as_u64(self) -> u64 {
         self.0
+    }
+}
+
+/// Where a [`Deduplicator`](crate::Deduplicator) draws the fencing tokens of its claims from:
+/// [`FencingToken::random`] by default, or a generator seeded with a number, so that a
+/// simulation driven by a seed makes the same tokens every time it runs. Clones share the
+/// generator.
+///
+/// ```
+/// use mcp_idempotency::FencingTokens;
+///
+/// let (a, b) = (FencingTokens::seeded(7), FencingTokens::seeded(7));
+/// assert_eq!([a.mint(), a.mint()], [b.mint(), b.mint()]);
+/// ```
+#[derive(Clone, Default)]
+pub struct FencingTokens(Option<Arc<Mutex<StdRng>>>);
+
+impl FencingTokens {
+    /// Fresh random tokens ([`FencingToken::random`]): the default.
+    pub fn random() -> Self {
+        Self(None)
+    }
+
+    /// Tokens from a generator seeded with `seed`: the same seed, the same tokens, in the same
+    /// order (for one version of the library).
+    pub fn seeded(seed: u64) -> Self {
+        Self(Some(Arc::new(Mutex::new(StdRng::seed_from_u64(seed)))))
+    }
+
+    /// The next token (never zero).
+    pub fn mint(&self) -> FencingToken {
+        match &self.0 {
+            None => FencingToken::random(),
+            Some(rng) => {
+                // A draw cannot leave the generator half-updated: a poisoned lock is still usable.
+                let mut rng = rng.lock().unwrap_or_else(PoisonError::into_inner);
+                FencingToken(rng.next_u64().max(1))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for FencingTokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            None => f.write_str("FencingTokens::random()"),
+            Some(_) => f.write_str("FencingTokens::seeded(..)"),
+        }
     }
 }
 
@@ -269,5 +320,22 @@ mod tests {
         let b = FencingToken::random();
         assert_ne!(a, b);
         assert_ne!(a.as_u64(), 0);
+    }
+
+    #[test]
+    fn seeded_tokens_repeat_with_their_seed() {
+        let draw = |tokens: &FencingTokens| (0..64).map(|_| tokens.mint()).collect::<Vec<_>>();
+        let first = draw(&FencingTokens::seeded(42));
+        assert_eq!(first, draw(&FencingTokens::seeded(42)));
+        assert_ne!(first, draw(&FencingTokens::seeded(43)));
+        assert!(first.iter().all(|token| token.as_u64() != 0));
+        // Clones share the generator: they do not hand out the same tokens again.
+        let shared = FencingTokens::seeded(42);
+        let clone = shared.clone();
+        assert_eq!([shared.mint(), clone.mint()], [first[0], first[1]]);
+        assert_ne!(
+            FencingTokens::random().mint(),
+            FencingTokens::random().mint()
+        );
     }
 }

@@ -32,11 +32,12 @@ use std::time::Duration;
 
 use crate::record::{FencingToken, RecordId, RecordState};
 use crate::store::{ClaimOutcome, StoreError};
-use crate::time::Timestamp;
+use crate::time::{backoff, Timestamp};
 
 /// Most claims remembered at once (per deduplicator).
 pub(super) const MAX_AMBIGUOUS_CLAIMS: usize = 1024;
-/// Wait before the first release, and after the first failed one.
+/// Wait before the first release, and after the first failed one (the bounds of the
+/// [`backoff`] of releases, and of the completions sent again, `completion.rs`).
 pub(super) const MIN_BACKOFF: Duration = Duration::from_millis(100);
 /// Longest wait between two release attempts while the store fails.
 pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -44,14 +45,6 @@ pub(super) const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// stores give up on one after 10 s), so that the answer to a claim the store read before the
 /// release still finds it.
 pub(super) const RELEASED_KEPT: Duration = Duration::from_secs(60);
-
-/// The wait after `failures` store writes failed in a row (at least one): [`MIN_BACKOFF`],
-/// doubling at each failure, up to [`MAX_BACKOFF`]. Shared by the release queue and the retries of
-/// completions ([`super::completion`]).
-pub(super) fn backoff(failures: u32) -> Duration {
-    let shift = failures.saturating_sub(1).min(16);
-    MIN_BACKOFF.saturating_mul(1 << shift).min(MAX_BACKOFF)
-}
 
 /// One claim that may hold its record.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -238,7 +231,7 @@ impl AmbiguousClaims {
     /// A release failed at `now`: the store is still away; back off.
     pub(super) fn on_release_failed(&mut self, now: Timestamp) {
         self.failures = self.failures.saturating_add(1);
-        self.resume_at = now.saturating_add(backoff(self.failures));
+        self.resume_at = now.saturating_add(backoff(self.failures, MIN_BACKOFF, MAX_BACKOFF));
     }
 
     /// The store answered something else (a claim) at `now`: release at once.

@@ -17,17 +17,15 @@
 //! - the deadline passes ([`Settled::GaveUp`]): the end of the retention window the outcome would
 //!   have had (the completion's `expires_at`); past it, the record would be gone anyway.
 //!
-//! Attempts back off from [`MIN_BACKOFF`] to [`MAX_BACKOFF`] (the same backoff as the release of
-//! ambiguous claims, [`backoff`]), and are due again at once, though at most every
+//! Attempts back off from [`MIN_BACKOFF`] to [`MAX_BACKOFF`] (the same [`backoff`], with the same
+//! bounds, as the release of ambiguous claims), and are due again at once, though at most every
 //! [`MIN_BACKOFF`], when the store answers anything else ([`CompletionRetry::store_answered`]).
 //! At most [`MAX_PENDING_COMPLETIONS`] completions are retried at once per deduplicator; one
 //! beyond is left to its lease, as before, and logged.
 
-#[cfg(doc)]
-use super::ambiguous::MAX_BACKOFF;
-use super::ambiguous::{backoff, MIN_BACKOFF};
+use super::ambiguous::{MAX_BACKOFF, MIN_BACKOFF};
 use crate::store::{Fenced, StoreError};
-use crate::time::Timestamp;
+use crate::time::{backoff, Timestamp};
 
 /// Most completions retried at once (per deduplicator).
 pub(super) const MAX_PENDING_COMPLETIONS: usize = 1024;
@@ -88,7 +86,9 @@ impl CompletionRetry {
             give_up_at,
             failures: 1,
             last_attempt: now,
-            due: now.saturating_add(backoff(1)).min(give_up_at),
+            due: now
+                .saturating_add(backoff(1, MIN_BACKOFF, MAX_BACKOFF))
+                .min(give_up_at),
         })
     }
 
@@ -112,7 +112,7 @@ impl CompletionRetry {
             Err(_) => {
                 self.failures = self.failures.saturating_add(1);
                 self.due = now
-                    .saturating_add(backoff(self.failures))
+                    .saturating_add(backoff(self.failures, MIN_BACKOFF, MAX_BACKOFF))
                     .min(self.give_up_at);
                 Next::RetryAt(self.due)
             }

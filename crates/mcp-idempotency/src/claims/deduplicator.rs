@@ -11,10 +11,15 @@ use super::writes::StoreWrites;
 use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::policy::ToolPolicy;
-use crate::record::{FencingToken, Outcome, Scope};
+use crate::record::{FencingTokens, Outcome, Scope};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
-use crate::time::{Clock, SystemClock};
+use crate::time::{backoff, Clock, SystemClock};
+
+/// The first pause of a duplicate waiting for a running call's outcome ([`Deduplicator::decide`]).
+const WAIT_MIN_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause of a duplicate waiting for a running call's outcome.
+const WAIT_MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// How a driver stops taking keyed calls, as [`Deduplicator::begin_guarded`] reads it: the stdio
 /// proxy's drain, the HTTP layer's shutdown, an embedded connection's close. The driver keeps its
@@ -34,6 +39,13 @@ pub(crate) trait StopGate {
 }
 
 /// Runs the [`Engine`]'s steps against a [`Store`], reading the clock and minting fencing tokens.
+///
+/// Its time and its randomness are its own, so that a test or a simulation can drive them: every
+/// wait of its claims (a duplicate waiting for a running call, the renewals of leases, the
+/// completions and releases sent again, the purge) is a sleep on its [`Clock`]
+/// ([`with_clock`](Self::with_clock)), and the fencing tokens of its claims come from its
+/// [`FencingTokens`] ([`with_tokens`](Self::with_tokens)). By default they are the system clock
+/// with tokio's timer, and random tokens.
 ///
 /// This is the piece every transport adapter shares: hand it a call ([`begin`](Self::begin)), act
 /// on the [`Decision`], and finish the [`RunningClaim`] of an executed call with its outcome. The
@@ -102,6 +114,8 @@ pub struct Deduplicator {
     store_usable: Arc<AtomicBool>,
     /// The running claims whose leases the one renewing task keeps alive.
     renewals: Arc<Renewals>,
+    /// Where the fencing tokens of claims come from.
+    tokens: FencingTokens,
 }
 
 impl Deduplicator {
@@ -111,13 +125,22 @@ impl Deduplicator {
             writes: StoreWrites::new(Engine::new(config), store, Arc::new(SystemClock)),
             store_usable: Arc::new(AtomicBool::new(true)),
             renewals: Arc::default(),
+            tokens: FencingTokens::random(),
         }
     }
 
-    /// Reads the time from `clock` instead of the system clock (a
-    /// [`ManualClock`](crate::time::ManualClock) in tests).
+    /// Reads the time from `clock`, and waits on it, instead of the system clock (a
+    /// [`ManualClock`](crate::time::ManualClock) in tests: the claims' waits then end only when
+    /// the test moves it).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.writes.clock = clock;
+        self
+    }
+
+    /// Draws the fencing tokens of claims from `tokens` instead of at random
+    /// ([`FencingTokens::seeded`] in a simulation: the same seed, the same tokens).
+    pub fn with_tokens(mut self, tokens: FencingTokens) -> Self {
+        self.tokens = tokens;
         self
     }
 
@@ -189,16 +212,18 @@ impl Deduplicator {
         self.writes.pending_completions()
     }
 
-    /// Purges the store's expired records every `every`, forever (the gateways run this beside
-    /// their traffic; the first purge is at once).
+    /// Purges the store's expired records every `every` on the clock, forever (the gateways run
+    /// this beside their traffic; the first purge is at once).
     pub async fn purge_periodically(&self, every: Duration) -> std::convert::Infallible {
-        let mut ticks = tokio::time::interval(every);
+        let clock = self.clock();
         loop {
-            ticks.tick().await;
-            match self.store().purge_expired(self.clock().now()).await {
+            let started = clock.now();
+            match self.store().purge_expired(started).await {
                 Ok(purged) => tracing::debug!(purged, "purged expired records"),
                 Err(err) => tracing::warn!(error = %err, "cannot purge expired records"),
             }
+            let spent = clock.now().saturating_since(started);
+            clock.sleep(every.saturating_sub(spent)).await;
         }
     }
 
@@ -212,7 +237,7 @@ impl Deduplicator {
     ///
     /// A duplicate of a running call whose key the client did not send (a business identifier, a
     /// key argument, a window) waits for that call's outcome, up to its tool's `wait`, looking
-    /// again with a backoff from 50 ms to 500 ms; past the wait it gets
+    /// again with a backoff from 50 ms to 500 ms on the clock; past the wait it gets
     /// `idempotency_key_in_progress` as before. A client's own key is answered at once, as the
     /// SEP says.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
@@ -222,13 +247,21 @@ impl Deduplicator {
             .map(ToolPolicy::wait);
         let mut decision = self.decide_once(scope, call).await;
         if let Some(wait) = wait {
-            let deadline = tokio::time::Instant::now() + wait;
-            let mut pause = Duration::from_millis(50);
+            let clock = self.clock();
+            let start = clock.now();
+            let mut slept = Duration::ZERO;
+            let mut looks = 0;
             while matches!(&decision, Decision::Reject(r) if r.kind() == RejectionKind::KeyInProgress)
-                && tokio::time::Instant::now() + pause <= deadline
             {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(500));
+                looks += 1;
+                let pause = backoff(looks, WAIT_MIN_PAUSE, WAIT_MAX_PAUSE);
+                // At least the pauses slept: a wall clock set back does not stretch the wait.
+                let waited = clock.now().saturating_since(start).max(slept);
+                if waited + pause > wait {
+                    break;
+                }
+                clock.sleep(pause).await;
+                slept += pause;
                 decision = self.decide_once(scope, call).await;
             }
         }
@@ -244,13 +277,13 @@ impl Deduplicator {
         let engine = self.engine();
         let now = self.clock().now();
         let mut companion = None;
-        let step = match engine.client_key_claim(scope, call, FencingToken::random(), now) {
-            None => engine.begin(scope, call, FencingToken::random(), now),
+        let step = match engine.client_key_claim(scope, call, self.tokens.mint(), now) {
+            None => engine.begin(scope, call, self.tokens.mint(), now),
             Some(Err(rejection)) => Step::Done(Decision::Reject(rejection)),
             Some(Ok(own)) => match self.store().get(&own.id, now).await {
                 Ok(None) => {
                     companion = Some(own);
-                    engine.begin(scope, call, FencingToken::random(), now)
+                    engine.begin(scope, call, self.tokens.mint(), now)
                 }
                 Ok(Some(record)) => {
                     // Decided by the client's key, as the SEP says: its replay stays byte for

@@ -1,7 +1,8 @@
 //! [`Renewals`]: the leases of a deduplicator's running claims, renewed by one task.
 //!
 //! A `RunningClaim` registers its claim when its call starts and takes it out when the call
-//! ends. One task per deduplicator wakes every sixth of the lease and renews the claims that are
+//! ends. One task per deduplicator wakes every sixth of the lease (on the deduplicator's clock)
+//! and renews the claims that are
 //! due ([`Engine::renewal_due`](crate::engine::Engine::renewal_due): a third of the lease after
 //! the last renewal), so a lease is renewed at most half a lease after it was taken.
 //!
@@ -92,7 +93,7 @@ async fn renew_while_claimed(renewals: Arc<Renewals>, writes: StoreWrites) {
     let _running = Running(Arc::clone(&renewals));
     let tick = tick(&writes);
     loop {
-        tokio::time::sleep(tick).await;
+        writes.clock.sleep(tick).await;
         let now = writes.clock.now();
         let due: Vec<(u64, Claim)> = {
             let mut state = renewals.lock();

@@ -243,12 +243,16 @@ async fn retry_completion(
         let next = retry.due().min(renew_at);
         let wait = next.saturating_since(now);
         if !wait.is_zero() {
+            // Biased: when both are ready the store's answer wins, always the same way (no
+            // step depends on tokio's random choice), and it is not lost (the end of the sleep is
+            // read from the clock again).
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                biased;
                 () = writes.store_answered_again() => {
                     retry.store_answered(writes.clock.now());
                     continue;
                 }
+                () = writes.clock.sleep(wait) => {}
             }
         }
         let now = writes.clock.now();

@@ -380,9 +380,11 @@ async fn release_until_done(writes: StoreWrites) {
             Err(None) => return,
             Err(Some(deadline)) => {
                 let wait = deadline.saturating_since(now).max(MIN_RELEASE_WAIT);
+                // Biased, as every select of the claims: no step depends on tokio's random choice.
                 tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
+                    biased;
                     () = writes.ambiguous.wake.notified() => {}
+                    () = writes.clock.sleep(wait) => {}
                 }
             }
         }

@@ -17,10 +17,14 @@ pub(crate) struct FlakyStore {
     pub(super) fail_renew: AtomicBool,
     /// Renewals of this key never answer (a store that hangs on one record).
     pub(super) hang_renewals_of: std::sync::Mutex<Option<String>>,
-    fail_release: AtomicBool,
+    pub(super) fail_release: AtomicBool,
     pub(super) fail_complete: AtomicBool,
+    /// Completions sent, applied or not.
+    pub(super) completions_sent: AtomicUsize,
+    /// Releases sent, applied or not.
+    pub(super) releases_sent: AtomicUsize,
     /// The next claim is applied, and then its answer is lost.
-    lose_claim_answer: AtomicBool,
+    pub(super) lose_claim_answer: AtomicBool,
     /// The next claim reads the store, then answers only after a release was applied: its answer
     /// is older than the release.
     stale_claim_answer: AtomicBool,
@@ -68,6 +72,7 @@ impl Store for FlakyStore {
     }
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
+        self.completions_sent.fetch_add(1, Ordering::SeqCst);
         if self.fail_complete.load(Ordering::SeqCst) {
             return failure("complete");
         }
@@ -105,6 +110,7 @@ impl Store for FlakyStore {
     }
 
     fn release<'a>(&'a self, id: &'a RecordId, owner: FencingToken) -> StoreFuture<'a, Fenced> {
+        self.releases_sent.fetch_add(1, Ordering::SeqCst);
         if self.fail_release.load(Ordering::SeqCst) {
             return failure("release");
         }

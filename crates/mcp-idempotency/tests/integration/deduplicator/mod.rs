@@ -2,7 +2,7 @@
 //! scenario runs on both.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -103,6 +103,50 @@ async fn claim_dead(store: &Arc<dyn Store>, scope: &Scope, key: &str) -> Fencing
 }
 
 // ---------------------------------------------------------------------------------------------
+// Time that passes only when a test moves a `ManualClock`
+
+/// Runs `test` on a current-thread runtime without tokio's timer: a wait of the claim path that
+/// slept on tokio's timer instead of the deduplicator's clock would panic. Time passes only when
+/// the test moves its [`ManualClock`], and tasks run only when it yields.
+fn on_manual_time<F: Future>(test: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a runtime")
+        .block_on(test)
+}
+
+/// Rounds of [`settle`] before it gives up: far more than any scenario needs.
+const ROUNDS: usize = 1_000;
+
+/// Lets the runtime's other tasks run, a round at a time (a `yield_now`), until `done` holds;
+/// no time passes on a manual clock meanwhile. Panics after [`ROUNDS`] rounds.
+async fn settle(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..ROUNDS {
+        if done().await {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never happened: {what}");
+}
+
+/// Lets the runtime's other tasks run as far as they can without time passing ([`ROUNDS`]
+/// rounds), for a test that checks that nothing happens until the clock moves.
+async fn idle() {
+    for _ in 0..ROUNDS {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Moves `clock` by `by` once a task sleeps on it (waits that started before the move end by
+/// it), then lets the tasks that woke run.
+async fn pass(clock: &ManualClock, by: Duration) {
+    settle("a task sleeps on the clock", async || clock.sleepers() > 0).await;
+    clock.advance(by);
+    idle().await;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Scenarios, each run on every store
 
 /// `on_every_store!(scenario, …)`, in a submodule that defines each `async fn scenario(store)`,
@@ -144,6 +188,7 @@ macro_rules! on_every_store {
 pub(crate) mod failing_store;
 mod leases;
 mod lost_completions;
+mod manual_time;
 mod outcomes;
 mod races;
 mod running_claim;
