@@ -9,6 +9,7 @@ mod cli;
 mod commands;
 mod config_file;
 mod http_answer;
+mod http_line_client;
 mod ledger;
 mod line_client;
 mod ops;

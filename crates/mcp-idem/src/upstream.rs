@@ -78,6 +78,14 @@ impl UpstreamUrl {
         })
     }
 
+    /// Where the proxy's own requests to the server go (those for its `/mcp`).
+    pub(crate) fn endpoint(&self) -> String {
+        match &self.endpoint_uri {
+            Some(uri) => uri.to_string(),
+            None => format!("{}://{}{PROXY_ENDPOINT}", self.scheme, self.authority),
+        }
+    }
+
     /// The upstream URL for a request to the proxy for `path_and_query`.
     fn target(&self, path_and_query: Option<&PathAndQuery>) -> Result<Uri, http::Error> {
         let path = path_and_query.map_or("/", PathAndQuery::path);

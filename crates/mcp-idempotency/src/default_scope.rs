@@ -10,13 +10,15 @@
 //! (a call before the server named itself waits until it has, see
 //! [`StdioProxy::namespace_from_server`](crate::stdio::StdioProxy::namespace_from_server)).
 //!
-//! The proxy (`http:<upstream URL>`) and the HTTP layer (`"default"`) keep namespaces of their
-//! own: an instance may get a call before it has seen any discovery result, so it cannot know the
-//! name in time. Give them the namespace [`server_namespace`] returns to share records with the
-//! other forms.
+//! `mcp-idem proxy` learns the name from its upstream itself (its own `server/discover`, else
+//! `initialize`) into a [`LearnedNamespace`], which its HTTP layer waits for before deciding a
+//! call; it reads the records it kept before under [`upstream_namespace`]. The HTTP layer alone
+//! keeps [`HTTP_LAYER_NAMESPACE`]: give it the namespace [`server_namespace`] returns to share
+//! records with the other forms.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
@@ -32,6 +34,78 @@ use crate::time::Timestamp;
 pub fn server_namespace(server_name: &str) -> String {
     format!("mcp-server:{server_name}")
 }
+
+/// The namespace `mcp-idem proxy` used by default before it learned its upstream's name, whose
+/// records it still reads, and still uses for an upstream that will not give its name to the
+/// proxy (one that wants credentials): `http:<upstream URL as written>`.
+pub fn upstream_namespace(upstream_url: &str) -> String {
+    format!("http:{upstream_url}")
+}
+
+/// The namespace of an [`IdempotencyLayer`](crate::http::IdempotencyLayer) given none:
+/// `"default"`.
+pub const HTTP_LAYER_NAMESPACE: &str = "default";
+
+/// A namespace a gateway learns after it starts (`mcp-idem proxy`: its upstream's name, asked for
+/// in the background until the upstream answers): the layer deciding calls waits for it, and
+/// refuses a call rather than decide it elsewhere when it does not come in time. Cloned, it is
+/// the same namespace.
+#[derive(Clone, Debug)]
+pub struct LearnedNamespace {
+    learned: tokio::sync::watch::Receiver<Option<Arc<str>>>,
+}
+
+/// Sets the namespace of a [`LearnedNamespace`], once.
+#[derive(Debug)]
+pub struct NamespaceLearner {
+    set: tokio::sync::watch::Sender<Option<Arc<str>>>,
+}
+
+impl LearnedNamespace {
+    /// A namespace not learned yet, and what sets it.
+    pub fn new() -> (NamespaceLearner, Self) {
+        let (set, learned) = tokio::sync::watch::channel(None);
+        (NamespaceLearner { set }, Self { learned })
+    }
+
+    /// The namespace, once learned.
+    pub fn get(&self) -> Option<Arc<str>> {
+        self.learned.borrow().clone()
+    }
+
+    /// The namespace, waiting for it up to `timeout`; `None` if it did not come by then (or its
+    /// learner is gone without setting it).
+    pub async fn wait(&self, timeout: Duration) -> Option<Arc<str>> {
+        if let Some(namespace) = self.get() {
+            return Some(namespace);
+        }
+        let mut learned = self.learned.clone();
+        let waited = tokio::time::timeout(timeout, learned.wait_for(Option::is_some)).await;
+        match waited {
+            Ok(Ok(namespace)) => namespace.clone(),
+            Ok(Err(_)) | Err(_) => None,
+        }
+    }
+}
+
+impl NamespaceLearner {
+    /// Sets the namespace (the first one set stays).
+    pub fn set(&self, namespace: impl Into<Arc<str>>) {
+        let namespace = namespace.into();
+        self.set.send_if_modified(|learned| {
+            if learned.is_some() {
+                return false;
+            }
+            *learned = Some(namespace);
+            true
+        });
+    }
+}
+
+/// Longest a keyed call waits for the server's name where the records are kept under it (a server
+/// that starts slowly, a first `npx -y`, answers its first request late); past it the call is
+/// refused with `idempotency_scope_unknown`, not run.
+pub const SERVER_NAME_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The default principal of a request an HTTP server authenticated as the OAuth client
 /// `client_id` (the bindings read it from their SDK's access token): `client:<client_id>`.
@@ -90,12 +164,17 @@ pub struct LegacyNamespaceReads {
 }
 
 impl LegacyNamespaceReads {
-    /// Wraps `inner` for records of `principal` kept under `legacy_namespace`; looks once whether
-    /// the store holds a live one (a store that cannot answer is assumed to).
-    pub async fn open(inner: Arc<dyn Store>, legacy_namespace: &str, principal: &str) -> Self {
+    /// Wraps `inner` for records kept under `legacy_namespace`, of `principal` (or of any, for
+    /// a gateway that scopes by caller); looks once whether the store holds a live one (a store
+    /// that cannot answer is assumed to).
+    pub async fn open(
+        inner: Arc<dyn Store>,
+        legacy_namespace: &str,
+        principal: Option<&str>,
+    ) -> Self {
         let filter = ListFilter {
             namespace: Some(legacy_namespace.to_owned()),
-            principal: Some(principal.to_owned()),
+            principal: principal.map(str::to_owned),
             ..ListFilter::default()
         };
         let now = Timestamp::now();
@@ -313,7 +392,7 @@ mod tests {
         assert_eq!(memory.claim(&old).await.unwrap(), ClaimOutcome::Claimed);
         assert_eq!(complete(&*memory, &old, "\"done\"").await, Fenced::Applied);
 
-        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, "alice").await;
+        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, Some("alice")).await;
         assert!(store.reads_legacy());
         let new = claim("mcp-server:payments", "k", "{}", now);
         let ClaimOutcome::Existing(record) = store.claim(&new).await.unwrap() else {
@@ -330,7 +409,7 @@ mod tests {
     #[tokio::test]
     async fn without_legacy_records_claims_go_straight_to_the_store_until_one_is_made() {
         let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, "alice").await;
+        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, Some("alice")).await;
         assert!(!store.reads_legacy());
         let now = Timestamp::now();
         let early = claim(LEGACY, "early", "{}", now);
@@ -350,7 +429,7 @@ mod tests {
         let old = claim(LEGACY, "k", "{}", long_ago);
         assert_eq!(memory.claim(&old).await.unwrap(), ClaimOutcome::Claimed);
         assert_eq!(complete(&*memory, &old, "1").await, Fenced::Applied);
-        let store = LegacyNamespaceReads::open(memory, LEGACY, "alice").await;
+        let store = LegacyNamespaceReads::open(memory, LEGACY, Some("alice")).await;
         assert!(!store.reads_legacy());
     }
 
@@ -361,7 +440,7 @@ mod tests {
         let mut old = claim(LEGACY, "k", "{}", now);
         old.lease_expires_at = now;
         assert_eq!(memory.claim(&old).await.unwrap(), ClaimOutcome::Claimed);
-        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, "alice").await;
+        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, Some("alice")).await;
         let later = now.saturating_add(Duration::from_secs(1));
         let new = claim("mcp-server:payments", "k", "{}", later);
         assert!(matches!(

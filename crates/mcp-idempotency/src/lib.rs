@@ -121,4 +121,4 @@ pub use record::{
     RecordState, Scope,
 };
 pub use rejection::{Rejection, RejectionKind, UnknownRejectionKind, SHUTTING_DOWN_RETRY_AFTER};
-pub use time::{Clock, ManualClock, Sleep, SystemClock, Timestamp};
+pub use time::{backoff, Clock, ManualClock, Sleep, SystemClock, Timestamp};

@@ -147,9 +147,10 @@ impl Clock for ManualClock {
 }
 
 /// The wait after `failures` failed attempts in a row (at least one): `min`, doubling at each
-/// failure, up to `max`. The one backoff of the claims: a duplicate looking again for a running
-/// call's outcome, the releases of claims whose answer was lost, the completions sent again.
-pub(crate) fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
+/// failure, up to `max`. The one backoff of the claims (a duplicate looking again for a running
+/// call's outcome, the releases of claims whose answer was lost, the completions sent again)
+/// and of `mcp-idem proxy` asking its upstream's name.
+pub fn backoff(failures: u32, min: Duration, max: Duration) -> Duration {
     let shift = failures.saturating_sub(1).min(16);
     min.saturating_mul(1 << shift).min(max)
 }

@@ -80,7 +80,12 @@ fn wrap_refuses_a_batch_with_a_keyed_call_and_forwards_one_without() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_refuses_a_batch_with_a_keyed_call_and_forwards_one_without() {
     let upstream = RecordingUpstream::start();
-    let proxy = Proxy::spawn(&upstream.origin, &["--store", "memory"]);
+    // A namespace of its own: the proxy does not ask the upstream its name, so the upstream
+    // sees only what is forwarded.
+    let proxy = Proxy::spawn(
+        &upstream.origin,
+        &["--store", "memory", "--namespace", "batches"],
+    );
     let raw = Raw::new(&proxy);
 
     let keyed = support::http::charge(1, 7, Some("batch-http"));

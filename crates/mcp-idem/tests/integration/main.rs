@@ -87,6 +87,8 @@ mod proxy_disconnect;
 #[cfg(unix)]
 mod proxy_multi_instance;
 #[cfg(unix)]
+mod proxy_namespace;
+#[cfg(unix)]
 mod proxy_scope;
 #[cfg(unix)]
 mod proxy_shutdown;

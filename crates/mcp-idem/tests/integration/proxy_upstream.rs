@@ -69,9 +69,11 @@ async fn get(proxy: &Proxy, path: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_endpoint_path_is_mapped_and_other_paths_reach_the_upstream_as_they_are() {
     let upstream = RecordingUpstream::start();
+    // A namespace of its own: the proxy does not ask the upstream its name, so the upstream
+    // sees only what is forwarded.
     let proxy = Proxy::spawn(
         &format!("{}/api/v1/mcp", upstream.origin),
-        &["--store", "memory"],
+        &["--store", "memory", "--namespace", "paths"],
     );
     let raw = Raw::new(&proxy);
     let listed = json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{}}});

@@ -18,6 +18,7 @@ use super::body::{json_response, BoxError, ResponseBody};
 use super::principal::ScopeBy;
 use super::relay::{self, Exchange};
 use super::shutdown::Shutdown;
+use crate::default_scope::{LearnedNamespace, SERVER_NAME_TIMEOUT};
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig};
 use crate::jsonrpc::{error_response, INVALID_REQUEST};
 use crate::record::Scope;
@@ -32,12 +33,32 @@ pub(super) type ResponseFuture<E> =
 #[derive(Clone, Debug)]
 pub(super) struct Shared {
     pub(super) dedup: Deduplicator,
-    pub(super) namespace: Arc<str>,
+    pub(super) namespace: Namespace,
     pub(super) scope_by: ScopeBy,
     pub(super) interceptor: InterceptorConfig,
     pub(super) max_body_bytes: usize,
     pub(super) body_timeout: Duration,
     pub(super) shutdown: Shutdown,
+}
+
+/// The namespace a layer's calls are decided under.
+#[derive(Clone, Debug)]
+pub(super) enum Namespace {
+    /// Set when the layer was built.
+    Fixed(Arc<str>),
+    /// Learned after the start (the proxy's upstream's name): a call waits for it, up to
+    /// [`SERVER_NAME_TIMEOUT`].
+    Learned(LearnedNamespace),
+}
+
+impl Namespace {
+    /// The namespace to decide a call under now; `None` if it was not learned in time.
+    async fn now(&self) -> Option<Arc<str>> {
+        match self {
+            Self::Fixed(namespace) => Some(Arc::clone(namespace)),
+            Self::Learned(learned) => learned.wait(SERVER_NAME_TIMEOUT).await,
+        }
+    }
 }
 
 /// Handles one request: the work of its [`ResponseFuture`].
@@ -132,7 +153,14 @@ where
             return Ok(response);
         }
     };
-    let scope = Scope::new(Arc::clone(&shared.namespace), Arc::<str>::from(principal));
+    let Some(namespace) = shared.namespace.now().await else {
+        return Ok(match interceptor.refuse_unnamed(call) {
+            Decided::Respond(response) | Decided::Forward(response) => {
+                json_response(StatusCode::OK, response)
+            }
+        });
+    };
+    let scope = Scope::new(namespace, Arc::<str>::from(principal));
     let counted = shared.shutdown.enter();
     let decision = shared
         .dedup

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use super::future::Shared;
+use super::future::{Namespace, Shared};
 use super::principal::ScopeBy;
 use super::service::IdempotencyService;
 use super::shutdown::Shutdown;
+use crate::default_scope::{LearnedNamespace, HTTP_LAYER_NAMESPACE};
 use crate::interceptor::InterceptorConfig;
 use crate::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES;
 use crate::policy::ToolPolicies;
@@ -84,7 +85,7 @@ impl IdempotencyLayer {
         Self {
             shared: Arc::new(Shared {
                 dedup,
-                namespace: Arc::from("default"),
+                namespace: Namespace::Fixed(Arc::from(HTTP_LAYER_NAMESPACE)),
                 scope_by: ScopeBy::None,
                 interceptor: InterceptorConfig::default(),
                 max_body_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
@@ -103,7 +104,16 @@ impl IdempotencyLayer {
     /// [`server_namespace`](crate::default_scope::server_namespace)`(name)` is the one `wrap`
     /// and the bindings use by default, so the server keeps its records across those forms.
     pub fn namespace(self, namespace: impl Into<Arc<str>>) -> Self {
-        let namespace = namespace.into();
+        let namespace = Namespace::Fixed(namespace.into());
+        self.with(|shared| shared.namespace = namespace)
+    }
+
+    /// A namespace learned after the start (what `mcp-idem proxy` does: its upstream's name,
+    /// asked for in the background): a keyed call waits for it, up to
+    /// [`SERVER_NAME_TIMEOUT`](crate::default_scope::SERVER_NAME_TIMEOUT), and is refused with
+    /// `idempotency_scope_unknown` (nothing run, nothing claimed) if it has not come by then.
+    pub fn learned_namespace(self, namespace: LearnedNamespace) -> Self {
+        let namespace = Namespace::Learned(namespace);
         self.with(|shared| shared.namespace = namespace)
     }
 

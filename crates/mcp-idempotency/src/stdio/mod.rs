@@ -69,8 +69,6 @@ use futures_util::StreamExt;
 use lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use stopping::Stopping;
 
-pub use naming::SERVER_NAME_TIMEOUT;
-
 /// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
 /// input, waits 2 s, sends SIGTERM, waits 2 s more and sends SIGKILL; a grace counted from the
 /// first of these ends, and the calls are recorded, before the SIGKILL.
@@ -205,7 +203,8 @@ impl StdioProxy {
     /// of the scope given to [`new`](Self::new) (default: no, the scope given to `new`
     /// throughout). The name comes from the server's `initialize` or `server/discover` result; a
     /// call that comes before any waits for one on its way, or for the proxy's own
-    /// `server/discover`, up to [`SERVER_NAME_TIMEOUT`]. A server that does not name itself
+    /// `server/discover`, up to
+    /// [`SERVER_NAME_TIMEOUT`](crate::default_scope::SERVER_NAME_TIMEOUT). A server that does not name itself
     /// there gets such calls refused with `idempotency_scope_unknown`, never decided under
     /// another namespace. See [`default_scope`](crate::default_scope).
     pub fn namespace_from_server(mut self, learn: bool) -> Self {
@@ -653,7 +652,7 @@ pub async fn idempotent_stdio(
 ) -> Result<(ReadHalf<DuplexStream>, WriteHalf<DuplexStream>), StoreError> {
     let store = store::open(&store_url.parse::<StoreUrl>()?).await?;
     let scope = Scope::new(embedded_legacy_namespace(), local_user());
-    let store = LegacyNamespaceReads::open(store, scope.namespace(), scope.principal()).await;
+    let store = LegacyNamespaceReads::open(store, scope.namespace(), Some(scope.principal())).await;
     let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(store));
     let proxy = StdioProxy::new(dedup, scope).namespace_from_server(true);
     Ok(proxy.spawn_in_process(tokio::io::stdin(), tokio::io::stdout()))

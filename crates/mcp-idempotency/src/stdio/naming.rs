@@ -6,20 +6,15 @@
 
 use std::io;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use tokio::io::AsyncWrite;
 
 use super::stopping::Stopping;
 use super::{lock, write_line, StdioProxy};
-use crate::default_scope::server_namespace;
+use crate::default_scope::{server_namespace, SERVER_NAME_TIMEOUT};
 use crate::interceptor::{Interceptor, LearnName};
 use crate::record::Scope;
 use crate::RunningClaim;
-
-/// Longest a call waits for the server to name itself (a server that starts slowly, a first
-/// `npx -y`, answers its first request late); past it the call is refused, not run.
-pub const SERVER_NAME_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl StdioProxy {
     /// The scope to decide a call under now: the configured one, or the one under the server's

@@ -8,9 +8,10 @@ use std::time::Duration;
 use mcp_idempotency::RejectionKind;
 use serde_json::Value;
 
-use super::report::{abridge, Evidence, Level, Outcome, Status};
+use super::report::{Evidence, Level, Outcome, Status};
 use super::session::{Key, Reply, Session};
 use crate::progress::Progress;
+use crate::shown::abridge;
 
 /// The tools and arguments the checks use.
 #[derive(Clone, Debug)]

@@ -9,10 +9,11 @@ use anyhow::{bail, Context};
 use mcp_idempotency::protocol;
 use serde_json::Value;
 
-use super::http::HttpClient;
-use super::report::{abridge, Evidence, Level, Outcome, Status};
+use super::report::{Evidence, Level, Outcome, Status};
 use super::session::{Era, Reply, Session};
+use crate::http_line_client::HttpClient;
 use crate::line_client::LineClient;
+use crate::shown::abridge;
 
 /// What to check: a stdio command, or a Streamable HTTP endpoint.
 #[derive(Clone, Debug)]

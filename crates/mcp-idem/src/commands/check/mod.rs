@@ -29,7 +29,6 @@ use serde_json::Value;
 mod checks;
 mod concurrency;
 mod connect;
-mod http;
 mod meta;
 mod rejections;
 mod replay;

@@ -4,9 +4,10 @@
 use mcp_idempotency::RejectionKind;
 
 use super::checks::{exchange, fresh_key, how_same, note, one, same, Checker, Same};
-use super::report::{abridge, Evidence, Level, Outcome, Status};
+use super::report::{Evidence, Level, Outcome, Status};
 use super::respell;
 use super::session::Key;
+use crate::shown::abridge;
 
 impl Checker<'_> {
     /// Without a key, every call runs: two calls, two different results. This also shows whether

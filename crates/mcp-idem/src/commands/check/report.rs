@@ -211,19 +211,6 @@ impl Report {
     }
 }
 
-/// `text` cut to about `max` characters: its start and its end around a marker naming the size.
-pub(crate) fn abridge(text: &str, max: usize) -> String {
-    let chars = text.chars().count();
-    if chars <= max {
-        return text.to_owned();
-    }
-    let tail = max / 4;
-    let head = max - tail;
-    let start: String = text.chars().take(head).collect();
-    let end: String = text.chars().skip(chars - tail).collect();
-    format!("{start} …({} bytes in all)… {end}", text.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,15 +258,5 @@ mod tests {
         assert_eq!(json["checks"][1]["status"], "fail");
         assert_eq!(json["summary"]["failedShould"], 1);
         assert_eq!(json["notes"], json!(["n"]));
-    }
-
-    #[test]
-    fn abridge_keeps_both_ends() {
-        assert_eq!(abridge("short", 10), "short");
-        let long = "a".repeat(50) + &"z".repeat(50);
-        let cut = abridge(&long, 20);
-        assert!(cut.starts_with("aaaaaaaaaaaaaaa "), "{cut}");
-        assert!(cut.ends_with(" zzzzz"), "{cut}");
-        assert!(cut.contains("(100 bytes in all)"), "{cut}");
     }
 }

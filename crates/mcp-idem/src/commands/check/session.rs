@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use mcp_idempotency::protocol;
 
-use super::http::{HttpAnswer, HttpClient};
+use crate::http_line_client::{HttpAnswer, HttpClient};
 use crate::line_client::LineClient;
 
 /// Which handshake the server answered, and so how requests are written.

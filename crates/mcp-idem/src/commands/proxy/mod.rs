@@ -9,6 +9,7 @@ use super::policy_args::PolicyArgs;
 use anyhow::Context;
 use clap::Args;
 use hyper::body::Incoming;
+use mcp_idempotency::default_scope::{upstream_namespace, LearnedNamespace, LegacyNamespaceReads};
 use mcp_idempotency::http::{IdempotencyLayer, IdempotencyService};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
 use mcp_idempotency::Deduplicator;
@@ -21,10 +22,12 @@ use mcp_idempotency::http::ResponseBody;
 use tower::{Layer, Service};
 
 mod conn;
+mod server_name;
 
 use super::engine_args::EngineArgs;
 use super::scope_args::ScopeArgs;
 use crate::allowed_hosts::{AllowedHosts, GuardHosts};
+use crate::http_line_client::HttpClient;
 use crate::ops::{self, OpsArgs};
 use crate::upstream::{bad_gateway, Upstream, UpstreamUrl};
 
@@ -48,8 +51,11 @@ pub(crate) struct ProxyArgs {
     #[arg(long, env = "MCP_IDEM_UPSTREAM_CA_CERT", value_name = "FILE")]
     upstream_ca_cert: Option<std::path::PathBuf>,
 
-    /// Namespace of this server's records [default: derived from the upstream URL, so every
-    /// instance in front of the same server shares it].
+    /// Namespace of this server's records [default: `mcp-server:<name>`, the name the upstream
+    /// gives itself, asked by the proxy at start (`server/discover`, else `initialize`), as every
+    /// form keys a server's records: instances naming one server by other URLs share them.
+    /// Records kept under `http:<upstream URL>` by earlier versions are still found; an upstream
+    /// that will not give the proxy its name (it wants credentials) keeps that namespace].
     #[arg(long, env = "MCP_IDEM_NAMESPACE")]
     namespace: Option<String>,
 
@@ -146,18 +152,45 @@ impl ProxyArgs {
         let scope_by = self.scope.scope_by()?;
         let policies = self.policy.policies()?;
         PolicyArgs::log(&policies);
-        let store = self.ops.start(self.engine.open_store().await?).await?;
+        let mut store = self.ops.start(self.engine.open_store().await?).await?;
+        let legacy = upstream_namespace(&upstream_url.to_string());
+        if self.namespace.is_none() {
+            store = Arc::new(LegacyNamespaceReads::open(store, &legacy, None).await);
+        }
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
-        let namespace = self
-            .namespace
-            .clone()
-            .unwrap_or_else(|| format!("http:{upstream_url}"));
-        tracing::info!(%namespace, upstream = %upstream_url, "proxying");
+        let namespace = match &self.namespace {
+            Some(namespace) => {
+                tracing::info!(%namespace, upstream = %upstream_url, "proxying");
+                LayerNamespace::Fixed(namespace.clone())
+            }
+            None => {
+                tracing::info!(upstream = %upstream_url, "proxying; asking the upstream its name");
+                let (learner, learned) = LearnedNamespace::new();
+                let client = HttpClient::new(
+                    &upstream_url.endpoint(),
+                    &[],
+                    self.upstream_ca_cert.as_deref(),
+                )?;
+                tokio::spawn(server_name::learn(
+                    client,
+                    upstream_url.to_string(),
+                    learner,
+                ));
+                LayerNamespace::Learned(learned)
+            }
+        };
 
         // Before the listener opens: from now on SIGTERM and SIGINT start the graceful stop.
         let (stop, stopped_at) = super::noting_when(super::stop_signal());
-        let layer = IdempotencyLayer::new(dedup.clone())
-            .namespace(namespace)
+        let layer = match namespace {
+            LayerNamespace::Fixed(namespace) => {
+                IdempotencyLayer::new(dedup.clone()).namespace(namespace)
+            }
+            LayerNamespace::Learned(learned) => {
+                IdempotencyLayer::new(dedup.clone()).learned_namespace(learned)
+            }
+        };
+        let layer = layer
             .scope_by(scope_by)
             .body_timeout(self.body_timeout)
             .interceptor_config(
@@ -196,6 +229,14 @@ impl ProxyArgs {
         super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
         Ok(())
     }
+}
+
+/// The namespace the proxy's layer decides under.
+enum LayerNamespace {
+    /// `--namespace`.
+    Fixed(String),
+    /// The upstream's name, once it gave it.
+    Learned(LearnedNamespace),
 }
 
 /// The proxy's two services: `/healthz` and `/readyz` ([`ops::health_routes`]), and the proxy for

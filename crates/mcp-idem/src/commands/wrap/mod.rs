@@ -133,7 +133,7 @@ impl WrapArgs {
         let learn_namespace = self.namespace.is_none();
         if learn_namespace {
             let legacy = (scope.namespace(), scope.principal());
-            store = Arc::new(LegacyNamespaceReads::open(store, legacy.0, legacy.1).await);
+            store = Arc::new(LegacyNamespaceReads::open(store, legacy.0, Some(legacy.1)).await);
         }
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
         tracing::info!(

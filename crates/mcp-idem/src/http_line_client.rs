@@ -1,6 +1,6 @@
-//! A raw Streamable HTTP client: POSTs one JSON-RPC message, exactly as written, and returns the
-//! response message exactly as received, from a plain JSON body or from the SSE event carrying
-//! it. It runs on the library's one HTTP client ([`mcp_idempotency::http_client`]: http and
+//! A raw Streamable HTTP client (of `check --url`, and of `proxy`'s own `server/discover` to its
+//! upstream): POSTs one JSON-RPC message, exactly as written, and returns the response message
+//! exactly as received, from a plain JSON body or from the SSE event carrying it. It runs on the library's one HTTP client ([`mcp_idempotency::http_client`]: http and
 //! https, the system's roots plus `--ca-cert`).
 
 use std::path::Path;
@@ -15,7 +15,7 @@ use mcp_idempotency::http_client::{error_causes, https_client, HttpsClient};
 
 use mcp_idempotency::protocol;
 
-use super::report::abridge;
+use crate::shown::abridge;
 
 /// One MCP endpoint; cheap to clone (the connection pool is shared).
 #[derive(Clone)]
@@ -150,16 +150,43 @@ impl HttpClient {
                     headers: parts.headers,
                     received: Instant::now(),
                 }),
-                None => bail!(
-                    "HTTP {status} without a JSON-RPC response: {}",
-                    abridge(&text, 300)
-                ),
+                None => Err(NotJsonRpc {
+                    status,
+                    body: abridge(&text, 300),
+                }
+                .into()),
             }
         };
         tokio::time::timeout(wait, exchange)
             .await
             .with_context(|| format!("no answer from {} within {wait:?}", self.url))?
     }
+
+    /// Ends a legacy session: `DELETE` with its `Mcp-Session-Id`, as a client leaving it does.
+    pub(crate) async fn end_session(&self, session: &HeaderValue, wait: Duration) {
+        let request = http::Request::delete(self.url.clone())
+            .header(HOST, &self.authority)
+            .header("mcp-session-id", session)
+            .body(Full::new(Bytes::new()));
+        let Ok(request) = request else { return };
+        match tokio::time::timeout(wait, self.client.request(request)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(error = %error_causes(&error), "cannot end the session");
+            }
+            Err(_) => tracing::debug!("no answer to the DELETE that ends the session"),
+        }
+    }
+}
+
+/// An HTTP answer that carried no JSON-RPC response (an error status, mostly).
+#[derive(Debug, thiserror::Error)]
+#[error("HTTP {status} without a JSON-RPC response: {body}")]
+pub(crate) struct NotJsonRpc {
+    /// The status.
+    pub(crate) status: http::StatusCode,
+    /// The body, abridged.
+    body: String,
 }
 
 /// `Name: value` as a header.
