@@ -5,7 +5,23 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::key::DEFAULT_MAX_KEY_BYTES;
-use crate::store::RecordLimits;
+
+/// Limits on how many live records may exist, checked atomically with each claim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordLimits {
+    /// Most records one scope (principal) may hold.
+    pub max_records_per_scope: u64,
+    /// Most records the whole store may hold.
+    pub max_records_total: u64,
+}
+
+impl RecordLimits {
+    /// No limits.
+    pub const UNLIMITED: Self = Self {
+        max_records_per_scope: u64::MAX,
+        max_records_total: u64::MAX,
+    };
+}
 
 /// What to do with a retry whose original call stopped renewing its lease (its owner crashed or
 /// lost contact with the store) before recording an outcome.

@@ -18,10 +18,10 @@ use serde_json::Value;
 
 use crate::config::{AfterCrash, EngineConfig};
 use crate::fingerprint::{fingerprint, ArgumentsError};
-use crate::interceptor::raw_object::{json_string, RawObject};
 use crate::jsonrpc;
 use crate::key::{IdempotencyKey, KeySource};
 use crate::policy::{OnError, StoreDown, ToolPolicy};
+use crate::raw_object::{json_string, RawObject};
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{

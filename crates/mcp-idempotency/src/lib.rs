@@ -92,6 +92,7 @@ mod key;
 pub mod metrics;
 pub mod policy;
 pub mod protocol;
+mod raw_object;
 mod record;
 mod rejection;
 // Public only to the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`).

@@ -157,7 +157,7 @@ impl Outcome {
     pub fn is_error(&self) -> bool {
         match self {
             Self::Error(_) => true,
-            Self::Success(result) => crate::interceptor::raw_object::RawObject::parse(result)
+            Self::Success(result) => crate::raw_object::RawObject::parse(result)
                 .and_then(|result| result.get("isError").map(|flag| flag.get() == "true"))
                 .unwrap_or(false),
             Self::NotRetained { .. } | Self::Unknown { .. } => false,

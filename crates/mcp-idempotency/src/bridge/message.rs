@@ -7,8 +7,8 @@
 use base64::Engine as _;
 use serde_json::Value;
 
-use crate::interceptor::raw_object::RawObject;
 use crate::protocol::{self, META_PROTOCOL_VERSION};
+use crate::raw_object::RawObject;
 
 /// One line from the client, classified.
 #[derive(Debug, PartialEq, Eq)]

@@ -40,11 +40,11 @@
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::raw_object::RawObject;
 use super::{has_key, Interceptor, RequestId, MAX_PENDING};
 use crate::engine::Claim;
 use crate::interceptor::ClientAction;
 use crate::jsonrpc::{error_response_with_data, INVALID_REQUEST};
+use crate::raw_object::RawObject;
 
 /// `error.data.type` of the errors answering a refused batch.
 pub const BATCH_REFUSED: &str = "mcp_idem_batch_refused";

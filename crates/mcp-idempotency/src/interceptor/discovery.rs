@@ -5,10 +5,10 @@
 
 use std::collections::HashSet;
 
-use super::raw_object::{json_string, RawObject};
 use super::RequestId;
 use crate::policy::ToolPolicies;
 use crate::protocol;
+use crate::raw_object::{json_string, RawObject};
 
 /// The discovery requests in flight and what their results said.
 #[derive(Debug, Default)]

@@ -29,7 +29,6 @@
 mod batch;
 mod discovery;
 mod prefilter;
-pub(crate) mod raw_object;
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
@@ -43,9 +42,9 @@ use crate::jsonrpc::{error_response, raw_error_response, INVALID_PARAMS, INVALID
 use crate::key::KeySource;
 use crate::policy::select::{self, Chosen};
 use crate::policy::{ToolPolicies, ToolPolicy};
+use crate::raw_object::{json_string, RawObject};
 use crate::record::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
-use raw_object::{json_string, RawObject};
 
 pub use batch::BATCH_REFUSED;
 pub use discovery::LearnName;
@@ -742,7 +741,7 @@ fn unkeyed<C>(missing: Option<(String, String)>) -> ClientAction<C> {
         }
         None => {
             #[cfg(feature = "metrics")]
-            crate::metrics::on_decision(&crate::Decision::<C>::Bypass(crate::BypassReason::NoKey));
+            crate::metrics::on_decision(&Decision::<C>::Bypass(crate::engine::BypassReason::NoKey));
         }
     }
     ClientAction::Forward

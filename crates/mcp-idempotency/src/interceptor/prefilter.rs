@@ -58,7 +58,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::interceptor::raw_object::RawObject;
+    use crate::raw_object::RawObject;
 
     #[test]
     fn a_leading_name_is_read_without_parsing() {

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use super::{Pointer, ToolPolicies};
 use crate::fingerprint::fingerprint;
-use crate::interceptor::raw_object::RawObject;
 use crate::key::KeySource;
+use crate::raw_object::RawObject;
 
 /// What decides a call.
 #[derive(Clone, Debug, PartialEq)]

@@ -38,6 +38,7 @@ use std::sync::Arc;
 
 #[cfg(feature = "redis")]
 pub use self::redis::RedisStore;
+pub use crate::config::RecordLimits;
 pub use error::StoreError;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -56,23 +57,6 @@ use crate::time::Timestamp;
 /// The future every store operation returns: boxed so that `dyn Store` works, since the store is
 /// chosen from a URL at run time.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
-
-/// Limits on how many live records may exist, checked atomically with each claim.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RecordLimits {
-    /// Most records one scope (principal) may hold.
-    pub max_records_per_scope: u64,
-    /// Most records the whole store may hold.
-    pub max_records_total: u64,
-}
-
-impl RecordLimits {
-    /// No limits.
-    pub const UNLIMITED: Self = Self {
-        max_records_per_scope: u64::MAX,
-        max_records_total: u64::MAX,
-    };
-}
 
 /// Ask to own `id`, unless a live record already holds it.
 #[derive(Clone, Debug)]
