@@ -4,7 +4,8 @@ from PyPI (bindings/python/frameworks/*.txt: mcp 2.3 with jlowin's fastmcp 4.2, 
 
 - the wheel installs into each (with its dependencies, no --no-deps) without changing a version;
 - `idempotent()` refuses at once what it cannot wire (an arbitrary object, an object with a
-  `.middleware` of its own, an SDK or fastmcp version out of range, a fastmcp missing its hook);
+  `.middleware` of its own, an SDK or fastmcp version out of range, a fastmcp missing its hook, a
+  server wired already), and a server given to it twice keeps serving through its first wiring;
 - for each framework API, a payments server passes `mcp-idem check` over stdio and over
   Streamable HTTP (11 ledger lines, as `wrap` around the demo server), and a server SIGKILLed
   while a keyed call runs leaves a claim that a restarted server answers
@@ -107,7 +108,13 @@ def test_what_cannot_be_wired_is_refused_at_once(environment, line):
         else:
             # Raised before anything is wired, naming what it got and what is supported.
             assert outcome.startswith("TypeError: "), (name, outcome)
-            assert "supports" in outcome or "runs on mcp" in outcome or "takes" in outcome, (name, outcome)
+            assert "supports" in outcome or "runs on mcp" in outcome or "takes" in outcome or (
+                "already wired" in outcome and "call it once per server" in outcome), (name, outcome)
+    # A server wired twice, or its low-level server after it: one gateway per server.
+    for name in supported:
+        for again in (f"{name}, wired twice", f"{name}, then its low-level server"):
+            assert shapes[again].startswith("TypeError: idempotent() got a "), (again, shapes[again])
+            assert "that is already wired" in shapes[again], (again, shapes[again])
     assert "TypeError: idempotent() cannot wire a builtins.object" in shapes["an object"]
     assert "test_frameworks" not in shapes["an object with a .middleware list"]
     assert "HasMiddleware" in shapes["an object with a .middleware list"]
@@ -260,6 +267,35 @@ def test_key_policies_and_meta_keys_hold(framework, tmp_path):
         assert charges[2]["chargeId"] in json.dumps(retry), retry
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_a_second_idempotent_on_one_server_raises_and_the_first_still_serves(framework, tmp_path):
+    """`idempotent(server)` a second time raises `TypeError`, naming that the server is already
+    wired, and leaves the first wiring as it was: a call keyed in `_meta.idempotencyKey` (and one
+    keyed by SEP) runs once and its retry replays it. Accepted, two gateways in a row answered every
+    `_meta`-keyed call `idempotency_key_in_progress`, and the tool never ran."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    stderr = tmp_path / "server.stderr"
+    peer = Peer([python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory", "--wire-twice"],
+                stderr)
+    try:
+        arguments = {"amount": 4, "currency": "eur"}
+        by_meta = {"name": "charge_payment", "arguments": arguments, "_meta": {"idempotencyKey": "twice-meta"}}
+        by_sep = {"name": "charge_payment", "arguments": arguments, "idempotencyKey": "twice-sep"}
+        answers = [peer.request("tools/call", call) for call in (by_meta, by_meta, by_sep, by_sep)]
+    finally:
+        peer.close()
+    charges = ledger_lines(ledger)
+    assert len(charges) == 2, (charges, answers)
+    for charged, (first, retry) in zip(charges, (answers[:2], answers[2:])):
+        assert charged["key"], charged
+        assert "result" in first and charged["chargeId"] in json.dumps(first), first
+        assert "result" in retry and charged["chargeId"] in json.dumps(retry), retry
+    said = stderr.read_text(errors="replace")
+    assert "the second idempotent() raised TypeError: " in said, said
+    assert "that is already wired" in said and "call it once per server" in said, said
 
 
 @pytest.mark.parametrize("framework", MATRIX)

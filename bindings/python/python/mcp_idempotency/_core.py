@@ -156,6 +156,17 @@ class _LoopCompletions:
                 waiting.set_result(answer)
 
 
+def already_wired(server: Any) -> TypeError:
+    """The refusal of a server an earlier `idempotent()` wired (it, or the low-level server it runs
+    on): a second gateway in front of the first would claim each key, then meet its own claim in
+    progress, and the tool would never run."""
+    cls = type(server)
+    return TypeError(
+        f"idempotent() got a {cls.__module__}.{cls.__qualname__} that is already wired: an earlier "
+        "idempotent() gave it (or the low-level server it runs on) SEP-3182; call it once per server"
+    )
+
+
 def wire_result(result: Any) -> Any:
     """A handler's result as its JSON (a pydantic model dumped as the SDKs dump it)."""
     if result is None:
