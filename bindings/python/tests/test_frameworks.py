@@ -1,8 +1,11 @@
 """The binding on every framework it supports, each in a venv of its own with its pinned release
 from PyPI (bindings/python/frameworks/*.txt: mcp 2.3 with jlowin's fastmcp 4.2, mcp 1.30 with fastmcp 3.4, mcp
-1.24; built by bindings/python/frameworks.sh):
+1.24, and mcp 1.20, which it does not support; built by bindings/python/frameworks.sh):
 
-- the wheel installs into each (with its dependencies, no --no-deps) without changing a version;
+- the wheel installs into each (with its dependencies, no --no-deps) without changing a version,
+  also beside an `mcp` it does not support (1.20, `frameworks/mcp1-unsupported.txt`), where
+  `idempotent()` then raises, naming the version and the supported range: the wheel requires no
+  `mcp` (its `mcp` extra does);
 - `idempotent()` refuses at once what it cannot wire (an arbitrary object, an object with a
   `.middleware` of its own, an SDK or fastmcp version out of range, a fastmcp missing its hook, a
   server wired already), and a server given to it twice keeps serving through its first wiring;
@@ -16,11 +19,15 @@ Without the environments the tests skip, except under CI=true, where they fail.
 
 from __future__ import annotations
 
+import email.parser
 import json
 import os
+import re
 import select
 import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -91,6 +98,64 @@ def test_the_wheel_installs_with_its_dependencies_and_changes_no_version(environ
     # What was installed is the pinned tree, framework and mcp included.
     for package, version in pinned(environment).items():
         assert after.get(package) == version, (package, version, after.get(package))
+
+
+def test_the_wheel_requires_no_sdk_and_offers_one_as_an_extra():
+    """No `Requires-Dist` on `mcp` but under the `mcp` extra: pip never changes a user's SDK."""
+    [wheel] = (REPO / "bindings/python/dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        fields = email.parser.Parser().parsestr(archive.read(metadata).decode())
+    requires = fields.get_all("Requires-Dist") or []
+    assert [requirement for requirement in requires if "extra ==" not in requirement] == [], requires
+    assert "mcp" in (fields.get_all("Provides-Extra") or []), fields.get_all("Provides-Extra")
+    assert any(re.match(r"mcp\W.*;\s*extra\s*==\s*['\"]mcp['\"]", requirement) for requirement in requires), requires
+
+
+def test_into_a_venv_without_mcp_the_wheel_adds_none_and_the_import_says_what_to_install(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv/bin/python")
+    [wheel] = (REPO / "bindings/python/dist").glob("*.whl")
+    pip = [python, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    before = installed(python)
+    subprocess.run([*pip, "install", str(wheel)], check=True)
+    after = installed(python)
+    assert after.pop("mcp-idempotency", None), "the wheel did not install"
+    assert after == before
+    run = subprocess.run([python, "-c", "import mcp_idempotency"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    said = "ImportError: mcp_idempotency runs on the official SDK `mcp` (>=1.24,<2 or >=2.3,<3), which is not installed"
+    assert said in run.stderr, run.stderr
+    assert "pip install 'mcp-idempotency[mcp]'" in run.stderr, run.stderr
+
+
+# An `mcp` the binding does not support, with the wheel installed beside it (frameworks.sh).
+UNSUPPORTED = ("mcp1-unsupported", "1.20.0")
+
+
+def test_an_unsupported_mcp_is_left_as_it_is_and_idempotent_raises_naming_it():
+    environment, release = UNSUPPORTED
+    probe = (
+        "import importlib.metadata, json\n"
+        "from mcp.server.fastmcp import FastMCP\n"
+        "from mcp.server.lowlevel import Server\n"
+        "from mcp_idempotency import idempotent\n"
+        "outcomes = {'mcp': importlib.metadata.version('mcp')}\n"
+        "for name, make in (('FastMCP', lambda: FastMCP('old')), ('low-level Server', lambda: Server('old'))):\n"
+        "    try:\n"
+        "        idempotent(make(), store='memory')\n"
+        "        outcomes[name] = 'ok'\n"
+        "    except Exception as error:\n"
+        "        outcomes[name] = f'{type(error).__name__}: {error}'\n"
+        "print(json.dumps(outcomes))\n"
+    )
+    run = subprocess.run([python_of(environment), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    outcomes = json.loads(run.stdout)
+    assert outcomes.pop("mcp") == release, outcomes
+    for name, outcome in outcomes.items():
+        assert outcome.startswith(f"TypeError: idempotent() supports mcp >=1.24,<2 and >=2.3,<3, not mcp {release}"), (
+            name, outcome)
 
 
 @pytest.mark.parametrize("environment,line", [("mcp2", "sdk2"), ("mcp2", "fastmcp"), ("mcp1", "sdk1"),

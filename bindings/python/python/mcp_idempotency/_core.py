@@ -14,7 +14,13 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
+try:
+    import anyio
+except ImportError as missing:  # anyio comes with mcp, which the wheel does not require
+    raise ImportError(
+        "mcp_idempotency runs on the official SDK `mcp` (>=1.24,<2 or >=2.3,<3), which is not installed: "
+        "install your server's SDK, or pip install 'mcp-idempotency[mcp]'"
+    ) from missing
 
 from ._native import Completions, Gateway
 
