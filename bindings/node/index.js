@@ -155,14 +155,20 @@ const fastmcpServing = new AsyncLocalStorage();
 const fastmcpNames = new Set();
 /** The FastMCPSession classes whose `connect` is hooked. */
 const hookedSessions = new WeakSet();
+/** The fastmcp versions `idempotent` wires, as its errors say. */
+const FASTMCP_RANGE = '^4.0.0 (>=4.0.0 <5.0.0; tested with 4.20.16)';
 /** The transport types of `start()` whose sessions the hook is known to see. */
 const FASTMCP_TRANSPORTS = ['stdio', 'httpStream'];
 
 function fastmcpTarget(server) {
     const { module, version, root } = fastmcpModule(server);
+    // fastmcp is no peer dependency of this package (npm would refuse to install it beside any
+    // other major): the version is checked here.
+    if (version.split('.')[0] !== '4') {
+        throw new TypeError(`idempotent() got a FastMCP of fastmcp ${version} (${root}); it supports fastmcp ${FASTMCP_RANGE}`);
+    }
     const Session = module.FastMCPSession;
     const hooks =
-        version.split('.')[0] === '4' &&
         typeof Session?.prototype?.connect === 'function' &&
         typeof Object.getOwnPropertyDescriptor(Session.prototype, 'server')?.get === 'function' &&
         typeof server.start === 'function';

@@ -2,10 +2,11 @@
 # Creates one venv per framework environment under bindings/python/.frameworks/NAME (or
 # $MCP_IDEM_FRAMEWORKS/NAME) from its pinned dependency tree, bindings/python/frameworks/NAME.txt
 # (mcp2: mcp 2.x with jlowin's fastmcp 4.x; mcp1: the newest mcp 1.x with fastmcp 3.x;
-# mcp1-oldest: the oldest mcp 1.x supported), and installs the wheel that install.sh built
-# (dist/*.whl) into each, WITHOUT --no-deps: the wheel's dependency range must leave the pinned
-# framework and mcp as they are (bindings/python/tests/test_frameworks.py checks that, then runs
-# the matrix). Venvs are kept between runs; pip then only installs what changed.
+# mcp1-oldest: the oldest mcp 1.x supported; mcp1-unsupported: mcp 1.20, older than supported),
+# and installs the wheel that install.sh built (dist/*.whl) into each, WITHOUT --no-deps: the
+# wheel, which requires no mcp, must leave the pinned framework and mcp as they are, supported or
+# not (bindings/python/tests/test_frameworks.py checks that, then runs the matrix). Venvs are kept
+# between runs; pip then only installs what changed.
 set -euo pipefail
 cd "$(dirname "$0")"
 python=${PYTHON:-python3}

@@ -10,6 +10,9 @@ Python SDK's `MCPServer`, with SEP-3182 in process through `mcp_idempotency.idem
     python3 payments_server.py --ledger FILE ... --http --sessions   the same with sessions
                                                           (Mcp-Session-Id) and SSE answers
     python3 payments_server.py --ledger FILE --plain       the same server without the binding
+    python3 payments_server.py --ledger FILE ... --wire-twice   then idempotent() a second time on
+                                                          the same server, which must raise;
+                                                          stderr says whether it did
 
 Tools (as the demo server's):
 - charge_payment {amount, currency, order_id?, delay_ms?, fail_after_charge?}: sleeps delay_ms,
@@ -140,13 +143,22 @@ def main() -> None:
     parser.add_argument("--http", action="store_true")
     parser.add_argument("--sessions", action="store_true", help="with --http: sessions and SSE answers")
     parser.add_argument("--plain", action="store_true", help="without the binding (the bench's baseline)")
+    parser.add_argument("--wire-twice", action="store_true", help="then idempotent() again, which must raise")
     args = parser.parse_args()
     server = build(args.ledger)
     if not args.plain:
         options = dict(option.split("=", 1) for option in args.option)
         if args.lease:
             options["lease"] = args.lease
-        idempotent(server, store=args.store, namespace=args.namespace, tools=args.tools, meta_key=args.meta_key, **options)
+        options.update(store=args.store, namespace=args.namespace, tools=args.tools, meta_key=args.meta_key)
+        idempotent(server, **options)
+        if args.wire_twice:
+            try:
+                idempotent(server, **options)
+            except TypeError as refused:
+                print(f"the second idempotent() raised TypeError: {refused}", file=sys.stderr, flush=True)
+            else:
+                print("the second idempotent() was accepted", file=sys.stderr, flush=True)
     if args.http:
         asyncio.run(serve_http(server, sessions=args.sessions))
     else:

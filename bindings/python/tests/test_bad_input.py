@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from mcp.server.lowlevel import Server
 from mcp.server.mcpserver import MCPServer
 
 from conftest import HERE, Peer, free_port, ledger_lines, mcp_idem_binary
@@ -58,6 +59,19 @@ def test_unknown_options_and_bad_values_are_refused():
 def test_a_server_that_is_not_an_mcp_server_is_a_type_error():
     with pytest.raises(TypeError):
         idempotent(object(), store="memory")
+
+
+def test_a_server_wired_twice_is_a_type_error_and_keeps_one_gateway():
+    """A second gateway in front of the first would answer every `_meta`-keyed call in progress:
+    the second `idempotent()` on a server, or on the low-level server beneath it, raises."""
+    for server in (MCPServer("twice"), Server("twice")):
+        idempotent(server, store="memory")
+        with pytest.raises(TypeError, match=r"that is already wired: .* call it once per server"):
+            idempotent(server, store="memory")
+    server = idempotent(MCPServer("twice-beneath"), store="memory")
+    with pytest.raises(TypeError, match="mcp.server.lowlevel.server.Server that is already wired"):
+        idempotent(server._lowlevel_server, store="memory")
+    assert len([m for m in server._lowlevel_server.middleware if hasattr(m, "carrier")]) == 1
 
 
 # Each case: (arguments, key); sent with the key in `idempotencyKey`.

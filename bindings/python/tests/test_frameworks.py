@@ -1,10 +1,14 @@
 """The binding on every framework it supports, each in a venv of its own with its pinned release
 from PyPI (bindings/python/frameworks/*.txt: mcp 2.3 with jlowin's fastmcp 4.2, mcp 1.30 with fastmcp 3.4, mcp
-1.24; built by bindings/python/frameworks.sh):
+1.24, and mcp 1.20, which it does not support; built by bindings/python/frameworks.sh):
 
-- the wheel installs into each (with its dependencies, no --no-deps) without changing a version;
+- the wheel installs into each (with its dependencies, no --no-deps) without changing a version,
+  also beside an `mcp` it does not support (1.20, `frameworks/mcp1-unsupported.txt`), where
+  `idempotent()` then raises, naming the version and the supported range: the wheel requires no
+  `mcp` (its `mcp` extra does);
 - `idempotent()` refuses at once what it cannot wire (an arbitrary object, an object with a
-  `.middleware` of its own, an SDK or fastmcp version out of range, a fastmcp missing its hook);
+  `.middleware` of its own, an SDK or fastmcp version out of range, a fastmcp missing its hook, a
+  server wired already), and a server given to it twice keeps serving through its first wiring;
 - for each framework API, a payments server passes `mcp-idem check` over stdio and over
   Streamable HTTP (11 ledger lines, as `wrap` around the demo server), and a server SIGKILLed
   while a keyed call runs leaves a claim that a restarted server answers
@@ -15,11 +19,15 @@ Without the environments the tests skip, except under CI=true, where they fail.
 
 from __future__ import annotations
 
+import email.parser
 import json
 import os
+import re
 import select
 import subprocess
+import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -92,6 +100,64 @@ def test_the_wheel_installs_with_its_dependencies_and_changes_no_version(environ
         assert after.get(package) == version, (package, version, after.get(package))
 
 
+def test_the_wheel_requires_no_sdk_and_offers_one_as_an_extra():
+    """No `Requires-Dist` on `mcp` but under the `mcp` extra: pip never changes a user's SDK."""
+    [wheel] = (REPO / "bindings/python/dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        [metadata] = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        fields = email.parser.Parser().parsestr(archive.read(metadata).decode())
+    requires = fields.get_all("Requires-Dist") or []
+    assert [requirement for requirement in requires if "extra ==" not in requirement] == [], requires
+    assert "mcp" in (fields.get_all("Provides-Extra") or []), fields.get_all("Provides-Extra")
+    assert any(re.match(r"mcp\W.*;\s*extra\s*==\s*['\"]mcp['\"]", requirement) for requirement in requires), requires
+
+
+def test_into_a_venv_without_mcp_the_wheel_adds_none_and_the_import_says_what_to_install(tmp_path):
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv/bin/python")
+    [wheel] = (REPO / "bindings/python/dist").glob("*.whl")
+    pip = [python, "-m", "pip", "--quiet", "--disable-pip-version-check"]
+    before = installed(python)
+    subprocess.run([*pip, "install", str(wheel)], check=True)
+    after = installed(python)
+    assert after.pop("mcp-idempotency", None), "the wheel did not install"
+    assert after == before
+    run = subprocess.run([python, "-c", "import mcp_idempotency"], capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    said = "ImportError: mcp_idempotency runs on the official SDK `mcp` (>=1.24,<2 or >=2.3,<3), which is not installed"
+    assert said in run.stderr, run.stderr
+    assert "pip install 'mcp-idempotency[mcp]'" in run.stderr, run.stderr
+
+
+# An `mcp` the binding does not support, with the wheel installed beside it (frameworks.sh).
+UNSUPPORTED = ("mcp1-unsupported", "1.20.0")
+
+
+def test_an_unsupported_mcp_is_left_as_it_is_and_idempotent_raises_naming_it():
+    environment, release = UNSUPPORTED
+    probe = (
+        "import importlib.metadata, json\n"
+        "from mcp.server.fastmcp import FastMCP\n"
+        "from mcp.server.lowlevel import Server\n"
+        "from mcp_idempotency import idempotent\n"
+        "outcomes = {'mcp': importlib.metadata.version('mcp')}\n"
+        "for name, make in (('FastMCP', lambda: FastMCP('old')), ('low-level Server', lambda: Server('old'))):\n"
+        "    try:\n"
+        "        idempotent(make(), store='memory')\n"
+        "        outcomes[name] = 'ok'\n"
+        "    except Exception as error:\n"
+        "        outcomes[name] = f'{type(error).__name__}: {error}'\n"
+        "print(json.dumps(outcomes))\n"
+    )
+    run = subprocess.run([python_of(environment), "-c", probe], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    outcomes = json.loads(run.stdout)
+    assert outcomes.pop("mcp") == release, outcomes
+    for name, outcome in outcomes.items():
+        assert outcome.startswith(f"TypeError: idempotent() supports mcp >=1.24,<2 and >=2.3,<3, not mcp {release}"), (
+            name, outcome)
+
+
 @pytest.mark.parametrize("environment,line", [("mcp2", "sdk2"), ("mcp2", "fastmcp"), ("mcp1", "sdk1"),
                                               ("mcp1", "fastmcp"), ("mcp1-oldest", "sdk1")])
 def test_what_cannot_be_wired_is_refused_at_once(environment, line):
@@ -107,7 +173,13 @@ def test_what_cannot_be_wired_is_refused_at_once(environment, line):
         else:
             # Raised before anything is wired, naming what it got and what is supported.
             assert outcome.startswith("TypeError: "), (name, outcome)
-            assert "supports" in outcome or "runs on mcp" in outcome or "takes" in outcome, (name, outcome)
+            assert "supports" in outcome or "runs on mcp" in outcome or "takes" in outcome or (
+                "already wired" in outcome and "call it once per server" in outcome), (name, outcome)
+    # A server wired twice, or its low-level server after it: one gateway per server.
+    for name in supported:
+        for again in (f"{name}, wired twice", f"{name}, then its low-level server"):
+            assert shapes[again].startswith("TypeError: idempotent() got a "), (again, shapes[again])
+            assert "that is already wired" in shapes[again], (again, shapes[again])
     assert "TypeError: idempotent() cannot wire a builtins.object" in shapes["an object"]
     assert "test_frameworks" not in shapes["an object with a .middleware list"]
     assert "HasMiddleware" in shapes["an object with a .middleware list"]
@@ -260,6 +332,35 @@ def test_key_policies_and_meta_keys_hold(framework, tmp_path):
         assert charges[2]["chargeId"] in json.dumps(retry), retry
     finally:
         peer.close()
+
+
+@pytest.mark.parametrize("framework", MATRIX)
+def test_a_second_idempotent_on_one_server_raises_and_the_first_still_serves(framework, tmp_path):
+    """`idempotent(server)` a second time raises `TypeError`, naming that the server is already
+    wired, and leaves the first wiring as it was: a call keyed in `_meta.idempotencyKey` (and one
+    keyed by SEP) runs once and its retry replays it. Accepted, two gateways in a row answered every
+    `_meta`-keyed call `idempotency_key_in_progress`, and the tool never ran."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    stderr = tmp_path / "server.stderr"
+    peer = Peer([python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory", "--wire-twice"],
+                stderr)
+    try:
+        arguments = {"amount": 4, "currency": "eur"}
+        by_meta = {"name": "charge_payment", "arguments": arguments, "_meta": {"idempotencyKey": "twice-meta"}}
+        by_sep = {"name": "charge_payment", "arguments": arguments, "idempotencyKey": "twice-sep"}
+        answers = [peer.request("tools/call", call) for call in (by_meta, by_meta, by_sep, by_sep)]
+    finally:
+        peer.close()
+    charges = ledger_lines(ledger)
+    assert len(charges) == 2, (charges, answers)
+    for charged, (first, retry) in zip(charges, (answers[:2], answers[2:])):
+        assert charged["key"], charged
+        assert "result" in first and charged["chargeId"] in json.dumps(first), first
+        assert "result" in retry and charged["chargeId"] in json.dumps(retry), retry
+    said = stderr.read_text(errors="replace")
+    assert "the second idempotent() raised TypeError: " in said, said
+    assert "that is already wired" in said and "call it once per server" in said, said
 
 
 @pytest.mark.parametrize("framework", MATRIX)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, TypeVar
 
-from ._core import Carrier, authenticated_client
+from ._core import Carrier, already_wired, authenticated_client
 from ._native import (
     META_KEY,
     OPTIONS,
@@ -85,8 +85,9 @@ def idempotent(
 
         idempotent(server, tools={"charge": {"key_from": ["/order_id"], "required": True}})
 
-    The store is opened here, once per namespace and options (servers built per request share
-    it): a bad option or policy, a store URL that does not parse or a store that cannot be
+    Call it once per server: a server already wired (or the low-level server beneath one that
+    is) raises `TypeError`. The store is opened here, once per namespace and options (servers
+    built per request share it): a bad option or policy, a store URL that does not parse or a store that cannot be
     reached raises `IdempotencyError` (with `.type` and `.code`) at once.
     """
     settings: list[tuple[str, str]] = []
@@ -121,6 +122,8 @@ def idempotent(
     lowlevel = sdk.lowlevel_of(server)
     if lowlevel is None:
         raise TypeError(f"idempotent() cannot wire {_named(server)}: it takes {SUPPORTED}")
+    if sdk.wired(lowlevel):
+        raise already_wired(server)
     sdk.install(lowlevel, carrier_for(lowlevel))
     return server
 

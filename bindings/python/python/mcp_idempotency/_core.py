@@ -14,7 +14,13 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-import anyio
+try:
+    import anyio
+except ImportError as missing:  # anyio comes with mcp, which the wheel does not require
+    raise ImportError(
+        "mcp_idempotency runs on the official SDK `mcp` (>=1.24,<2 or >=2.3,<3), which is not installed: "
+        "install your server's SDK, or pip install 'mcp-idempotency[mcp]'"
+    ) from missing
 
 from ._native import Completions, Gateway
 
@@ -154,6 +160,17 @@ class _LoopCompletions:
             waiting = self.waiting.pop(ticket, None)
             if waiting is not None and not waiting.done():
                 waiting.set_result(answer)
+
+
+def already_wired(server: Any) -> TypeError:
+    """The refusal of a server an earlier `idempotent()` wired (it, or the low-level server it runs
+    on): a second gateway in front of the first would claim each key, then meet its own claim in
+    progress, and the tool would never run."""
+    cls = type(server)
+    return TypeError(
+        f"idempotent() got a {cls.__module__}.{cls.__qualname__} that is already wired: an earlier "
+        "idempotent() gave it (or the low-level server it runs on) SEP-3182; call it once per server"
+    )
 
 
 def wire_result(result: Any) -> Any:

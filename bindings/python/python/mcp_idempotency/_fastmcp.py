@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._core import Carrier
+from ._core import Carrier, already_wired
 
 # The lines this adapter wires (tested: 3.4.11 on mcp 1.30.0, 4.2.3 on mcp 2.3.0).
 SUPPORTED = "fastmcp >=3.4,<5"
@@ -49,6 +49,8 @@ def install(server: Any, carrier_for: Any, mcp_major: int) -> Any:
 
         if _sdk2.lowlevel_of(lowlevel) is None or not isinstance(getattr(lowlevel, "middleware", None), list):
             raise TypeError(f"{missing} (an mcp 2.x Server with a middleware list): idempotent() supports {SUPPORTED}")
+        if _sdk2.wired(lowlevel):
+            raise already_wired(server)
         carrier: Carrier = carrier_for(lowlevel)
         _sdk2.install(lowlevel, carrier, outermost=True)
     else:
@@ -56,5 +58,7 @@ def install(server: Any, carrier_for: Any, mcp_major: int) -> Any:
 
         if _sdk1.lowlevel_of(lowlevel) is None:
             raise TypeError(f"{missing} (an mcp 1.x Server): idempotent() supports {SUPPORTED}")
+        if _sdk1.wired(lowlevel):
+            raise already_wired(server)
         _sdk1.install(lowlevel, carrier_for(lowlevel))
     return server

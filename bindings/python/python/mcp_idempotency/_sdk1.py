@@ -37,15 +37,19 @@ def lowlevel_of(server: Any) -> Any | None:
     return None
 
 
+def wired(lowlevel: Any) -> bool:
+    """Whether an earlier `idempotent()` wired `lowlevel` (its handlers are carried already)."""
+    return isinstance(getattr(lowlevel, "request_handlers", None), _Handlers)
+
+
 def install(lowlevel: Any, carrier: Carrier) -> None:
     """Routes every request handler of `lowlevel`, present and registered later, through the
-    gateway, and its capabilities through the library."""
+    gateway, and its capabilities through the library. `lowlevel` is not `wired` yet: the caller
+    refuses a second wiring before it opens the gateway."""
     if not isinstance(getattr(lowlevel, "request_handlers", None), dict) or not callable(
         getattr(lowlevel, "get_capabilities", None)
     ):
         raise TypeError(f"{type(lowlevel).__name__} has no request_handlers/get_capabilities of mcp 1.x")
-    if isinstance(lowlevel.request_handlers, _Handlers):
-        return  # already idempotent: one gateway per server
     lowlevel.request_handlers = _Handlers(carrier, lowlevel.request_handlers)
     # The SDK's experimental (tasks) handlers, once made, register into the dict they were given.
     experimental = getattr(lowlevel, "_experimental_handlers", None)

@@ -28,9 +28,15 @@ def lowlevel_of(server: Any) -> Any | None:
     return None
 
 
+def wired(lowlevel: Any) -> bool:
+    """Whether an earlier `idempotent()` wired `lowlevel` (its middleware list holds ours)."""
+    return any(isinstance(middleware, IdempotencyMiddleware) for middleware in getattr(lowlevel, "middleware", ()))
+
+
 def install(lowlevel: Any, carrier: Carrier, *, outermost: bool = False) -> None:
     """Adds the middleware to `lowlevel`'s list: last (the SDK's own servers), or first
-    (`outermost`: a framework whose middleware rebuilds results, so it sees their final shape)."""
+    (`outermost`: a framework whose middleware rebuilds results, so it sees their final shape).
+    `lowlevel` is not `wired` yet: the caller refuses a second wiring before it opens the gateway."""
     middleware = IdempotencyMiddleware(carrier)
     if outermost:
         lowlevel.middleware.insert(0, middleware)

@@ -7,6 +7,8 @@ framework's own API and takes:
 
     python3 SERVER --ledger FILE [--store S] [--lease D] [--option NAME=VALUE ...]
                    [--tools JSON] [--meta-key NAME ...]    idempotent()'s options
+    python3 SERVER --ledger FILE ... --wire-twice   then idempotent() a second time on the same
+                                               server, which must raise; stderr says whether it did
     python3 SERVER --ledger FILE ... --http    stateless Streamable HTTP (JSON answers) on
                                                127.0.0.1, a free port; the first stderr line is
                                                "listening on http://127.0.0.1:PORT/mcp"
@@ -72,12 +74,24 @@ def parse() -> tuple[argparse.Namespace, dict[str, Any]]:
     parser.add_argument("--tools", type=json.loads)
     parser.add_argument("--meta-key", action="append")
     parser.add_argument("--http", action="store_true")
+    parser.add_argument("--wire-twice", action="store_true")
     args = parser.parse_args()
     options: dict[str, Any] = dict(option.split("=", 1) for option in args.option)
     if args.lease:
         options["lease"] = args.lease
     options.update(store=args.store, namespace=args.namespace, tools=args.tools, meta_key=args.meta_key)
     return args, options
+
+
+def wire_again(wire: Any) -> None:
+    """`--wire-twice`: `wire()` calls `idempotent()` on the wired server again; says on stderr
+    whether it raised (as it must) or was accepted."""
+    try:
+        wire()
+    except TypeError as refused:
+        print(f"the second idempotent() raised TypeError: {refused}", file=sys.stderr, flush=True)
+    else:
+        print("the second idempotent() was accepted", file=sys.stderr, flush=True)
 
 
 async def serve_http(app: Any) -> None:

@@ -4,7 +4,7 @@ with `idempotent()`."""
 import asyncio
 from typing import Any
 
-from common import Ledger, failed_after, parse, serve_http
+from common import Ledger, failed_after, parse, serve_http, wire_again
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
 
@@ -32,6 +32,8 @@ def get_balance() -> dict[str, Any]:
 
 
 idempotent(server, **options)
+if args.wire_twice:
+    wire_again(lambda: idempotent(server, **options))
 
 if __name__ == "__main__":
     if args.http:

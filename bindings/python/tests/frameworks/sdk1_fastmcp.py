@@ -4,7 +4,7 @@
 import asyncio
 from typing import Any
 
-from common import Ledger, failed_after, parse, serve_http
+from common import Ledger, failed_after, parse, serve_http, wire_again
 from mcp.server.fastmcp import Context, FastMCP
 
 from mcp_idempotency import idempotency_key, idempotent
@@ -31,6 +31,8 @@ def get_balance() -> dict[str, Any]:
 
 
 idempotent(server, **options)
+if args.wire_twice:
+    wire_again(lambda: idempotent(server, **options))
 
 if __name__ == "__main__":
     if args.http:

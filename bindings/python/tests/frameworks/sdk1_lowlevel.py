@@ -4,7 +4,7 @@ applied before the handlers are registered (they are carried all the same)."""
 import json
 
 import anyio
-from common import Ledger, failed_after, parse, serve_http
+from common import Ledger, failed_after, parse, serve_http, wire_again
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
@@ -15,6 +15,8 @@ from mcp_idempotency import idempotency_key, idempotent
 args, options = parse()
 ledger = Ledger(args.ledger)
 server = idempotent(Server("payments"), **options)
+if args.wire_twice:
+    wire_again(lambda: idempotent(server, **options))
 CHARGE = {"type": "object", "properties": {"amount": {"type": "number"}, "currency": {"type": "string"},
           "order_id": {"type": "string"}, "delay_ms": {"type": "integer"}, "fail_after_charge": {"type": "boolean"}},
           "required": ["amount", "currency"]}

@@ -3,7 +3,7 @@
 import json
 
 import anyio
-from common import Ledger, failed_after, parse, serve_http
+from common import Ledger, failed_after, parse, serve_http, wire_again
 from mcp import types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
@@ -41,6 +41,8 @@ async def call_tool(ctx, params):
 
 
 server = idempotent(Server("payments", on_list_tools=list_tools, on_call_tool=call_tool), **options)
+if args.wire_twice:
+    wire_again(lambda: idempotent(server, **options))
 
 
 async def main() -> None:

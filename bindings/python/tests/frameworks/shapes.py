@@ -29,6 +29,13 @@ class HasMiddleware:
     middleware: list = []
 
 
+def wired_twice(make, again):
+    """`make()` wired, then `again(server)` (the server, or its low-level server) wired again."""
+    server = make()
+    idempotent(server, store="memory")
+    return attempt(lambda: again(server))
+
+
 def with_version(package, fake, make):
     """`make()` wired while the installed `package` reads as version `fake`: the version gate."""
     real = importlib.metadata.version
@@ -50,18 +57,24 @@ if line == "sdk2":
     from mcp.server.mcpserver import MCPServer
 
     supported = {"MCPServer": lambda: MCPServer("shapes"), "low-level Server": lambda: Server("shapes")}
+    lowlevel = {"MCPServer": lambda server: server._lowlevel_server, "low-level Server": lambda server: server}
 elif line == "sdk1":
     from mcp.server.fastmcp import FastMCP
     from mcp.server.lowlevel import Server
 
     supported = {"FastMCP": lambda: FastMCP("shapes"), "low-level Server": lambda: Server("shapes")}
+    lowlevel = {"FastMCP": lambda server: server._mcp_server, "low-level Server": lambda server: server}
 else:
     from fastmcp import FastMCP
 
     supported = {"fastmcp.FastMCP": lambda: FastMCP("shapes")}
+    lowlevel = {"fastmcp.FastMCP": lambda server: server._mcp_server}
 
 first = next(iter(supported.values()))
 shapes = {name: attempt(make) for name, make in supported.items()}
+for name, make in supported.items():
+    shapes[f"{name}, wired twice"] = wired_twice(make, lambda server: server)
+    shapes[f"{name}, then its low-level server"] = wired_twice(make, lowlevel[name])
 shapes["an object"] = attempt(object)
 shapes["a string"] = attempt(lambda: "server")
 shapes["a server class, not an instance"] = attempt(lambda: type(first()))

@@ -18,7 +18,8 @@
 //!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
 //!   run side by side), a store that goes down mid-run refuses keyed calls and loses no
 //!   outcome, and the npm package installs with its prebuilt addon, beside either SDK line
-//!   without adding the other; the npm package's framework matrix (`frameworks.test.mjs`: the
+//!   without adding the other, and into a project on fastmcp 3.x, left as it is (`idempotent()`
+//!   then throws, naming its version); the npm package's framework matrix (`frameworks.test.mjs`: the
 //!   TypeScript SDK v1 and v2, `McpServer` and low-level `Server`, and punkpeye's fastmcp, over
 //!   stdio and Streamable HTTP, pass `check` and a SIGKILL mid-call) and its refusals of what it
 //!   cannot wire (`shapes.test.mjs`); the key policies of issue 34
