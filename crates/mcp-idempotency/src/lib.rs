@@ -77,6 +77,8 @@ mod claims;
 pub mod client;
 mod config;
 pub mod default_scope;
+#[cfg(feature = "testsuite")]
+pub mod derived_keys_testsuite;
 #[cfg(feature = "embedded")]
 pub mod embedded;
 mod engine;

@@ -16,7 +16,6 @@
 //! Checks use a random namespace each, so they may share one database, except [`quota_total`], which
 //! needs a store that no other check writes to at the same time.
 
-mod derived_keys;
 mod inspection;
 mod lifecycle;
 mod quotas;
@@ -32,12 +31,6 @@ use crate::key::IdempotencyKey;
 use crate::record::{FencingToken, Outcome, Record, RecordId, Scope};
 use crate::time::Timestamp;
 
-pub use derived_keys::{
-    a_client_key_equal_to_a_derived_keys_text_is_another_record,
-    a_window_keys_record_expires_with_its_window, crash_rules_hold_for_derived_keys,
-    derived_keys_are_listed_by_key_and_source, derived_keys_keep_principals_apart,
-    derived_keys_round_trip_with_their_source_prefix, quotas_count_derived_keys,
-};
 pub use inspection::{
     list_filters_by_scope_key_state_and_age, list_orders_by_expiry_and_honours_the_limit,
     list_returns_awkward_ids_exactly, stats_count_states,
@@ -59,9 +52,9 @@ pub use resend::{
 };
 pub use round_trip::{awkward_keys_are_kept_exactly, every_outcome_kind_round_trips};
 
-const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
-const LEASE: Duration = Duration::from_secs(30);
-const RETENTION: Duration = Duration::from_secs(3600);
+pub(crate) const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
+pub(crate) const LEASE: Duration = Duration::from_secs(30);
+pub(crate) const RETENTION: Duration = Duration::from_secs(3600);
 
 /// Instantiates every check of [`testsuite`](crate::store::testsuite) as a `#[tokio::test]`, for
 /// stores made by `$make`: an expression callable with no arguments that returns a future of
@@ -105,15 +98,28 @@ macro_rules! store_test_suite {
             release_sent_twice_changes_nothing,
             renew_sent_twice_is_applied_twice,
             take_over_sent_twice_is_applied_once,
+            $($extra),*
+        );
+        $crate::store_test_suite!(@derived $make;
             derived_keys_round_trip_with_their_source_prefix,
             derived_keys_are_listed_by_key_and_source,
             a_client_key_equal_to_a_derived_keys_text_is_another_record,
             derived_keys_keep_principals_apart,
             quotas_count_derived_keys,
             crash_rules_hold_for_derived_keys,
-            a_window_keys_record_expires_with_its_window,
-            $($extra),*
+            a_window_keys_record_expires_with_its_window
         );
+    };
+    (@derived $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                let store = $crate::store::testsuite::MaybeStore::into_store(($make)().await);
+                if let Some(store) = store {
+                    $crate::derived_keys_testsuite::$name(store).await;
+                }
+            }
+        )*
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
         $(
@@ -146,7 +152,7 @@ impl MaybeStore for Option<Arc<dyn Store>> {
     }
 }
 
-fn scope() -> Scope {
+pub(crate) fn scope() -> Scope {
     Scope::new(
         format!("testsuite-{:016x}", rand::random::<u64>()),
         "principal",
@@ -192,13 +198,13 @@ async fn claim(store: &dyn Store, req: &ClaimRequest) -> ClaimOutcome {
 }
 
 /// The keys of `records`, in order.
-fn keys(records: &[Record]) -> Vec<&str> {
+pub(crate) fn keys(records: &[Record]) -> Vec<&str> {
     records
         .iter()
         .map(|record| record.id.key.as_str())
         .collect()
 }
 
-async fn list(store: &dyn Store, filter: &ListFilter, now: Timestamp) -> Vec<Record> {
+pub(crate) async fn list(store: &dyn Store, filter: &ListFilter, now: Timestamp) -> Vec<Record> {
     store.list(filter, now, usize::MAX).await.expect("list")
 }

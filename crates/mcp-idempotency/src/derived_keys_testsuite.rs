@@ -1,4 +1,7 @@
-//! Derived keys are keys like any other: a key of each source (a business identifier, the SEP, a
+//! The store suite's checks of derived keys, run by
+//! [`store_test_suite!`](crate::store_test_suite) for every store beside
+//! [`store::testsuite`](crate::store::testsuite)'s; they drive the deduplicator and the engine, so
+//! they live above them. Derived keys are keys like any other: a key of each source (a business identifier, the SEP, a
 //! `_meta` carrier, a key argument, a duplicate window), made by the engine from a call and a
 //! tool policy as `wrap`, `proxy` and the bindings make it, keeps its U+001F prefix through every
 //! operation; scopes keep such keys apart, quotas count them, `list` finds them, the crash rules
@@ -9,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{keys, list, scope, LEASE, RETENTION, T0};
+use crate::store::testsuite::{keys, list, scope, LEASE, RETENTION, T0};
 use crate::claims::Deduplicator;
 use crate::config::{AfterCrash, EngineConfig};
 use crate::engine::{Claim, Decision, Replay, ToolCall};
