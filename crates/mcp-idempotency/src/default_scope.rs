@@ -107,6 +107,14 @@ impl NamespaceLearner {
 /// refused with `idempotency_scope_unknown`, not run.
 pub const SERVER_NAME_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The default principal on stdio: the local user running the server (`$USER`, else
+/// `$USERNAME`, else `local-user`).
+pub fn local_user() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "local-user".into())
+}
+
 /// The default principal of a request an HTTP server authenticated as the OAuth client
 /// `client_id` (the bindings read it from their SDK's access token): `client:<client_id>`.
 pub fn client_principal(client_id: &str) -> String {

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::store::testsuite::{keys, list, scope, LEASE, RETENTION, T0};
 use crate::claims::Deduplicator;
 use crate::config::{AfterCrash, EngineConfig};
 use crate::engine::{Claim, Decision, Replay, ToolCall};
@@ -22,6 +21,7 @@ use crate::policy::ToolPolicies;
 use crate::raw_object::RawObject;
 use crate::record::{Outcome, Record, RecordState, Scope};
 use crate::rejection::RejectionKind;
+use crate::store::testsuite::{keys, list, scope, LEASE, RETENTION, T0};
 use crate::store::{Fenced, ListFilter, StateFilter, Store};
 use crate::time::{Clock, ManualClock, Timestamp};
 

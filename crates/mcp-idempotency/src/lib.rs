@@ -90,6 +90,7 @@ pub mod http_client;
 pub mod interceptor;
 pub mod jsonrpc;
 mod key;
+mod lines;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod policy;

@@ -1,7 +1,6 @@
 //! Options shared by the commands that decide calls, `wrap` and `proxy`: every help text here must
 //! hold for both (tests/integration/cli_help.rs runs `--help` of each).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use mcp_idempotency::embedded::options::{
     self, AFTER_CRASH, LEASE, MAX_ARGUMENT_BYTES, MAX_KEY_BYTES, MAX_OUTCOME_BYTES,
     MAX_RECORDS_PER_SCOPE, MAX_RECORDS_TOTAL, RETENTION, STORE,
 };
+use mcp_idempotency::embedded::SetupError;
 use mcp_idempotency::store::{self, Store, StoreUrl};
 use mcp_idempotency::{AfterCrash, EngineConfig};
 
@@ -73,10 +73,7 @@ impl EngineArgs {
 
     /// The store URL, with the default SQLite file when none was given.
     pub(crate) fn store_url(&self) -> anyhow::Result<StoreUrl> {
-        match &self.store {
-            Some(url) => url.parse().map_err(anyhow::Error::from),
-            None => Ok(StoreUrl::Sqlite(default_sqlite_path()?)),
-        }
+        store_url(self.store.as_deref())
     }
 
     /// Opens the store; a malformed URL or an unusable store is an error.
@@ -88,10 +85,14 @@ impl EngineArgs {
     }
 }
 
-/// The store `wrap` and `inspect` use without `--store`: the library's
-/// [`default_sqlite_path`](mcp_idempotency::embedded::default_sqlite_path), the same file as the
-/// Python and TypeScript bindings'.
-pub(crate) fn default_sqlite_path() -> anyhow::Result<PathBuf> {
-    mcp_idempotency::embedded::default_sqlite_path()
-        .map_err(|_| anyhow::anyhow!("cannot find the user's data directory; pass --store"))
+/// `--store`, or the store `wrap`, `proxy` and `inspect` use without it: the library's
+/// [`store_url_or_default`](mcp_idempotency::embedded::store_url_or_default), the same file as
+/// the Python and TypeScript bindings'.
+pub(crate) fn store_url(url: Option<&str>) -> anyhow::Result<StoreUrl> {
+    mcp_idempotency::embedded::store_url_or_default(url).map_err(|err| match err {
+        SetupError::NoDataDirectory => {
+            anyhow::anyhow!("cannot find the user's data directory; pass --store")
+        }
+        other => anyhow::Error::from(other),
+    })
 }

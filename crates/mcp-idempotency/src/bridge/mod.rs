@@ -83,8 +83,8 @@ use crate::jsonrpc::{
     error_response, error_response_with_data, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INTERNAL_ERROR,
     INVALID_REQUEST, PARSE_ERROR,
 };
+use crate::lines::{self, Line};
 use crate::protocol::{self, INITIALIZE, INITIALIZED};
-use crate::stdio::lines::{self, Line};
 use exchange::{Endpoint, SendError};
 use message::ClientMessage;
 use shared::Shared;

@@ -56,7 +56,7 @@ use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
 pub use gateways::Gateways;
-pub use settings::{default_sqlite_path, Settings, SetupError};
+pub use settings::{default_sqlite_path, store_url_or_default, Settings, SetupError};
 
 /// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's
 /// settings, shared by every [`Connection`]. Cheap to clone; clones are equal, other gateways are

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::default_scope::local_user;
 use crate::interceptor::InterceptorConfig;
-use crate::stdio::local_user;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RejectionKind, Scope};
 
@@ -155,12 +155,7 @@ impl Settings {
 
     /// The store URL, with the default SQLite file when none was set.
     pub fn store_url(&self) -> Result<StoreUrl, SetupError> {
-        match &self.store {
-            Some(url) => url
-                .parse()
-                .map_err(|source| SetupError::Store { url: None, source }),
-            None => Ok(StoreUrl::Sqlite(default_sqlite_path()?)),
-        }
+        store_url_or_default(self.store.as_deref())
     }
 
     /// Opens the store and starts the gateway (on the current tokio runtime): a malformed URL or
@@ -189,6 +184,17 @@ impl Settings {
             self.interceptor,
             self.store_io,
         ))
+    }
+}
+
+/// The store at `url`, or, when none is given, the one every gateway uses by default: SQLite at
+/// [`default_sqlite_path`] (`mcp-idem wrap`, `proxy` and `inspect` read `--store` with it too).
+pub fn store_url_or_default(url: Option<&str>) -> Result<StoreUrl, SetupError> {
+    match url {
+        Some(url) => url
+            .parse()
+            .map_err(|source| SetupError::Store { url: None, source }),
+        None => Ok(StoreUrl::Sqlite(default_sqlite_path()?)),
     }
 }
 

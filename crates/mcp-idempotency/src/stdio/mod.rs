@@ -43,7 +43,6 @@
 //! outcome-unknown and answered `idempotency_outcome_unknown`, the client's input is no longer
 //! read, and the server's input is closed; the server's output is still relayed until it ends.
 
-pub(crate) mod lines;
 mod naming;
 mod stopping;
 
@@ -57,16 +56,16 @@ use tokio::io::{
     AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, DuplexStream, ReadHalf, WriteHalf,
 };
 
-use crate::default_scope::{embedded_legacy_namespace, LegacyNamespaceReads};
+use crate::default_scope::{embedded_legacy_namespace, local_user, LegacyNamespaceReads};
 use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
 use crate::jsonrpc::{
     error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
 };
+use crate::lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RunningClaim};
 use futures_util::StreamExt;
-use lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use stopping::Stopping;
 
 /// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
@@ -656,13 +655,6 @@ pub async fn idempotent_stdio(
     let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(store));
     let proxy = StdioProxy::new(dedup, scope).namespace_from_server(true);
     Ok(proxy.spawn_in_process(tokio::io::stdin(), tokio::io::stdout()))
-}
-
-/// The authorization boundary of a stdio server: the local user running it.
-pub fn local_user() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "local-user".into())
 }
 
 fn lock(

@@ -15,7 +15,7 @@ use clap::{Args, FromArgMatches, Subcommand, ValueEnum};
 use mcp_idempotency::store::{self, ListFilter, StateFilter, Store, StoreUrl};
 use mcp_idempotency::{KeySource, Record, RecordState, Timestamp};
 
-use super::engine_args::default_sqlite_path;
+use super::engine_args::store_url;
 
 /// Exit status when no record matched, or a deletion was declined.
 const EXIT_NOTHING: u8 = 1;
@@ -228,10 +228,7 @@ impl InspectArgs {
     }
 
     fn store_url(&self) -> anyhow::Result<StoreUrl> {
-        match &self.store {
-            Some(url) => Ok(url.parse()?),
-            None => Ok(StoreUrl::Sqlite(default_sqlite_path()?)),
-        }
+        store_url(self.store.as_deref())
     }
 }
 

@@ -14,10 +14,11 @@ use std::time::Duration;
 use super::policy_args::PolicyArgs;
 use anyhow::Context;
 use clap::Args;
+use mcp_idempotency::default_scope::local_user;
 use mcp_idempotency::default_scope::{wrap_legacy_namespace, LegacyNamespaceReads};
 use mcp_idempotency::embedded::options::{self, CANCEL, FORWARD_KEY, NAMESPACE, PRINCIPAL};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
-use mcp_idempotency::stdio::{local_user, StdioProxy};
+use mcp_idempotency::stdio::StdioProxy;
 use mcp_idempotency::{Deduplicator, Scope};
 
 use super::engine_args::EngineArgs;
