@@ -107,3 +107,103 @@ fn the_effective_policy_prints_as_toml() {
          store-down = \"fail-closed\"\nwait = \"30s\"\n"
     );
 }
+
+/// The key `choose` picks for a call of `charge` with these `arguments` under `tools`.
+fn chosen(tools: serde_json::Value, arguments: serde_json::Value) -> select::Chosen {
+    let policies = ToolPolicies::from_json(&tools).unwrap();
+    let params = json!({"name": "charge", "arguments": arguments}).to_string();
+    let params = crate::interceptor::raw_object::RawObject::parse(&params).unwrap();
+    select::choose(&policies, "charge", &params)
+}
+
+#[test]
+fn an_empty_identifier_is_missing_as_null_is() {
+    let required = json!({"charge": {"key-from": ["/memo"], "required": true}});
+    for memo in [json!(null), json!("")] {
+        let arguments = json!({"amount": 1, "memo": memo});
+        let select::Chosen::Refused(message) = chosen(required.clone(), arguments) else {
+            panic!("memo {memo} is missing: the call is refused");
+        };
+        assert!(
+            message.contains("needs its identifier `/memo`"),
+            "{message}"
+        );
+    }
+    // A composite identifier with one empty member is missing too.
+    let composite = json!({"charge": {"key-from": ["/memo", "/amount"], "required": true}});
+    assert!(matches!(
+        chosen(composite, json!({"amount": 1, "memo": ""})),
+        select::Chosen::Refused(_)
+    ));
+    // Without `required`, the call goes on to the next source: a window, or none.
+    let windowed = json!({"charge": {"key-from": ["/memo"], "window": "30s"}});
+    assert!(matches!(
+        chosen(windowed, json!({"memo": ""})),
+        select::Chosen::Key {
+            source: crate::key::KeySource::Window,
+            ..
+        }
+    ));
+    assert_eq!(
+        chosen(
+            json!({"charge": {"key-from": "/memo"}}),
+            json!({"memo": ""})
+        ),
+        select::Chosen::Unkeyed {
+            missing: Some("its identifier `/memo`".into())
+        }
+    );
+    // Any other string is an identifier, blank or not.
+    for memo in [" ", "0", "\"\""] {
+        assert!(
+            matches!(
+                chosen(required.clone(), json!({"memo": memo})),
+                select::Chosen::Key {
+                    source: crate::key::KeySource::KeyFrom,
+                    ..
+                }
+            ),
+            "{memo:?}"
+        );
+    }
+}
+
+#[test]
+fn an_empty_key_argument_is_missing_as_null_is() {
+    let required = json!({"charge": {"key-argument": "idempotency_key", "required": true}});
+    for key in [json!(null), json!("")] {
+        let select::Chosen::Refused(message) =
+            chosen(required.clone(), json!({"idempotency_key": key}))
+        else {
+            panic!("key {key} is missing: the call is refused");
+        };
+        assert!(
+            message.contains("needs argument `idempotency_key`"),
+            "{message}"
+        );
+    }
+    let windowed = json!({"charge": {"key-argument": "idempotency_key", "window": "5s"}});
+    assert!(matches!(
+        chosen(windowed, json!({"idempotency_key": ""})),
+        select::Chosen::Key {
+            source: crate::key::KeySource::Window,
+            ..
+        }
+    ));
+    assert_eq!(
+        chosen(
+            json!({"charge": {"key-argument": "idempotency_key"}}),
+            json!({"idempotency_key": ""})
+        ),
+        select::Chosen::Unkeyed {
+            missing: Some("argument `idempotency_key`".into())
+        }
+    );
+    assert!(matches!(
+        chosen(required, json!({"idempotency_key": "k-1"})),
+        select::Chosen::Key {
+            source: crate::key::KeySource::Argument,
+            ..
+        }
+    ));
+}
