@@ -207,3 +207,58 @@ fn an_empty_key_argument_is_missing_as_null_is() {
         }
     ));
 }
+
+#[test]
+fn every_multi_word_setting_is_taken_in_kebab_snake_and_camel_case() {
+    let spelled = |kebab: bool, snake: bool| {
+        let name = |words: [&str; 2]| match (kebab, snake) {
+            (true, _) => format!("{}-{}", words[0], words[1]),
+            (false, true) => format!("{}_{}", words[0], words[1]),
+            (false, false) => {
+                let mut second = words[1].to_owned();
+                second[..1].make_ascii_uppercase();
+                format!("{}{second}", words[0])
+            }
+        };
+        let mut table = serde_json::Map::new();
+        table.insert(name(["key", "from"]), json!("/order_id"));
+        table.insert(name(["key", "argument"]), json!("idempotency_key"));
+        table.insert(name(["on", "error"]), json!("forget"));
+        table.insert(name(["store", "down"]), json!("run-unprotected"));
+        ToolPolicies::from_json(&json!({"charge": table})).unwrap()
+    };
+    let kebab = spelled(true, false);
+    assert_eq!(spelled(false, true), kebab);
+    assert_eq!(spelled(false, false), kebab);
+    let charge = kebab.for_tool("charge").unwrap();
+    assert_eq!(charge.key_from().collect::<Vec<_>>(), ["/order_id"]);
+    assert_eq!(charge.key_argument(), Some("idempotency_key"));
+    assert_eq!(charge.on_error(), OnError::Forget);
+    assert_eq!(charge.store_down(), StoreDown::RunUnprotected);
+}
+
+#[test]
+fn an_error_quotes_the_setting_as_it_was_given() {
+    for name in ["key-from", "key_from", "keyFrom"] {
+        let err = ToolPolicies::from_json(&json!({"charge": {name: "order_id"}})).unwrap_err();
+        assert_eq!(err.tool(), "charge");
+        assert_eq!(err.setting(), Some(name));
+        assert!(err.reason().contains("must start with `/`"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("tool policy [tools.\"charge\"]: `{name}`: ")),
+            "{err}"
+        );
+    }
+    let err = ToolPolicies::from_json(&json!({"charge": {"onError": "retry"}})).unwrap_err();
+    assert_eq!(err.setting(), Some("onError"));
+    // One setting given twice, in two spellings: an error naming both.
+    let err = ToolPolicies::from_json(&json!({"charge": {"key-from": "/a", "keyFrom": "/b"}}))
+        .unwrap_err();
+    assert_eq!(err.setting(), None);
+    assert!(
+        err.reason()
+            .contains("`key-from` and `keyFrom` are one setting"),
+        "{err}"
+    );
+}
