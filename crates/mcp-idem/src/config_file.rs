@@ -1,6 +1,7 @@
 //! `--config FILE` (or `MCP_IDEM_CONFIG`): option values for `wrap` and `proxy` from a TOML file.
 //!
-//! Keys are the long option names (`store = "redis://..."`, `max-key-bytes = 128`). A top-level key
+//! Keys are the long option names (`store = "redis://..."`, `max-key-bytes = 128`), or the same in
+//! snake_case or camelCase (`max_key_bytes`, `maxKeyBytes`), as policy settings are. A top-level key
 //! applies to each of `wrap` and `proxy` that has the option (`listen` only to `proxy`); a `[wrap]`
 //! or `[proxy]` table applies to that command only and wins over the top level. A key that is an
 //! option of neither (or, in a table, not of its command) is an error naming it.
@@ -18,6 +19,7 @@ use clap::builder::Resettable;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
 use mcp_idempotency::embedded::options::{self, TOOLS};
+use mcp_idempotency::policy::{kebab_case, ToolPolicies};
 
 /// The commands a config file configures.
 pub(crate) const CONFIGURABLE: [&str; 2] = ["wrap", "proxy"];
@@ -211,48 +213,60 @@ fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Resu
             .find_subcommand(name)
             .with_context(|| format!("no `{name}` command"))?;
         let mut values = BTreeMap::new();
+        // Each option's key as written (`after_crash`, `afterCrash`), for the errors.
+        let mut keys: BTreeMap<String, String> = BTreeMap::new();
         // `[tools.NAME]` tables: `[wrap.tools.NAME]` / `[proxy.tools.NAME]` replace the
-        // top-level table of the same tool.
+        // top-level table of the same tool. `origins` says which, per tool, for the errors.
         let mut tools = toml::Table::new();
-        for (key, value) in table {
-            if value.is_table() && CONFIGURABLE.contains(&key.as_str()) {
+        let mut origins: BTreeMap<String, String> = BTreeMap::new();
+        for (level, options) in [
+            (None, Some(table)),
+            (Some(name), section_of(table, name, path)?),
+        ] {
+            let Some(options) = options else {
                 continue;
-            }
-            if key == TOOLS.name {
-                tools.extend(tool_tables(name, value, path)?);
-                continue;
-            }
-            // A top-level key applies where it is an option; one that is an option nowhere is
-            // reported below.
-            if let Some(id) = option_id(sub, key) {
-                values.insert(id, scalar(key, value, path)?);
-            }
-        }
-        if let Some(section) = table.get(name) {
-            let section = section.as_table().with_context(|| {
-                format!("[{name}] in {} must be a table of options", path.display())
-            })?;
-            for (key, value) in section {
-                if key == TOOLS.name {
-                    tools.extend(tool_tables(name, value, path)?);
+            };
+            let mut here: BTreeMap<String, &str> = BTreeMap::new();
+            for (key, value) in options {
+                if level.is_none() && value.is_table() && CONFIGURABLE.contains(&key.as_str()) {
                     continue;
                 }
-                let id = option_id(sub, key).with_context(|| unknown_key(sub, key, path))?;
-                values.insert(id, scalar(key, value, path)?);
+                if key == TOOLS.name {
+                    let origin = level.map_or_else(|| "tools".to_owned(), |l| format!("{l}.tools"));
+                    for (tool, policy) in tool_tables(name, value, path)? {
+                        origins.insert(tool.clone(), origin.clone());
+                        tools.insert(tool, policy);
+                    }
+                    continue;
+                }
+                // A top-level key applies where it is an option; one that is an option nowhere
+                // is reported below.
+                let id = match (option_id(sub, key), level) {
+                    (Some(id), _) => id,
+                    (None, None) => continue,
+                    (None, Some(_)) => bail!(unknown_key(sub, key, path)),
+                };
+                if let Some(first) = here.insert(id.clone(), key) {
+                    bail!(
+                        "`{first}` and `{key}` in {}{} are one option; give it once",
+                        path.display(),
+                        level.map(|l| format!(" [{l}]")).unwrap_or_default()
+                    );
+                }
+                values.insert(id.clone(), scalar(key, value, path)?);
+                keys.insert(id, key.clone());
             }
         }
         if !tools.is_empty() {
+            check_tools(&tools, &origins, path)?;
             let id = option_id(sub, TOOLS.name).context("no --tools option")?;
             let json = serde_json::to_string(&tools).context("the [tools] tables")?;
             values.insert(id, json);
         }
         for (id, value) in &values {
             check_value(sub, id, value).with_context(|| {
-                format!(
-                    "invalid value for `{}` in {}",
-                    long_name(sub, id),
-                    path.display()
-                )
+                let key = keys.get(id).cloned().unwrap_or_else(|| long_name(sub, id));
+                format!("invalid value for `{key}` in {}", path.display())
             })?;
         }
         sections.insert(name, values);
@@ -275,7 +289,8 @@ fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Resu
             keys.dedup();
             bail!(
                 "unknown key `{key}` in the config file {} (not an option of `mcp-idem wrap` or \
-                 `mcp-idem proxy`; keys are long option names: {})",
+                 `mcp-idem proxy`; keys are long option names, also in snake_case or camelCase: \
+                 {})",
                 path.display(),
                 keys.join(", ")
             );
@@ -284,11 +299,29 @@ fn sections(command: &Command, table: &toml::Table, path: &Path) -> anyhow::Resu
     Ok(sections)
 }
 
-/// The id of the option whose long name is `key`, if a file may set it.
+/// The `[wrap]` or `[proxy]` table, if the file has one.
+fn section_of<'a>(
+    table: &'a toml::Table,
+    name: &str,
+    path: &Path,
+) -> anyhow::Result<Option<&'a toml::Table>> {
+    table
+        .get(name)
+        .map(|section| {
+            section.as_table().with_context(|| {
+                format!("[{name}] in {} must be a table of options", path.display())
+            })
+        })
+        .transpose()
+}
+
+/// The id of the option whose long name is `key` (or the same in snake_case or camelCase:
+/// `after_crash`, `afterCrash`), if a file may set it.
 fn option_id(sub: &Command, key: &str) -> Option<String> {
+    let key = kebab_case(key);
     sub.get_arguments()
         .filter(|arg| !NOT_IN_FILE.contains(&arg.get_id().as_str()))
-        .find(|arg| arg.get_long() == Some(key))
+        .find(|arg| arg.get_long() == Some(key.as_str()))
         .map(|arg| arg.get_id().as_str().to_owned())
 }
 
@@ -311,15 +344,52 @@ pub(crate) fn file_keys(sub: &Command) -> Vec<&str> {
 fn unknown_key(sub: &Command, key: &str, path: &Path) -> String {
     format!(
         "unknown key `{key}` in the config file {} (not an option of `mcp-idem {}`; keys are \
-         long option names: {})",
+         long option names, also in snake_case or camelCase: {})",
         path.display(),
         sub.get_name(),
         file_keys(sub).join(", ")
     )
 }
 
+/// Reads the `[tools.NAME]` tables as `--tools` would, so that a mistake is reported against the
+/// file, the table and the setting as written: `config.toml: [tools.charge] key_from: …`.
+/// `origins` holds each tool's table prefix (`tools`, `wrap.tools`).
+fn check_tools(
+    tools: &toml::Table,
+    origins: &BTreeMap<String, String>,
+    path: &Path,
+) -> anyhow::Result<()> {
+    let json = serde_json::to_value(tools).context("the [tools] tables")?;
+    let Err(error) = ToolPolicies::from_json(&json) else {
+        return Ok(());
+    };
+    let origin = origins.get(error.tool()).map_or("tools", String::as_str);
+    let table = if error.tool().is_empty() {
+        format!("[{origin}]")
+    } else {
+        format!("[{origin}.{}]", toml_key(error.tool()))
+    };
+    match error.setting() {
+        Some(setting) => bail!("{}: {table} {setting}: {}", path.display(), error.reason()),
+        None => bail!("{}: {table} {}", path.display(), error.reason()),
+    }
+}
+
+/// `key` as a TOML key: bare when it can be (`charge`), else quoted (`"*"`, `"my tool"`).
+fn toml_key(key: &str) -> String {
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if bare {
+        key.to_owned()
+    } else {
+        serde_json::Value::String(key.to_owned()).to_string()
+    }
+}
+
 /// The `[tools]` table: tool name to its table of settings (`[tools.charge]`,
-/// `[tools."*"]`); its settings are checked with the rest, by the option's parser.
+/// `[tools."*"]`); its settings are checked by [`check_tools`].
 fn tool_tables(command: &str, value: &toml::Value, path: &Path) -> anyhow::Result<toml::Table> {
     let tables = value.as_table().with_context(|| {
         format!(

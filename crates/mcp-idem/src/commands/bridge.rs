@@ -9,10 +9,13 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use mcp_idempotency::bridge::{Bridge, BridgeConfig};
+use mcp_idempotency::embedded::options::{self, MetaKeys, META_KEY};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Every tools/call without an idempotencyKey gets a fresh one (UUID v4). When the server \
+A client's own key is kept wherever it carries it: params.idempotencyKey, \
+params._meta.idempotencyKey, or a --meta-key member of _meta (no key is added beside it). Every \
+other tools/call gets a fresh params.idempotencyKey (UUID v4). When the server \
 advertises tools.idempotency, a call whose answer is lost (no connection, a reset, a stream \
 that ends early, no answer within --attempt-timeout, HTTP 502/503/504, \
 idempotency_key_in_progress, idempotency_store_unavailable, idempotency_shutting_down) is \
@@ -48,6 +51,12 @@ pub(crate) struct BridgeArgs {
     /// Longest client message (one line); a longer one is skipped and answered -32600.
     #[arg(long, value_name = "BYTES", default_value_t = mcp_idempotency::jsonrpc::DEFAULT_MAX_CLIENT_MESSAGE_BYTES, env = "MCP_IDEM_MAX_LINE_BYTES")]
     max_line_bytes: usize,
+
+    /// Also take a client's own key from these `params._meta` members (comma-separated), beside
+    /// `_meta.idempotencyKey`, always read: give the names the gateway behind reads
+    /// (its --meta-key).
+    #[arg(long = META_KEY.name, env = "MCP_IDEM_META_KEY", value_name = "NAMES", value_parser = options::meta_keys)]
+    meta_key: Option<MetaKeys>,
 }
 
 /// Headers from the environment: one `Name: Value` per line.
@@ -63,6 +72,9 @@ impl BridgeArgs {
         let env_headers = from_env.lines().filter(|line| !line.trim().is_empty());
         for header in self.headers.iter().map(String::as_str).chain(env_headers) {
             config = config.header_line(header)?;
+        }
+        for name in self.meta_key.iter().flat_map(|names| &names.0) {
+            config = config.meta_key(name)?;
         }
         if let Some(ca) = self.ca_cert {
             config = config.ca_cert(ca);

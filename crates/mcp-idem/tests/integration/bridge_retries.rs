@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::support::bridge::{Fault, Forwarder, Plan};
 use crate::support::common::{ledger_lines, meta_2026, StdioPeer};
-use crate::support::http::{ledger_in, HttpDemo, Proxy};
+use crate::support::http::{ledger_in, HttpDemo, Proxy, Raw};
 
 /// `mcp-idem bridge ARGS URL` as a stdio peer, logging at `warn` (the re-issue lines).
 fn bridge(dir: &tempfile::TempDir, url: &str, args: &[&str]) -> StdioPeer {
@@ -315,4 +315,78 @@ fn without_the_capability_a_read_only_tool_is_reissued() {
     assert_eq!(reissues(&bridge), 1, "the charge was not re-issued");
     assert_eq!(ledger_lines(&ledger).len(), 1, "the charge ran once");
     assert!(bridge.finish().success());
+}
+
+/// A client that keys its calls in `_meta` (`_meta.idempotencyKey`, or a name both the bridge and
+/// the proxy are told with `--meta-key`) keeps its key through the bridge: the bridge adds no
+/// SEP key of its own (which would outrank it), re-issues a lost answer with the same message,
+/// and the same call after a restart of the bridge, or sent straight to the proxy, is replayed.
+#[test]
+fn a_key_in_meta_is_kept_across_a_restart_of_the_bridge_and_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let demo = HttpDemo::spawn(&ledger, &[]);
+    let named = "io.example/idempotency-key";
+    let proxy = Proxy::spawn(
+        &demo.base_url(),
+        &["--store", "memory", "--meta-key", named],
+    );
+    // The first answer to each key is dropped after the server ran the call.
+    let plan = Plan::new(|call| {
+        if call.attempt == 0 {
+            Fault::Drop
+        } else {
+            Fault::Forward
+        }
+    });
+    let forwarder = Forwarder::start(&proxy.url, None, plan, Duration::from_secs(5));
+    let meta_call = |id: u64, name: &str, key: &str, amount: u64| {
+        let mut message = call(
+            id,
+            "charge_payment",
+            json!({"amount": amount, "currency": "usd"}),
+        );
+        message["params"]["_meta"][name] = json!(key);
+        message
+    };
+    let charge_of = |answer: &Value| -> String {
+        answer["result"]["structuredContent"]["chargeId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no charge: {answer}"))
+            .to_owned()
+    };
+
+    let mut first = bridge(&dir, &forwarder.url, &["--meta-key", named]);
+    let charge = charge_of(&first.request(meta_call(1, "idempotencyKey", "m-41", 41)));
+    let named_charge = charge_of(&first.request(meta_call(2, named, "m-42", 42)));
+    assert_eq!(reissues(&first), 2, "{}", first.stderr());
+    assert!(first.finish().success());
+    let exchanges = forwarder.exchanges();
+    assert_eq!(exchanges.len(), 4, "{}", forwarder.summary());
+    for exchange in &exchanges {
+        assert_eq!(exchange.key, None, "no SEP key added: {exchange:?}");
+        assert!(exchange.meta_key.is_some(), "{exchange:?}");
+    }
+    assert_eq!(
+        ledger_lines(&ledger).len(),
+        2,
+        "the re-issues were replayed"
+    );
+
+    // The client restarts, and so does the bridge it launches: the same calls again.
+    let mut second = bridge(&dir, &forwarder.url, &["--meta-key", named]);
+    let again = second.request(meta_call(1, "idempotencyKey", "m-41", 41));
+    assert_eq!(charge_of(&again), charge, "{again}");
+    let again = second.request(meta_call(2, named, "m-42", 42));
+    assert_eq!(charge_of(&again), named_charge, "{again}");
+    assert!(second.finish().success());
+
+    // The same key sent straight to the proxy.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let raw = Raw::new(&proxy);
+    let direct = runtime.block_on(raw.call(meta_call(3, "idempotencyKey", "m-41", 41)));
+    assert_eq!(direct.charge_id(), Some(charge), "{direct:?}");
+    let direct = runtime.block_on(raw.call(meta_call(4, named, "m-42", 42)));
+    assert_eq!(direct.charge_id(), Some(named_charge), "{direct:?}");
+    assert_eq!(ledger_lines(&ledger).len(), 2, "each key ran once");
 }

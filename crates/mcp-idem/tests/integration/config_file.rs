@@ -378,3 +378,130 @@ fn bad_tool_tables_stop_everything_with_a_clear_error() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("`window`"));
     assert!(!ledger.exists(), "the server started");
 }
+
+/// A policy mistake in the file names the file, the table and the setting as the user wrote them
+/// (`bad.toml: [tools.charge] key_from: …`), never the `--tools` JSON the tables become.
+#[test]
+fn a_policy_error_names_the_file_the_table_and_the_setting_as_written() {
+    for (text, expected) in [
+        (
+            "[tools.charge]\nkey_from = \"order_id\"\n",
+            "bad.toml: [tools.charge] key_from: \"order_id\" is not a JSON Pointer",
+        ),
+        (
+            "[tools.charge]\nkeyFrom = [\"/a\"]\nwindow = \"0s\"\n",
+            "bad.toml: [tools.charge] window: \"0s\" is out of range",
+        ),
+        (
+            "[tools.\"*\"]\nonError = \"retry\"\n",
+            "bad.toml: [tools.\"*\"] onError: must be one of replay, forget",
+        ),
+        (
+            "[tools.charge]\nkey-from = \"/a\"\n[proxy.tools.charge]\nstore_down = \"open\"\n",
+            "bad.toml: [proxy.tools.charge] store_down: must be one of fail-closed",
+        ),
+        (
+            "[tools.\"billing refund\"]\nkeyArgument = \"\"\n",
+            "bad.toml: [tools.\"billing refund\"] keyArgument: must not be empty",
+        ),
+        (
+            "[tools.charge]\nrequired = true\n",
+            "bad.toml: [tools.charge] `required = true` needs `key-from` or `key-argument`",
+        ),
+        (
+            "[tools.charge]\nkey_from = \"/a\"\nkeyFrom = \"/b\"\n",
+            "bad.toml: [tools.charge] `keyFrom` and `key_from` are one setting; give it once",
+        ),
+        (
+            "after_crash = \"retry\"\n",
+            "invalid value for `after_crash` in",
+        ),
+        (
+            "after_crash = \"reject\"\nafter-crash = \"reject\"\n",
+            "`after-crash` and `after_crash` in",
+        ),
+    ] {
+        let err = rejected(text);
+        assert!(err.contains(expected), "{text}: {err}");
+        assert!(!err.contains("--tools"), "{text}: {err}");
+    }
+}
+
+/// `key-from`, `key_from` and `keyFrom` (and so every multi-word setting and option) are one
+/// name, in the file and in `--tools`.
+#[test]
+fn every_multi_word_name_is_taken_in_kebab_snake_and_camel_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "spellings.toml",
+        r#"
+            store = "memory"
+            after_crash = "reject"
+            maxKeyBytes = 100
+
+            [tools.a]
+            key-from = "/id"
+            on-error = "forget"
+            store-down = "run-unprotected"
+
+            [tools.b]
+            key_from = "/id"
+            on_error = "forget"
+            store_down = "run-unprotected"
+
+            [tools.c]
+            keyFrom = "/id"
+            onError = "forget"
+            storeDown = "run-unprotected"
+
+            [tools.d]
+            key_argument = "k"
+
+            [tools.e]
+            keyArgument = "k"
+        "#,
+    );
+    let report = stdout(&run(
+        &["config-check", "wrap", "--config", file.to_str().unwrap()],
+        &[],
+    ));
+    assert_eq!(
+        line(&report, "after-crash"),
+        r#"after-crash = "reject"  # config file"#
+    );
+    assert_eq!(
+        line(&report, "max-key-bytes"),
+        r#"max-key-bytes = "100"  # config file"#
+    );
+    let tables: toml::Table = report.parse().unwrap();
+    for tool in ["a", "b", "c"] {
+        let policy = &tables["tools"][tool];
+        assert_eq!(policy["key-from"][0].as_str(), Some("/id"), "{report}");
+        assert_eq!(policy["on-error"].as_str(), Some("forget"), "{report}");
+        assert_eq!(
+            policy["store-down"].as_str(),
+            Some("run-unprotected"),
+            "{report}"
+        );
+    }
+    for tool in ["d", "e"] {
+        assert_eq!(tables["tools"][tool]["key-argument"].as_str(), Some("k"));
+    }
+
+    let report = stdout(&run(
+        &[
+            "config-check",
+            "wrap",
+            "--store",
+            "memory",
+            "--tools",
+            r#"{"a": {"keyFrom": "/id", "onError": "forget"}, "b": {"key_argument": "k"}}"#,
+        ],
+        &[],
+    ));
+    let tables: toml::Table = report.parse().unwrap();
+    assert_eq!(tables["tools"]["a"]["key-from"][0].as_str(), Some("/id"));
+    assert_eq!(tables["tools"]["a"]["on-error"].as_str(), Some("forget"));
+    assert_eq!(tables["tools"]["b"]["key-argument"].as_str(), Some("k"));
+}

@@ -9,7 +9,8 @@
 //!   fresh SEP key) replays, marked `mcp-idem/replayed = "key-from"`; the order id with another
 //!   amount is a conflict naming `/order_id`;
 //! - a 1 s window merges identical calls and lets them run again after it;
-//! - `required = true` refuses a call without its identifier, and nothing runs;
+//! - `required = true` refuses a call without its identifier (absent, `null` or `""`), and
+//!   nothing runs;
 //! - a key-less duplicate of a running call waits for it and gets its outcome, and the wait does
 //!   not hold up an elicitation answer the running call needs (stdio and HTTP);
 //! - bad input: a `_meta` key that is not a string, a pointer that names an object or an array.
@@ -293,6 +294,35 @@ fn a_required_identifier_in_wrap() {
 #[test]
 fn a_required_identifier_in_proxy() {
     a_call_without_its_required_identifier_runs_nothing(Front::proxy(&required_order_id()));
+}
+
+/// An identifier or a key argument that is `""` is missing, as `null` is: two charges with
+/// `memo: ""` and different amounts are refused (`required`), not taken as one operation, and
+/// nothing runs.
+#[test]
+fn an_empty_identifier_or_key_argument_is_missing_in_wrap() {
+    for (policy, wanted) in [
+        (
+            json!({"key-from": ["/memo"], "required": true}),
+            "identifier `/memo`",
+        ),
+        (
+            json!({"key-argument": "memo", "required": true}),
+            "argument `memo`",
+        ),
+    ] {
+        let mut front = Front::wrap(&json!({"charge_payment": policy}));
+        for (id, amount) in [(1, 10), (2, 11)] {
+            let arguments = json!({"amount": amount, "currency": "EUR", "memo": ""});
+            let refused = front.request(charge(id, arguments));
+            assert_error(&refused, -32602, &[wanted, "nothing ran"]);
+            assert!(refused["error"]["data"]["type"].is_null(), "{refused}");
+        }
+        assert!(front.ledger().is_empty(), "{:?}", front.ledger());
+        let named = json!({"amount": 12, "currency": "EUR", "memo": "m-12"});
+        charge_id(&front.request(charge(3, named)));
+        assert_eq!(front.ledger().len(), 1, "{:?}", front.ledger());
+    }
 }
 
 // 5. A key-less duplicate waits for the running call.

@@ -285,6 +285,31 @@ fn a_python_sdk_server_gets_keys_from_its_identifiers_over_every_page() {
     );
 }
 
+/// A stdio server that takes 11 s to start (as a first `npx -y` does) is listed: `--connect-timeout`
+/// bounds the start, not the 10 s rmcp gives `server/discover` (which failed it with "conflict
+/// initialized response id: expected 1, got 0"). A shorter `--connect-timeout` ends the wait,
+/// saying so.
+#[test]
+fn a_server_slow_to_start_gets_the_whole_connect_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger.jsonl");
+    let slow = |seconds: u32| {
+        let start = format!("sleep {seconds}; exec \"$0\" demo-server --ledger \"$1\"",);
+        let mut args = os(&["--", "sh", "-c", &start, EXE]);
+        args.push(ledger.clone().into());
+        args
+    };
+    let mut impatient = os(&["--connect-timeout", "1s"]);
+    impatient.extend(slow(3));
+    tools(&impatient).assert_startup_failure(&["no session within 1s (--connect-timeout)"]);
+
+    let mut patient = os(&["--connect-timeout", "60s"]);
+    patient.extend(slow(11));
+    let text = stdout(&tools(&patient));
+    assert!(text.contains("\n# charge_payment\n"), "{text}");
+    assert!(ledger_lines(&ledger).is_empty(), "listing runs no tool");
+}
+
 #[test]
 fn a_server_that_cannot_be_reached_is_a_clear_error() {
     let url = format!("{}/mcp", closed_port_url());

@@ -49,15 +49,24 @@ pub(crate) struct Request {
 pub(crate) struct KeyedCall {
     /// `params.name`.
     pub(crate) tool: String,
-    /// `params.idempotencyKey`.
+    /// The key the call carries: the client's own, or the one the bridge added.
     pub(crate) key: String,
+    /// Where the key is carried, as a person reads it: `idempotencyKey` (the SEP key, in
+    /// `params`) or `_meta.NAME`.
+    pub(crate) carrier: String,
     /// Whether the bridge added the key (the client sent none).
     pub(crate) added: bool,
 }
 
 impl ClientMessage {
-    /// Classifies `line`; a `tools/call` without `idempotencyKey` gets `new_key()`.
-    pub(crate) fn parse(line: &str, new_key: impl FnOnce() -> String) -> Self {
+    /// Classifies `line`. A `tools/call` that carries no key of the client's own, neither
+    /// `params.idempotencyKey` nor one of the `meta_keys` members of `params._meta`, gets
+    /// `new_key()` as its `params.idempotencyKey`.
+    pub(crate) fn parse(
+        line: &str,
+        meta_keys: &[String],
+        new_key: impl FnOnce() -> String,
+    ) -> Self {
         let trimmed = line.trim_start();
         if trimmed.starts_with('[') {
             return if is_json_rpc(line) {
@@ -80,7 +89,7 @@ impl ClientMessage {
         match (envelope.get_str("method"), id) {
             (Some(method), Some(id)) => {
                 let (message, keyed_call) = if method == "tools/call" {
-                    keyed(line, &envelope, new_key)
+                    keyed(line, &envelope, meta_keys, new_key)
                 } else {
                     (line.to_owned(), None)
                 };
@@ -100,11 +109,12 @@ impl ClientMessage {
     }
 }
 
-/// The `tools/call` with a key: the client's, or a new one added to `params`. MRTR continuations
-/// and calls without a `params` object go out as they are.
+/// The `tools/call` with a key: the client's own wherever it carries it, or a new one added to
+/// `params`. MRTR continuations and calls without a `params` object go out as they are.
 fn keyed(
     line: &str,
     envelope: &RawObject<'_>,
+    meta_keys: &[String],
     new_key: impl FnOnce() -> String,
 ) -> (String, Option<KeyedCall>) {
     let Some(params) = envelope
@@ -119,7 +129,9 @@ fn keyed(
     let Some(tool) = params.get_str("name") else {
         return (line.to_owned(), None);
     };
-    if let Some(raw_key) = params.get("idempotencyKey") {
+    if let Some((carrier, raw_key)) = clients_key(&params, meta_keys) {
+        // The message goes out as the client wrote it: a key in `_meta` gets no SEP key beside
+        // it, which would outrank it and make a retry sent without the bridge a new operation.
         // A key that is not a string is the server's to refuse; the bridge does not re-issue it.
         return match serde_json::from_str::<String>(raw_key.get()) {
             Ok(key) => (
@@ -127,6 +139,7 @@ fn keyed(
                 Some(KeyedCall {
                     tool,
                     key,
+                    carrier,
                     added: false,
                 }),
             ),
@@ -141,9 +154,26 @@ fn keyed(
         Some(KeyedCall {
             tool,
             key,
+            carrier: "idempotencyKey".to_owned(),
             added: true,
         }),
     )
+}
+
+/// The client's own key and where it is carried: `params.idempotencyKey` (the SEP key, which
+/// outranks the others, as in the gateways), else the first of `meta_keys` present in
+/// `params._meta`.
+fn clients_key<'a>(
+    params: &RawObject<'a>,
+    meta_keys: &[String],
+) -> Option<(String, &'a serde_json::value::RawValue)> {
+    if let Some(raw) = params.get("idempotencyKey") {
+        return Some(("idempotencyKey".to_owned(), raw));
+    }
+    let meta = RawObject::parse(params.get("_meta")?.get())?;
+    meta_keys
+        .iter()
+        .find_map(|name| Some((format!("_meta.{name}"), meta.get(name)?)))
 }
 
 /// `message` with its `id` replaced by `id` (JSON text).
@@ -310,10 +340,25 @@ pub(crate) fn one_line(message: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::DEFAULT_META_KEY;
     use serde_json::json;
 
     fn parse(line: &str) -> ClientMessage {
-        ClientMessage::parse(line, || "k-new".to_owned())
+        let meta_keys = [DEFAULT_META_KEY.to_owned(), "io.example/key".to_owned()];
+        ClientMessage::parse(line, &meta_keys, || "k-new".to_owned())
+    }
+
+    fn keyed_call(params: Value) -> (String, Option<KeyedCall>) {
+        let line =
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/call","params":params}).to_string();
+        let ClientMessage::Request(request) = parse(&line) else {
+            panic!("not a request: {line}")
+        };
+        assert_eq!(
+            request.message == line,
+            !request.keyed_call.as_ref().is_some_and(|c| c.added)
+        );
+        (request.message, request.keyed_call)
     }
 
     #[test]
@@ -336,9 +381,37 @@ mod tests {
             Some(KeyedCall {
                 tool: "charge".into(),
                 key: "k-new".into(),
+                carrier: "idempotencyKey".into(),
                 added: true
             })
         );
+    }
+
+    #[test]
+    fn a_key_in_meta_is_the_clients_own_and_gets_no_sep_key_beside_it() {
+        let own = |key: &str, carrier: &str| KeyedCall {
+            tool: "t".into(),
+            key: key.into(),
+            carrier: carrier.into(),
+            added: false,
+        };
+        let (sent, call) = keyed_call(json!({"name": "t", "_meta": {"idempotencyKey": "m-1"}}));
+        assert!(!sent.contains(r#""idempotencyKey":"k-new""#), "{sent}");
+        assert_eq!(call, Some(own("m-1", "_meta.idempotencyKey")));
+        let (_, call) = keyed_call(json!({"name": "t", "_meta": {"io.example/key": "m-2"}}));
+        assert_eq!(call, Some(own("m-2", "_meta.io.example/key")));
+        // The SEP key outranks `_meta`, as in the gateways.
+        let (_, call) = keyed_call(
+            json!({"name": "t", "idempotencyKey": "s-1", "_meta": {"idempotencyKey": "m-1"}}),
+        );
+        assert_eq!(call, Some(own("s-1", "idempotencyKey")));
+        // A `_meta` key that is no string is the server's to refuse: not re-issued, none added.
+        let (_, call) = keyed_call(json!({"name": "t", "_meta": {"idempotencyKey": 7}}));
+        assert_eq!(call, None);
+        // A `_meta` member the bridge was not told about is no key.
+        let (sent, call) = keyed_call(json!({"name": "t", "_meta": {"other/key": "x"}}));
+        assert_eq!(call.map(|c| (c.key, c.added)), Some(("k-new".into(), true)));
+        assert!(sent.contains(r#""idempotencyKey":"k-new""#), "{sent}");
     }
 
     #[test]

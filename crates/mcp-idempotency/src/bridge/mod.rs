@@ -19,8 +19,13 @@
 //!
 //! # Keys and re-issues
 //!
-//! A `tools/call` without `params.idempotencyKey` gets a fresh UUID v4; a client's own key is kept;
-//! MRTR continuations (`requestState` / `inputResponses`) go out as they are. The capability is read
+//! A client's own key is kept wherever it carries it: `params.idempotencyKey` (the SEP key),
+//! `params._meta.idempotencyKey`, or a `_meta` member named by
+//! [`BridgeConfig::meta_key`]. A call keyed in `_meta` goes out as the client wrote it, with no SEP
+//! key beside it (which would outrank it at a gateway, so that the same call sent later without
+//! the bridge would run again), and is re-issued under the same rules as a SEP key. A
+//! `tools/call` without a key of its own gets a fresh UUID v4 as `params.idempotencyKey`. MRTR
+//! continuations (`requestState` / `inputResponses`) go out as they are. The capability is read
 //! from the raw `server/discover` or `initialize` result (the bridge probes `server/discover` at
 //! start, before it reads the client's first line).
 //!
@@ -84,6 +89,7 @@ use crate::jsonrpc::{
     INVALID_REQUEST, PARSE_ERROR,
 };
 use crate::lines::{self, Line};
+use crate::policy::DEFAULT_META_KEY;
 use crate::protocol::{self, INITIALIZE, INITIALIZED};
 use exchange::{Endpoint, SendError};
 use message::ClientMessage;
@@ -106,6 +112,7 @@ pub struct BridgeConfig {
     attempt_timeout: Duration,
     max_time: Duration,
     max_line_bytes: usize,
+    meta_keys: Vec<String>,
 }
 
 /// Why the bridge cannot start.
@@ -119,6 +126,12 @@ pub enum BridgeError {
         url: String,
         /// What is wrong with it.
         reason: String,
+    },
+    /// A `_meta` key name that is empty.
+    #[error("invalid _meta key name {name:?}: it must not be empty")]
+    InvalidMetaKey {
+        /// The name given.
+        name: String,
     },
     /// A `Name: Value` header that is not a valid header.
     #[error("invalid header {header:?}: {reason}")]
@@ -177,6 +190,7 @@ impl BridgeConfig {
             attempt_timeout: Duration::from_secs(60),
             max_time: Duration::from_secs(120),
             max_line_bytes: DEFAULT_MAX_CLIENT_MESSAGE_BYTES,
+            meta_keys: vec![DEFAULT_META_KEY.to_owned()],
         })
     }
 
@@ -222,6 +236,21 @@ impl BridgeConfig {
         self
     }
 
+    /// Also takes `params._meta[name]` as a client's own key (beside `_meta.idempotencyKey`,
+    /// always read), as a gateway's `--meta-key` does: a call that carries it gets no key from
+    /// the bridge.
+    pub fn meta_key(mut self, name: &str) -> Result<Self, BridgeError> {
+        if name.is_empty() {
+            return Err(BridgeError::InvalidMetaKey {
+                name: name.to_owned(),
+            });
+        }
+        if !self.meta_keys.iter().any(|known| known == name) {
+            self.meta_keys.push(name.to_owned());
+        }
+        Ok(self)
+    }
+
     fn policy(&self) -> RetryPolicy {
         RetryPolicy::default()
             .with_max_attempts(u32::MAX)
@@ -244,6 +273,7 @@ pub struct Bridge {
     policy: RetryPolicy,
     capability: Option<bool>,
     max_line_bytes: usize,
+    meta_keys: Vec<String>,
 }
 
 impl std::fmt::Debug for Bridge {
@@ -298,6 +328,7 @@ impl Bridge {
             policy: config.policy(),
             capability,
             max_line_bytes: config.max_line_bytes,
+            meta_keys: config.meta_keys,
         })
     }
 
@@ -335,6 +366,7 @@ impl Bridge {
             shared: Arc::clone(&shared),
             tasks: JoinSet::new(),
             in_flight: HashMap::new(),
+            meta_keys: self.meta_keys,
         };
         let result = relay.read_client(input, self.max_line_bytes).await;
         // The client is gone: its requests in flight get until their own deadline to be answered
@@ -361,6 +393,8 @@ struct Relay {
     tasks: JoinSet<()>,
     /// Requests being answered, by the client's id: their task and the id of their attempt.
     in_flight: HashMap<String, (AbortHandle, Arc<Mutex<String>>)>,
+    /// The `_meta` members a client's own key is read from.
+    meta_keys: Vec<String>,
 }
 
 impl Relay {
@@ -402,7 +436,7 @@ impl Relay {
 
     async fn on_line(&mut self, line: &str) {
         let key = || uuid::Uuid::new_v4().to_string();
-        match ClientMessage::parse(line, key) {
+        match ClientMessage::parse(line, &self.meta_keys, key) {
             ClientMessage::Request(request) => {
                 if request.method == INITIALIZE {
                     self.shared.remember_initialize(&request.message);

@@ -128,6 +128,7 @@ pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mu
                     Some(call) => tracing::warn!(
                         tool = %call.tool,
                         key = %call.key,
+                        carrier = %call.carrier,
                         attempt = attempt + 1,
                         reason = %reason,
                         "re-issuing tools/call"
@@ -278,10 +279,12 @@ fn answer_lost(
              before calling again",
         ),
         (_, Some(call)) => text.push_str(&format!(
-            ". Re-issued with idempotencyKey {} for {:.1} s ({attempts} attempts) without getting \
-             an answer: the outcome is unknown; call again with the same idempotencyKey to get it",
+            ". Re-issued with {} {} for {:.1} s ({attempts} attempts) without getting an answer: \
+             the outcome is unknown; call again with the same {} to get it",
+            call.carrier,
             call.key,
-            retries.elapsed(Instant::now()).as_secs_f64()
+            retries.elapsed(Instant::now()).as_secs_f64(),
+            call.carrier,
         )),
         (_, None) => text.push_str(&format!(" (after {attempts} attempts)")),
     }

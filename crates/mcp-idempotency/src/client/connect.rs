@@ -23,11 +23,12 @@ use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{Peer, RoleClient};
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, BufReader};
 use tokio::process::Child;
 use tokio::sync::OnceCell;
 
 use super::http_transport::{RmcpHttpClient, RmcpHttpError};
+use super::probe::{self, Probe};
 use super::tap::CapabilityTap;
 use crate::http_client::{error_causes, is_certificate_error, HttpsClient, TlsSetupError};
 use crate::jsonrpc::MAX_SERVER_MESSAGE_BYTES;
@@ -175,15 +176,52 @@ impl Session {
     /// Starts an rmcp client on a newline-delimited JSON-RPC byte stream pair (what stdio is)
     /// and reads the server's capabilities off `read` during the handshake. The handshake tries
     /// `server/discover` (2026-07-28) first and falls back to the legacy `initialize`.
+    ///
+    /// It waits for the server as long as the server takes to start: bound it with a timeout of
+    /// your own. A first `server/discover` goes out under an id of this client's and its answer is
+    /// awaited before rmcp's handshake starts (rmcp alone gives a server 10 s, then fails the
+    /// handshake on the late answer); a server that has not answered within 10 s gets the legacy
+    /// handshake, as with rmcp, and its late answer is kept from rmcp.
     pub async fn from_io<R, W>(read: R, write: W) -> Result<Self, ConnectError>
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        let mut read = BufReader::new(read);
+        let mut write = write;
+        let probed = probe::discover(&mut read, &mut write)
+            .await
+            .map_err(|error| {
+                ConnectError::from(ClientInitializeError::ConnectionClosed(format!(
+                    "while waiting for the answer to server/discover: {error}"
+                )))
+            })?;
+        match probed {
+            Probe::Answered { before } => {
+                let read = std::io::Cursor::new(before).chain(read);
+                Self::serve(read, write, client_info(), lifecycle()).await
+            }
+            Probe::Silent { before, partial } => {
+                let read = probe::without_late_answer(read, before, partial);
+                let legacy = client_info().with_protocol_version(ProtocolVersion::V_2025_11_25);
+                Self::serve(read, write, legacy, ClientLifecycleMode::Initialize).await
+            }
+        }
+    }
+
+    /// Runs rmcp's handshake as `lifecycle` says on the stream pair, with the tap under its reader.
+    async fn serve<R, W>(
+        read: R,
+        write: W,
+        info: ClientConfig,
+        lifecycle: ClientLifecycleMode,
+    ) -> Result<Self, ConnectError>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (tap, seen) = CapabilityTap::new(read);
-        let service = client_info()
-            .serve_with_lifecycle((tap, write), lifecycle())
-            .await?;
+        let service = info.serve_with_lifecycle((tap, write), lifecycle).await?;
         Ok(Self::new(service, seen.finish()))
     }
 

@@ -80,6 +80,7 @@ mod connect;
 mod error;
 mod http_transport;
 mod policy;
+mod probe;
 pub(crate) mod retry;
 mod tap;
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::key::KeySource;
 
-pub use parse::PolicyError;
+pub use parse::{kebab_case, PolicyError};
 
 /// The shortest duplicate window.
 pub const MIN_WINDOW: Duration = Duration::from_secs(1);

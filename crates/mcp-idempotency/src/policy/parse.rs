@@ -10,23 +10,47 @@ use super::{OnError, Pointer, StoreDown, ToolPolicy, MAX_WINDOW, MIN_WINDOW};
 
 /// Why a tool policy was refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}{message}", if tool.is_empty() { String::new() } else { format!("tool policy [tools.{tool:?}]: ") })]
+#[error(
+    "{}{}{reason}",
+    if tool.is_empty() { String::new() } else { format!("tool policy [tools.{tool:?}]: ") },
+    setting.as_ref().map(|s| format!("`{s}`: ")).unwrap_or_default()
+)]
 pub struct PolicyError {
     tool: String,
-    message: String,
+    setting: Option<String>,
+    reason: String,
 }
 
 impl PolicyError {
-    pub(super) fn new(tool: &str, message: impl Into<String>) -> Self {
+    pub(super) fn new(tool: &str, reason: impl Into<String>) -> Self {
         Self {
             tool: tool.to_owned(),
-            message: message.into(),
+            setting: None,
+            reason: reason.into(),
+        }
+    }
+
+    fn of_setting(tool: &str, setting: &str, reason: impl Into<String>) -> Self {
+        Self {
+            setting: Some(setting.to_owned()),
+            ..Self::new(tool, reason)
         }
     }
 
     /// The tool whose table is wrong (`*` for `[tools."*"]`; empty when no tool's).
     pub fn tool(&self) -> &str {
         &self.tool
+    }
+
+    /// The setting whose value is wrong, spelled as it was given (`key_from`, `keyFrom`,
+    /// `key-from`); `None` when the error is about the table as a whole.
+    pub fn setting(&self) -> Option<&str> {
+        self.setting.as_deref()
+    }
+
+    /// What is wrong, without the tool and the setting.
+    pub fn reason(&self) -> &str {
+        &self.reason
     }
 }
 
@@ -115,9 +139,18 @@ fn table_of(tool: &str, value: &Value) -> Result<Written, PolicyError> {
         ));
     };
     let mut written = Written::default();
+    // Each setting's name as given, by its kebab-case name: one setting given twice is an error.
+    let mut given: BTreeMap<String, &str> = BTreeMap::new();
     for (name, value) in settings {
-        let error = |message: String| PolicyError::new(tool, format!("`{name}`: {message}"));
-        match kebab_case(name).as_str() {
+        let error = |reason: String| PolicyError::of_setting(tool, name, reason);
+        let setting = kebab_case(name);
+        if let Some(first) = given.insert(setting.clone(), name) {
+            return Err(PolicyError::new(
+                tool,
+                format!("`{first}` and `{name}` are one setting; give it once"),
+            ));
+        }
+        match setting.as_str() {
             "key-from" => written.key_from = Some(pointers(value).map_err(error)?),
             "key-argument" => written.key_argument = Some(non_empty(value).map_err(error)?),
             "window" => {
@@ -147,7 +180,8 @@ fn table_of(tool: &str, value: &Value) -> Result<Written, PolicyError> {
                     tool,
                     format!(
                         "unknown setting `{name}`; expected key-from, key-argument, window, \
-                         required, on-error, store-down or wait"
+                         required, on-error, store-down or wait (each multi-word name also as \
+                         key_from or keyFrom)"
                     ),
                 ))
             }
@@ -158,7 +192,7 @@ fn table_of(tool: &str, value: &Value) -> Result<Written, PolicyError> {
 
 /// A setting's or an option's name in kebab-case, however a language spells it: `keyFrom`,
 /// `key_from` and `key-from` are one setting (`maxKeyBytes` is `max-key-bytes`).
-pub(crate) fn kebab_case(name: &str) -> String {
+pub fn kebab_case(name: &str) -> String {
     let mut kebab = String::with_capacity(name.len() + 4);
     for c in name.chars() {
         match c {

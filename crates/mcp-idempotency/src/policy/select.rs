@@ -8,8 +8,9 @@
 //! 4. the key argument (`key-argument`);
 //! 5. the duplicate window (`window`).
 //!
-//! `required` refuses a call that only a window (or nothing) would protect; a business identifier
-//! that names an object or an array is refused, since it cannot be an identifier.
+//! An identifier or a key argument that is absent, `null` or `""` is missing. `required` refuses a
+//! call that only a window (or nothing) would protect; a business identifier that names an object
+//! or an array is refused, since it cannot be an identifier.
 
 use serde_json::value::RawValue;
 use serde_json::Value;
@@ -77,7 +78,7 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
         let raw = arguments
             .and_then(RawObject::parse)
             .and_then(|args| args.get(name))
-            .filter(|raw| raw.get() != "null");
+            .filter(|raw| !is_missing(raw.get()));
         match raw {
             Some(raw) => return client_key(KeySource::Argument, raw),
             None => {
@@ -126,7 +127,14 @@ fn clients_own_key(policies: &ToolPolicies, params: &RawObject<'_>) -> Option<(K
         .map(|raw| (KeySource::Meta, parse(raw)))
 }
 
-/// The business identifier's digest and how it reads, `Ok(None)` when a member is absent or null.
+/// Whether a value given for an identifier or a key argument counts as not given: `null` and the
+/// empty string, which no client means as an identifier.
+fn is_missing(raw: &str) -> bool {
+    matches!(raw.trim(), "null" | "\"\"")
+}
+
+/// The business identifier's digest and how it reads, `Ok(None)` when a member is absent, `null`
+/// or `""` ([`is_missing`]).
 /// The digest is the SEP fingerprint of the tool and the array of the identifier's values, so
 /// values compare as parsed JSON (numbers as exact decimals, escapes resolved).
 fn identifier(
@@ -140,21 +148,20 @@ fn identifier(
         let Some(raw) = arguments.and_then(|args| at(args, pointer)) else {
             return Ok(None);
         };
-        match raw.trim_start().as_bytes().first() {
-            Some(b'n') => return Ok(None),
-            Some(b'{' | b'[') => {
-                return Err(format!(
-                    "the business identifier `{}` of `{tool}` names an {}, not a string, number \
-                     or boolean; nothing ran (check the server's `key-from` policy)",
-                    pointer.as_str(),
-                    if raw.trim_start().starts_with('{') {
-                        "object"
-                    } else {
-                        "array"
-                    }
-                ))
-            }
-            _ => {}
+        if is_missing(raw) {
+            return Ok(None);
+        }
+        if let Some(b'{' | b'[') = raw.trim_start().as_bytes().first() {
+            return Err(format!(
+                "the business identifier `{}` of `{tool}` names an {}, not a string, number or \
+                 boolean; nothing ran (check the server's `key-from` policy)",
+                pointer.as_str(),
+                if raw.trim_start().starts_with('{') {
+                    "object"
+                } else {
+                    "array"
+                }
+            ));
         }
         shown.push(format!("{} = {}", pointer.as_str(), raw.trim()));
         values.push(raw);

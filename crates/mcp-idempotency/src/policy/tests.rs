@@ -107,3 +107,158 @@ fn the_effective_policy_prints_as_toml() {
          store-down = \"fail-closed\"\nwait = \"30s\"\n"
     );
 }
+
+/// The key `choose` picks for a call of `charge` with these `arguments` under `tools`.
+fn chosen(tools: serde_json::Value, arguments: serde_json::Value) -> select::Chosen {
+    let policies = ToolPolicies::from_json(&tools).unwrap();
+    let params = json!({"name": "charge", "arguments": arguments}).to_string();
+    let params = crate::raw_object::RawObject::parse(&params).unwrap();
+    select::choose(&policies, "charge", &params)
+}
+
+#[test]
+fn an_empty_identifier_is_missing_as_null_is() {
+    let required = json!({"charge": {"key-from": ["/memo"], "required": true}});
+    for memo in [json!(null), json!("")] {
+        let arguments = json!({"amount": 1, "memo": memo});
+        let select::Chosen::Refused(message) = chosen(required.clone(), arguments) else {
+            panic!("memo {memo} is missing: the call is refused");
+        };
+        assert!(
+            message.contains("needs its identifier `/memo`"),
+            "{message}"
+        );
+    }
+    // A composite identifier with one empty member is missing too.
+    let composite = json!({"charge": {"key-from": ["/memo", "/amount"], "required": true}});
+    assert!(matches!(
+        chosen(composite, json!({"amount": 1, "memo": ""})),
+        select::Chosen::Refused(_)
+    ));
+    // Without `required`, the call goes on to the next source: a window, or none.
+    let windowed = json!({"charge": {"key-from": ["/memo"], "window": "30s"}});
+    assert!(matches!(
+        chosen(windowed, json!({"memo": ""})),
+        select::Chosen::Key {
+            source: crate::key::KeySource::Window,
+            ..
+        }
+    ));
+    assert_eq!(
+        chosen(
+            json!({"charge": {"key-from": "/memo"}}),
+            json!({"memo": ""})
+        ),
+        select::Chosen::Unkeyed {
+            missing: Some("its identifier `/memo`".into())
+        }
+    );
+    // Any other string is an identifier, blank or not.
+    for memo in [" ", "0", "\"\""] {
+        assert!(
+            matches!(
+                chosen(required.clone(), json!({"memo": memo})),
+                select::Chosen::Key {
+                    source: crate::key::KeySource::KeyFrom,
+                    ..
+                }
+            ),
+            "{memo:?}"
+        );
+    }
+}
+
+#[test]
+fn an_empty_key_argument_is_missing_as_null_is() {
+    let required = json!({"charge": {"key-argument": "idempotency_key", "required": true}});
+    for key in [json!(null), json!("")] {
+        let select::Chosen::Refused(message) =
+            chosen(required.clone(), json!({"idempotency_key": key}))
+        else {
+            panic!("key {key} is missing: the call is refused");
+        };
+        assert!(
+            message.contains("needs argument `idempotency_key`"),
+            "{message}"
+        );
+    }
+    let windowed = json!({"charge": {"key-argument": "idempotency_key", "window": "5s"}});
+    assert!(matches!(
+        chosen(windowed, json!({"idempotency_key": ""})),
+        select::Chosen::Key {
+            source: crate::key::KeySource::Window,
+            ..
+        }
+    ));
+    assert_eq!(
+        chosen(
+            json!({"charge": {"key-argument": "idempotency_key"}}),
+            json!({"idempotency_key": ""})
+        ),
+        select::Chosen::Unkeyed {
+            missing: Some("argument `idempotency_key`".into())
+        }
+    );
+    assert!(matches!(
+        chosen(required, json!({"idempotency_key": "k-1"})),
+        select::Chosen::Key {
+            source: crate::key::KeySource::Argument,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn every_multi_word_setting_is_taken_in_kebab_snake_and_camel_case() {
+    let spelled = |kebab: bool, snake: bool| {
+        let name = |words: [&str; 2]| match (kebab, snake) {
+            (true, _) => format!("{}-{}", words[0], words[1]),
+            (false, true) => format!("{}_{}", words[0], words[1]),
+            (false, false) => {
+                let mut second = words[1].to_owned();
+                second[..1].make_ascii_uppercase();
+                format!("{}{second}", words[0])
+            }
+        };
+        let mut table = serde_json::Map::new();
+        table.insert(name(["key", "from"]), json!("/order_id"));
+        table.insert(name(["key", "argument"]), json!("idempotency_key"));
+        table.insert(name(["on", "error"]), json!("forget"));
+        table.insert(name(["store", "down"]), json!("run-unprotected"));
+        ToolPolicies::from_json(&json!({"charge": table})).unwrap()
+    };
+    let kebab = spelled(true, false);
+    assert_eq!(spelled(false, true), kebab);
+    assert_eq!(spelled(false, false), kebab);
+    let charge = kebab.for_tool("charge").unwrap();
+    assert_eq!(charge.key_from().collect::<Vec<_>>(), ["/order_id"]);
+    assert_eq!(charge.key_argument(), Some("idempotency_key"));
+    assert_eq!(charge.on_error(), OnError::Forget);
+    assert_eq!(charge.store_down(), StoreDown::RunUnprotected);
+}
+
+#[test]
+fn an_error_quotes_the_setting_as_it_was_given() {
+    for name in ["key-from", "key_from", "keyFrom"] {
+        let err = ToolPolicies::from_json(&json!({"charge": {name: "order_id"}})).unwrap_err();
+        assert_eq!(err.tool(), "charge");
+        assert_eq!(err.setting(), Some(name));
+        assert!(err.reason().contains("must start with `/`"), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("tool policy [tools.\"charge\"]: `{name}`: ")),
+            "{err}"
+        );
+    }
+    let err = ToolPolicies::from_json(&json!({"charge": {"onError": "retry"}})).unwrap_err();
+    assert_eq!(err.setting(), Some("onError"));
+    // One setting given twice, in two spellings: an error naming both.
+    let err = ToolPolicies::from_json(&json!({"charge": {"key-from": "/a", "keyFrom": "/b"}}))
+        .unwrap_err();
+    assert_eq!(err.setting(), None);
+    assert!(
+        err.reason()
+            .contains("`key-from` and `keyFrom` are one setting"),
+        "{err}"
+    );
+}

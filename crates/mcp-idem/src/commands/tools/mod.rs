@@ -42,7 +42,8 @@ pub(crate) struct ToolsArgs {
     #[command(flatten)]
     server: ServerArgs,
 
-    /// How long starting the server (stdio) or connecting (HTTP) and the handshake may take.
+    /// How long starting the server (stdio) or connecting (HTTP) and the handshake may take: a
+    /// stdio server gets all of it to start (a first `npx -y` downloads its package).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     connect_timeout: Duration,
 
@@ -88,8 +89,8 @@ impl ToolsArgs {
             Ok(Ok(session)) => session,
             Ok(Err(err)) => bail!("cannot connect to {server}: {err}"),
             Err(_) => bail!(
-                "cannot connect to {server}: no session within {:?}",
-                self.connect_timeout
+                "cannot connect to {server}: no session within {} (--connect-timeout)",
+                humantime::format_duration(self.connect_timeout)
             ),
         };
         let listed = tokio::time::timeout(self.timeout, session.peer().list_all_tools()).await;

@@ -6,8 +6,8 @@
 //! towards the upstream), so it handles the bridge's keep-alive connections request by request.
 //!
 //! Every `tools/call` POST is first forwarded and its WHOLE upstream answer read (so the upstream
-//! has executed it); then the [`Plan`] decides, from the call's params and how many times its
-//! `idempotencyKey` was seen before, what the bridge gets: the answer ([`Fault::Forward`]),
+//! has executed it); then the [`Plan`] decides, from the call's params and how many times its key
+//! (`idempotencyKey`, else one in `_meta`) was seen before, what the bridge gets: the answer ([`Fault::Forward`]),
 //! nothing (the connection is closed: [`Fault::Drop`]), half of a JSON body ([`Fault::CutJson`]),
 //! the SSE events before the final response and half of that one ([`Fault::CutSse`], sent to the
 //! SSE upstream when there is one), or the answer after [`Forwarder`]'s delay ([`Fault::Delay`],
@@ -81,9 +81,13 @@ pub(crate) struct Exchange {
     pub(crate) id: Value,
     /// `params.idempotencyKey`.
     pub(crate) key: Option<String>,
+    /// A key in `params._meta`: the first string member whose name says `idempotency`
+    /// (`idempotencyKey`, `io.example/idempotency-key`).
+    pub(crate) meta_key: Option<String>,
     /// `params.arguments`.
     pub(crate) arguments: Value,
-    /// How many POSTs with this key (or, without one, this id) came before.
+    /// How many POSTs with this key (the SEP key, else [`Exchange::meta_key`], else the id) came
+    /// before.
     pub(crate) attempt: u32,
     pub(crate) planned: Fault,
     pub(crate) done: Done,
@@ -284,11 +288,20 @@ async fn handle(
 
     let params = &call["params"];
     let key = params["idempotencyKey"].as_str().map(str::to_owned);
+    let meta_key = params["_meta"].as_object().and_then(|meta| {
+        meta.iter()
+            .filter(|(name, _)| name.to_lowercase().contains("idempotency"))
+            .find_map(|(_, key)| key.as_str().map(str::to_owned))
+    });
     let attempt = {
         let mut log = state.log.lock().unwrap();
         let seen = log
             .attempts
-            .entry(key.clone().unwrap_or_else(|| call["id"].to_string()))
+            .entry(
+                key.clone()
+                    .or_else(|| meta_key.clone())
+                    .unwrap_or_else(|| call["id"].to_string()),
+            )
             .or_insert(0);
         *seen += 1;
         *seen - 1
@@ -301,6 +314,7 @@ async fn handle(
     let mut exchange = Exchange {
         id: call["id"].clone(),
         key,
+        meta_key,
         arguments: params["arguments"].clone(),
         attempt,
         planned,
