@@ -21,6 +21,7 @@ use crate::fingerprint::{fingerprint, ArgumentsError};
 use crate::jsonrpc;
 use crate::key::{IdempotencyKey, KeySource};
 use crate::policy::{OnError, StoreDown, ToolPolicy};
+use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState, Scope};
 use crate::rejection::{Rejection, RejectionKind};
@@ -54,6 +55,17 @@ pub struct ToolCall<'a> {
     /// The client's own key (SEP or `_meta`) when a business identifier decides a call that also
     /// carries one: the SEP's rules still hold for it (see [`Engine::client_key_claim`]).
     pub client_key: Option<(KeySource, &'a Value)>,
+}
+
+impl ToolCall<'_> {
+    /// How long a duplicate of this call that finds it still running waits for its outcome rather
+    /// than be refused at once (`None`: refused at once). Only a key the client did not send
+    /// waits: a client with its own key can retry with it, as the SEP says.
+    pub fn duplicate_wait(&self) -> Option<std::time::Duration> {
+        self.policy
+            .filter(|policy| policy.waits(self.key_source, self.client_key.is_some()))
+            .map(ToolPolicy::wait)
+    }
 }
 
 /// Why a call is forwarded without deduplication.
@@ -242,7 +254,7 @@ impl Engine {
                     Err(err) => {
                         let mut message = err.to_string();
                         if let Some(name) = call.identifier.filter(|_| source != KeySource::Sep) {
-                            message = message.replacen("idempotencyKey", name, 1);
+                            message = message.replacen(IDEMPOTENCY_KEY, name, 1);
                         }
                         let mut rejection = Rejection::new(RejectionKind::KeyInvalid, message);
                         if let Value::String(key) = raw_key {

@@ -4,6 +4,7 @@
 //!
 //! Used by the retrying `client`, the `bridge`, and `mcp-idem check` and the demo of the binary.
 
+use crate::raw_object::RawObject;
 use serde_json::{json, Value};
 
 /// The current revision: stateless, opened with `server/discover`, `_meta` on every request.
@@ -22,6 +23,16 @@ pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabi
 pub const DISCOVER: &str = "server/discover";
 /// `initialize`: the legacy handshake's request.
 pub const INITIALIZE: &str = "initialize";
+/// `params.idempotencyKey` of a `tools/call`: SEP-3182's key (also the default `_meta` member a
+/// client's key is read from, and the member of `error.data` that names a refused key).
+pub const IDEMPOTENCY_KEY: &str = "idempotencyKey";
+
+/// Whether `tools/call` params are an MRTR continuation (`requestState` or `inputResponses`
+/// present): out of SEP-3182's scope, never keyed by a policy.
+pub(crate) fn is_mrtr_continuation(params: &RawObject<'_>) -> bool {
+    params.contains("requestState") || params.contains("inputResponses")
+}
+
 /// `notifications/initialized`: what a legacy client sends once `initialize` succeeded.
 pub const INITIALIZED: &str = "notifications/initialized";
 

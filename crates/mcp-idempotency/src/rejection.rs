@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::jsonrpc::{INTERNAL_ERROR, INVALID_PARAMS};
+use crate::protocol::IDEMPOTENCY_KEY;
 
 /// What went wrong, as `error.data.type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -239,7 +240,7 @@ impl Rejection {
         let mut data = Map::new();
         data.insert("type".into(), self.kind.as_str().into());
         if let Some(key) = &self.key {
-            data.insert("idempotencyKey".into(), key.as_str().into());
+            data.insert(IDEMPOTENCY_KEY.into(), key.as_str().into());
         }
         if let Some(after) = self.retry_after {
             let millis = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);

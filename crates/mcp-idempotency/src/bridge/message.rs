@@ -7,7 +7,7 @@
 use base64::Engine as _;
 use serde_json::Value;
 
-use crate::protocol::{self, META_PROTOCOL_VERSION};
+use crate::protocol::{self, IDEMPOTENCY_KEY, META_PROTOCOL_VERSION};
 use crate::raw_object::RawObject;
 
 /// One line from the client, classified.
@@ -123,7 +123,7 @@ fn keyed(
     else {
         return (line.to_owned(), None);
     };
-    if params.contains("requestState") || params.contains("inputResponses") {
+    if protocol::is_mrtr_continuation(&params) {
         return (line.to_owned(), None);
     }
     let Some(tool) = params.get_str("name") else {
@@ -148,13 +148,13 @@ fn keyed(
     }
     let key = new_key();
     let key_json = Value::String(key.clone()).to_string();
-    let params = params.to_string_with("idempotencyKey", &key_json);
+    let params = params.to_string_with(IDEMPOTENCY_KEY, &key_json);
     (
         envelope.to_string_with("params", &params),
         Some(KeyedCall {
             tool,
             key,
-            carrier: "idempotencyKey".to_owned(),
+            carrier: IDEMPOTENCY_KEY.to_owned(),
             added: true,
         }),
     )
@@ -167,8 +167,8 @@ fn clients_key<'a>(
     params: &RawObject<'a>,
     meta_keys: &[String],
 ) -> Option<(String, &'a serde_json::value::RawValue)> {
-    if let Some(raw) = params.get("idempotencyKey") {
-        return Some(("idempotencyKey".to_owned(), raw));
+    if let Some(raw) = params.get(IDEMPOTENCY_KEY) {
+        return Some((IDEMPOTENCY_KEY.to_owned(), raw));
     }
     let meta = RawObject::parse(params.get("_meta")?.get())?;
     meta_keys

@@ -14,7 +14,7 @@ use super::shared::Shared;
 use crate::client::retry::{Refusal, Retries, Retry};
 use crate::client::GaveUp;
 use crate::jsonrpc::{error_response_with_data, INTERNAL_ERROR, INVALID_REQUEST};
-use crate::protocol::INITIALIZE;
+use crate::protocol::{IDEMPOTENCY_KEY, INITIALIZE};
 use crate::RejectionKind;
 
 /// `error.data.type` of the error a client gets when the answer to its request was lost and the
@@ -295,7 +295,7 @@ fn answer_lost(
         "reissued": reissued,
     });
     if let Some(call) = &request.keyed_call {
-        data["idempotencyKey"] = json!(call.key);
+        data[IDEMPOTENCY_KEY] = json!(call.key);
     }
     error_response_with_data(&request.id, INTERNAL_ERROR, &text, Some(data))
 }

@@ -10,7 +10,6 @@ use super::running_claim::RunningClaim;
 use super::writes::StoreWrites;
 use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
-use crate::policy::ToolPolicy;
 use crate::record::{FencingTokens, Outcome, Scope};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
@@ -241,10 +240,7 @@ impl Deduplicator {
     /// `idempotency_key_in_progress` as before. A client's own key is answered at once, as the
     /// SEP says.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
-        let wait = call
-            .policy
-            .filter(|policy| policy.waits(call.key_source, call.client_key.is_some()))
-            .map(ToolPolicy::wait);
+        let wait = call.duplicate_wait();
         let mut decision = self.decide_once(scope, call).await;
         if let Some(wait) = wait {
             let clock = self.clock();

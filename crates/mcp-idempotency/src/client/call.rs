@@ -13,6 +13,7 @@ use super::connect::{Connect, ConnectError, Session};
 use super::error::{CallError, Failure};
 use super::policy::RetryPolicy;
 use super::retry::{Refusal, Retries, Retry};
+use crate::protocol::IDEMPOTENCY_KEY;
 use crate::RejectionKind;
 
 /// A `tools/call` to make: the tool, its arguments, and optionally the idempotency key.
@@ -53,7 +54,8 @@ impl CallRequest {
     }
 
     fn params(&self, key: &str) -> Value {
-        let mut params = json!({"name": self.name, "idempotencyKey": key});
+        let mut params = json!({"name": self.name});
+        params[IDEMPOTENCY_KEY] = json!(key);
         if let Some(arguments) = &self.arguments {
             params["arguments"] = arguments.clone();
         }

@@ -2,6 +2,7 @@
 //! and their tool has no policy, and those pass through with a few substring checks, as cheaply as
 //! when no tool has a policy (`benches/key_sources.rs`).
 
+use crate::protocol::IDEMPOTENCY_KEY;
 use serde_json::value::RawValue;
 
 use crate::policy::ToolPolicies;
@@ -15,13 +16,12 @@ pub(super) fn needs_parsing(message: &str, params: &RawValue, policies: &ToolPol
 /// Whether `text` may hold a member named `idempotencyKey` or one of the `_meta` key names: it
 /// holds the name, or a `\u` escape (the only other way to spell its letters).
 fn may_name_key(text: &str, meta_keys: &[String]) -> bool {
-    const SEP: &str = "idempotencyKey";
     // A name that holds `idempotencyKey` (the default `_meta` name is it) is not looked for again.
-    text.contains(SEP)
+    text.contains(IDEMPOTENCY_KEY)
         || text.contains("\\u")
         || meta_keys
             .iter()
-            .any(|name| !name.contains(SEP) && text.contains(name.as_str()))
+            .any(|name| !name.contains(IDEMPOTENCY_KEY) && text.contains(name.as_str()))
 }
 
 /// Whether a policy may apply to the call with these params, which hold no `\u` escape

@@ -29,7 +29,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(600);
 /// How long a duplicate of a running call waits for its outcome by default.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 /// The `_meta` member a client's key is read from by default.
-pub const DEFAULT_META_KEY: &str = "idempotencyKey";
+pub const DEFAULT_META_KEY: &str = crate::protocol::IDEMPOTENCY_KEY;
 
 /// What a call whose outcome is an error (a JSON-RPC error, or a result with `isError: true`)
 /// leaves behind, under a key that is not the client's (`on-error`).

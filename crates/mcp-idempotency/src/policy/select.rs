@@ -18,6 +18,7 @@ use serde_json::Value;
 use super::{Pointer, ToolPolicies};
 use crate::fingerprint::fingerprint;
 use crate::key::KeySource;
+use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::RawObject;
 
 /// What decides a call.
@@ -61,7 +62,7 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
             Err(refusal) => return Chosen::Refused(refusal),
         }
     }
-    if let Some(raw) = params.get("idempotencyKey") {
+    if let Some(raw) = params.get(IDEMPOTENCY_KEY) {
         return client_key(KeySource::Sep, raw);
     }
     if let Some(meta) = params.get("_meta").and_then(|m| RawObject::parse(m.get())) {
@@ -116,7 +117,7 @@ fn client_key(source: KeySource, raw: &RawValue) -> Chosen {
 /// The client's own key, as sources 2 and 3 would take it.
 fn clients_own_key(policies: &ToolPolicies, params: &RawObject<'_>) -> Option<(KeySource, Value)> {
     let parse = |raw: &RawValue| serde_json::from_str(raw.get()).unwrap_or(Value::Null);
-    if let Some(raw) = params.get("idempotencyKey") {
+    if let Some(raw) = params.get(IDEMPOTENCY_KEY) {
         return Some((KeySource::Sep, parse(raw)));
     }
     let meta = RawObject::parse(params.get("_meta")?.get())?;

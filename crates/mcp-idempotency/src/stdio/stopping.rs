@@ -11,9 +11,15 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use std::future::Future;
+use std::sync::Mutex;
+
 use tokio::sync::Notify;
 
+use super::{lock, send, StdioProxy, ToClient, GRACE_ENDED};
 use crate::claims::StopGate;
+use crate::interceptor::Interceptor;
+use crate::RunningClaim;
 
 /// Where a run is in its stop; every flag only goes from `false` to `true`.
 #[derive(Debug, Default)]
@@ -115,5 +121,72 @@ impl Drop for Deciding<'_> {
     fn drop(&mut self) {
         self.stopping.deciding.fetch_sub(1, Ordering::SeqCst);
         self.stopping.progress.notify_one();
+    }
+}
+
+impl StdioProxy {
+    /// Waits for `stop` or the client's EOF, then drains (see [Stopping](super#stopping)); returns
+    /// how many claimed calls were cut off by the end of the grace.
+    pub(super) async fn drain<S: Future<Output = ()>>(
+        &self,
+        stop: S,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        to_client: &ToClient,
+        stopping: &Stopping,
+    ) -> usize {
+        // Once the server's output has ended, the run answers what is left in flight itself.
+        let server_gone = stopping.server_gone_for_drain.notified();
+        tokio::pin!(server_gone);
+        tokio::select! {
+            () = stop => tracing::info!("stopping: no new keyed calls"),
+            () = stopping.client_ended.notified() => {
+                tracing::debug!("the client closed its input; finishing the requests in flight");
+            }
+            () = &mut server_gone => return 0,
+        }
+        stopping.start_draining();
+        let grace = tokio::time::sleep(self.shutdown_grace);
+        tokio::pin!(grace);
+        let cut_off = loop {
+            let progress = stopping.progress.notified();
+            if stopping.none_deciding() && !lock(state).has_requests_in_flight() {
+                break 0;
+            }
+            tokio::select! {
+                () = progress => {}
+                () = &mut server_gone => break 0,
+                () = &mut grace => break self.cut_off_calls(state, to_client).await,
+            }
+        };
+        stopping.end_drain();
+        cut_off
+    }
+
+    /// Records the claimed calls still running at the end of the grace as outcome-unknown and
+    /// answers them; returns how many there were.
+    async fn cut_off_calls(
+        &self,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        to_client: &ToClient,
+    ) -> usize {
+        let orphans = lock(state).on_server_gone(GRACE_ENDED);
+        let cut_off = orphans.len();
+        if cut_off > 0 {
+            tracing::warn!(
+                calls = cut_off,
+                grace_ms = u64::try_from(self.shutdown_grace.as_millis()).unwrap_or(u64::MAX),
+                "the shutdown grace ended with calls running; recording them as outcome-unknown"
+            );
+        }
+        for orphan in orphans {
+            orphan
+                .claim
+                .abandon("the gateway shut down while the call ran (its shutdown grace ended)")
+                .await;
+            if let Some(response) = orphan.response {
+                send(to_client, &mut response.into_bytes()).await;
+            }
+        }
+        cut_off
     }
 }

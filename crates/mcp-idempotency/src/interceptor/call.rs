@@ -1,0 +1,240 @@
+//! A keyed `tools/call`: what the interceptor reads from it (which key decides it, by the tool's
+//! policy), and the request the server gets once it is to run.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use super::{prefilter, ClientAction, Interceptor, RequestId, META_KEY};
+use crate::engine::{Claim, ToolCall};
+use crate::jsonrpc::{error_response, INVALID_PARAMS, INVALID_REQUEST};
+use crate::key::KeySource;
+use crate::policy::select::{self, Chosen};
+use crate::policy::{ToolPolicies, ToolPolicy};
+use crate::protocol::{self, IDEMPOTENCY_KEY};
+use crate::raw_object::{json_string, RawObject};
+
+/// A keyed `tools/call` waiting for its decision.
+#[derive(Clone, Debug)]
+pub struct KeyedCall {
+    pub(super) id: RequestId,
+    pub(super) message: String,
+    /// Where `params` is in `message`, when the envelope names it once: the rewrite for the
+    /// server then puts the new `params` in its place without reading the envelope again.
+    pub(super) params_at: Option<Range<usize>>,
+    pub(super) tool_name: String,
+    pub(super) arguments: Option<String>,
+    pub(super) key: Option<Value>,
+    pub(super) source: KeySource,
+    pub(super) identifier: Option<String>,
+    pub(super) client_key: Option<(KeySource, Value)>,
+    pub(super) policies: Arc<ToolPolicies>,
+    pub(super) mrtr_continuation: bool,
+}
+
+impl KeyedCall {
+    /// The facts the engine decides on.
+    pub fn tool_call(&self) -> ToolCall<'_> {
+        ToolCall {
+            tool_name: &self.tool_name,
+            arguments: self.arguments.as_deref(),
+            idempotency_key: self.key.as_ref(),
+            mrtr_continuation: self.mrtr_continuation,
+            key_source: self.source,
+            identifier: self.identifier.as_deref(),
+            policy: self.policies.for_tool(&self.tool_name),
+            client_key: self.client_key.as_ref().map(|(source, key)| (*source, key)),
+        }
+    }
+
+    /// Where the call's key comes from.
+    pub fn key_source(&self) -> KeySource {
+        self.source
+    }
+
+    /// Whether a duplicate of this call that finds it still running should wait for its outcome
+    /// rather than be refused at once (a key the client did not send: it cannot retry with it),
+    /// and for how long.
+    pub fn waits_for_duplicates(&self) -> Option<std::time::Duration> {
+        self.tool_call().duplicate_wait()
+    }
+
+    /// The request's id.
+    pub fn id(&self) -> &RequestId {
+        &self.id
+    }
+}
+
+impl<C: AsRef<Claim>> Interceptor<C> {
+    pub(super) fn on_tool_call(
+        &mut self,
+        message: &str,
+        envelope: &RawObject<'_>,
+        id: RequestId,
+    ) -> ClientAction<C> {
+        let policies = Arc::clone(&self.config.policies);
+        // Most calls carry no key and their tool has no policy: they are not parsed further.
+        let params = envelope
+            .get("params")
+            .filter(|p| prefilter::needs_parsing(message, p, &policies))
+            .and_then(|p| RawObject::parse(p.get()));
+        let Some(params) = params else {
+            return unkeyed(None);
+        };
+        let mrtr_continuation = protocol::is_mrtr_continuation(&params);
+        let (source, key, identifier, client_key) = if mrtr_continuation {
+            // Out of scope whatever the policy: only a SEP key is taken off it.
+            match params.get(IDEMPOTENCY_KEY) {
+                Some(raw) => (
+                    KeySource::Sep,
+                    Some(serde_json::from_str(raw.get()).unwrap_or(Value::Null)),
+                    None,
+                    None,
+                ),
+                None => return unkeyed(None),
+            }
+        } else {
+            let tool = params.get_str("name").unwrap_or_default();
+            match select::choose(&policies, &tool, &params) {
+                Chosen::Unkeyed { missing } => return unkeyed(missing.map(|m| (tool, m))),
+                Chosen::Refused(message) => {
+                    return ClientAction::Respond(error_response(
+                        id.as_json(),
+                        INVALID_PARAMS,
+                        &message,
+                    ))
+                }
+                Chosen::Key {
+                    source,
+                    client_key,
+                    value,
+                    identifier,
+                } => {
+                    let named = identifier.or_else(|| carrier_name(source, &policies, &tool));
+                    let value = (source != KeySource::Window).then_some(value);
+                    (source, value, named, client_key)
+                }
+            }
+        };
+        if self.pending.contains(&id) {
+            return ClientAction::Respond(error_response(
+                id.as_json(),
+                INVALID_REQUEST,
+                &format!(
+                    "request id {} is already used by a request in flight",
+                    id.as_json()
+                ),
+            ));
+        }
+        let tool_name = match params.get_str("name") {
+            Some(name) => name,
+            None if mrtr_continuation => String::new(),
+            None => {
+                return ClientAction::Respond(error_response(
+                    id.as_json(),
+                    INVALID_PARAMS,
+                    "tools/call needs `params.name`, a string",
+                ))
+            }
+        };
+        ClientAction::Decide(KeyedCall {
+            params_at: envelope
+                .only("params")
+                .and_then(|raw| span_of(message, raw.get())),
+            message: message.to_owned(),
+            tool_name,
+            arguments: params.get("arguments").map(|raw| raw.get().to_owned()),
+            key,
+            source,
+            identifier,
+            client_key,
+            policies,
+            mrtr_continuation,
+            id,
+        })
+    }
+
+    /// The request for the server: without `idempotencyKey` unless configured, and with the key in
+    /// `_meta` when the call was claimed.
+    pub(super) fn rewrite_for_server(&self, call: &KeyedCall, claimed_key: Option<&str>) -> String {
+        let message = &call.message;
+        if self.config.forward_key && claimed_key.is_none() {
+            return message.clone();
+        }
+        let rewrite_params = |params: &str| {
+            let mut params = RawObject::parse(params)?;
+            if !self.config.forward_key {
+                params.remove(IDEMPOTENCY_KEY);
+            }
+            Some(match claimed_key {
+                Some(key) => {
+                    let meta = params
+                        .get("_meta")
+                        .and_then(|m| RawObject::parse(m.get()))
+                        .unwrap_or_default();
+                    let meta = meta.to_string_with(META_KEY, &json_string(key));
+                    params.to_string_with("_meta", &meta)
+                }
+                None => params.to_json(),
+            })
+        };
+        let rewritten = match &call.params_at {
+            Some(at) => message
+                .get(at.clone())
+                .and_then(rewrite_params)
+                .map(|params| [&message[..at.start], params.as_str(), &message[at.end..]].concat()),
+            // `params` named twice (or not found): every one goes, the rewritten one is written.
+            None => RawObject::parse(message).and_then(|envelope| {
+                let params = rewrite_params(envelope.get("params")?.get())?;
+                Some(envelope.to_string_with("params", &params))
+            }),
+        };
+        rewritten.unwrap_or_else(|| message.clone())
+    }
+}
+
+/// A `tools/call` no key protects: forwarded as it is, and counted (with the tool and the
+/// identifier it lacked, when its policy wanted one).
+fn unkeyed<C>(missing: Option<(String, String)>) -> ClientAction<C> {
+    match missing {
+        Some((tool, wanted)) => {
+            tracing::info!(
+                tool,
+                wanted,
+                "a call without the identifier its tool's policy names runs unprotected"
+            );
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_missing_identifier();
+        }
+        None => {
+            #[cfg(feature = "metrics")]
+            crate::metrics::on_decision(&crate::engine::Decision::<C>::Bypass(
+                crate::engine::BypassReason::NoKey,
+            ));
+        }
+    }
+    ClientAction::Forward
+}
+
+/// How a client's key that is not the SEP's is named in its errors.
+fn carrier_name(source: KeySource, policies: &ToolPolicies, tool: &str) -> Option<String> {
+    match source {
+        KeySource::Meta => Some("the `_meta` idempotency key".to_owned()),
+        KeySource::Argument => policies
+            .for_tool(tool)
+            .and_then(ToolPolicy::key_argument)
+            .map(|name| format!("the key argument `{name}`")),
+        KeySource::Sep | KeySource::KeyFrom | KeySource::Window => None,
+    }
+}
+
+/// Where `part` (a slice of `text`, as the values of a [`RawObject`] read from it are) is in
+/// `text`; `None` if it is not a slice of it.
+fn span_of(text: &str, part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let at = start..start.checked_add(part.len())?;
+    text.get(at.clone())
+        .filter(|found| found.as_ptr() == part.as_ptr())
+        .map(|_| at)
+}
