@@ -341,7 +341,9 @@ async fn a_truncated_sse_stream_is_recorded_outcome_unknown_and_a_stray_response
     let (upstream, calls) = truncating_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let store = sqlite_in(&dir);
-    let proxy = Proxy::spawn(&upstream, &["--store", &store]);
+    // A namespace of its own: the proxy does not ask this upstream its name, so every request
+    // it counts is a call.
+    let proxy = Proxy::spawn(&upstream, &["--store", &store, "--namespace", "truncated"]);
     let raw = Raw::new(&proxy);
 
     let message = charge(1, 9, Some("truncated-1"));
