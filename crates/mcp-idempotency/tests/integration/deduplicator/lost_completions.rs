@@ -62,16 +62,7 @@ fn a_failed_completion_is_sent_again_with_its_lease_kept_until_the_store_takes_i
 #[test]
 fn an_answer_of_the_store_makes_a_pending_completion_due_at_once() {
     on_manual_time(async {
-        let flaky = Arc::new(FlakyStore::default());
-        let store: Arc<dyn Store> = flaky.clone();
-        let clock = Arc::new(ManualClock::new(Timestamp::now()));
-        let d = dedup(&store, EngineConfig::default()).with_clock(clock.clone());
-        let running = begin(&d, "k").await;
-        flaky.fail_complete.store(true, Ordering::SeqCst);
-        assert!(running
-            .finish(Outcome::Success(RESULT.into()))
-            .await
-            .is_err());
+        let (flaky, clock, d) = with_a_failed_completion("k").await;
         // Thirty seconds of failures: the retries back off to one every 5 s.
         for _ in 0..300 {
             pass(&clock, Duration::from_millis(100)).await;

@@ -164,16 +164,7 @@ fn a_waiting_duplicate_gives_up_after_its_wait_on_the_manual_clock() {
 #[test]
 fn a_failed_completion_is_sent_again_on_the_manual_clocks_backoff() {
     on_manual_time(async {
-        let flaky = Arc::new(FlakyStore::default());
-        let store: Arc<dyn Store> = flaky.clone();
-        let clock = Arc::new(ManualClock::new(Timestamp::now()));
-        let d = dedup(&store, EngineConfig::default()).with_clock(clock.clone());
-        let running = begin(&d, "k").await;
-        flaky.fail_complete.store(true, Ordering::SeqCst);
-        assert!(running
-            .finish(Outcome::Success(RESULT.into()))
-            .await
-            .is_err());
+        let (flaky, clock, d) = with_a_failed_completion("k").await;
         let sent = || flaky.completions_sent.load(Ordering::SeqCst);
         assert_eq!(sent(), 1);
 

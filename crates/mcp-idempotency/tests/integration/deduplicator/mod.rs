@@ -186,6 +186,29 @@ macro_rules! on_every_store {
 }
 
 pub(crate) mod failing_store;
+/// A deduplicator on a [`FlakyStore`](failing_store::FlakyStore) and a manual clock, whose claim
+/// of `key` has just had its completion refused by the store: it is being sent again in the
+/// background.
+async fn with_a_failed_completion(
+    key: &str,
+) -> (
+    Arc<failing_store::FlakyStore>,
+    Arc<ManualClock>,
+    Deduplicator,
+) {
+    let flaky = Arc::new(failing_store::FlakyStore::default());
+    let store: Arc<dyn Store> = flaky.clone();
+    let clock = Arc::new(ManualClock::new(Timestamp::now()));
+    let d = dedup(&store, EngineConfig::default()).with_clock(clock.clone());
+    let running = running_claim::begin(&d, key).await;
+    flaky.fail_complete.store(true, Ordering::SeqCst);
+    assert!(running
+        .finish(Outcome::Success(RESULT.into()))
+        .await
+        .is_err());
+    (flaky, clock, d)
+}
+
 mod leases;
 mod lost_completions;
 mod manual_time;
