@@ -12,10 +12,12 @@
 // running is refused at once (`idempotency_key_in_progress`), and a call whose server died
 // mid-call answers `idempotency_outcome_unknown`. Calls without that key are protected per tool by
 // `tools` policies (a business identifier, a key argument, a duplicate window) and `_meta` keys,
-// as under `mcp-idem wrap --tools`. Every decision, the equivalence of arguments and
-// the stores are the Rust library's (the native addon); this file only carries the messages of
-// every transport the server is connected to (stdio, Streamable HTTP per request or per session)
-// to it. Tools run on Node's event loop; store I/O runs on the addon's tokio runtime.
+// as under `mcp-idem wrap --tools`. Every decision, the equivalence of arguments, the options
+// and the stores are the Rust library's (the native addon); this package only carries the
+// messages of every transport the server is connected to (stdio, Streamable HTTP per request or
+// per session) to it (lib/carry.js), wired at one place per framework, as the Python package is:
+// lib/sdk.js (the SDK v1 and v2), lib/fastmcp.js. Tools run on Node's event loop; store I/O runs
+// on the addon's tokio runtime.
 //
 // Never silently unprotected: anything else (another class, a server already connected, a
 // fastmcp whose sessions cannot be wired) throws at once, and a FastMCP session that connects
@@ -52,7 +54,8 @@ process.once('exit', () => native.settleAtExit());
  *   `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
  *   `mcp-idem/records.sqlite3` in the user's data directory.
  * - `namespace`: separates this server's records in a shared store (default `mcp-server:NAME`, as
- *   under `mcp-idem wrap`, so a server moved between them keeps its records).
+ *   under `mcp-idem wrap`, so a server moved between them keeps its records; a server with an
+ *   empty name needs one).
  * - `principal`: scopes records to a caller: a string, or a function of the first message's
  *   `extra` (`{ authInfo, request }`) returning one; by default the authenticated client
  *   (`authInfo.clientId`) of an HTTP request, else the local user.
@@ -67,7 +70,9 @@ process.once('exit', () => native.settleAtExit());
  *   `afterCrash: 'reject'`, `forwardKey: false`, `cancel: 'absorb'`, `maxKeyBytes: 256`, ...
  *
  * The store is opened here: a bad option or policy, a store URL that does not parse or a store
- * that cannot be reached throws an `IdempotencyError` at once.
+ * that cannot be reached throws an `IdempotencyError` at once. Every option is read by the library
+ * (`mcp_idempotency::embedded::Settings::from_json`), and an error names it as written, with what
+ * it takes: `afterCrash: expected reject or reexecute, got "retry"`.
  */
 function idempotent(server, options = {}) {
     const target = targetOf(server);

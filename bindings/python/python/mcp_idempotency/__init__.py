@@ -68,7 +68,8 @@ def idempotent(
     `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
     `mcp-idem/records.sqlite3` in the user's data directory. `namespace` separates this server's
     records from others' in a shared store (default: `mcp-server:` and the server's name, as under
-    `mcp-idem wrap`, so a server moved between them keeps its records).
+    `mcp-idem wrap`, so a server moved between them keeps its records; a server with an empty
+    name needs one).
     `principal` scopes records to a caller: a string, or a function of the request context that
     returns one (or None); by default the authenticated client of an HTTP request (the SDK's
     access token), else the local user. Every other option of `wrap` is taken by its name, `_` for
@@ -87,7 +88,9 @@ def idempotent(
     Call it once per server: a server already wired (or the low-level server beneath one that
     is) raises `TypeError`. The store is opened here, once per namespace and options (servers
     built per request share it): a bad option or policy, a store URL that does not parse or a store that cannot be
-    reached raises `IdempotencyError` (with `.type` and `.code`) at once.
+    reached raises `IdempotencyError` (with `.type` and `.code`) at once. Every option is read by
+    the library (`mcp_idempotency::embedded::Settings::from_json`), and an error names it as you
+    wrote it, with what it takes: `after_crash: expected reject or reexecute, got "retry"`.
     """
     # Every option as the user wrote it, read (and refused, naming it so) by the library; a
     # principal that is a function stays here, called per request.
