@@ -71,5 +71,4 @@ function loadNative() {
     return require(addon);
 }
 
-
 module.exports = { native, IdempotencyError, setupError, SUPPORTED, wired, classNames, described, shown };
