@@ -61,6 +61,8 @@ export interface IdempotencyOptions {
     maxOutcomeBytes?: number;
     maxRecordsPerScope?: number;
     maxRecordsTotal?: number;
+    /** Where a decision that waits on the store runs: `'runtime'` (default) or `'inline'` (SQLite and memory only). */
+    storeIo?: 'runtime' | 'inline';
 }
 
 /**
@@ -69,7 +71,8 @@ export interface IdempotencyOptions {
  * or a `FastMCP` of punkpeye's `fastmcp` 4.x, before `start()` (`stdio` or `httpStream`) or
  * `connect()`. Anything else, a server already connected or already given SEP-3182 throws a
  * `TypeError` at once; a FastMCP started with another transport type rejects its `start()`.
- * Throws an `IdempotencyError` at once when the store or a policy cannot be set up.
+ * Throws an `IdempotencyError` at once when the store, an option or a policy cannot be set up,
+ * naming the option or setting as written (`afterCrash: expected reject or reexecute, got "retry"`).
  */
 export declare function idempotent<S>(server: S, options?: IdempotencyOptions): S;
 

@@ -1,7 +1,8 @@
 //! The native half of the `mcp-idempotency` npm package: the Node.js face of
 //! [`mcp_idempotency::embedded`].
 //!
-//! Thin on purpose: a [`Gateway`] is an [`Embedded`] gateway opened from `wrap`'s option names,
+//! Thin on purpose: a [`Gateway`] is an [`Embedded`] gateway opened from the user's options (as
+//! JSON, `Settings::from_json`),
 //! a [`Connection`] hands JSON-RPC messages (as text) to the library and answers with what to do
 //! (`{action: "forward" | "rewritten" | "respond" | "drop", message?}`). Every decision, the
 //! fingerprint and the store are the Rust crate's; `index.js` only carries messages between the
@@ -12,12 +13,9 @@
 //! the gateway was opened with `storeIo: 'inline'` (SQLite's transactions then run on Node's thread,
 //! which waits for them: `mcp_idempotency::embedded::StoreIo`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
-use mcp_idempotency::embedded::{
-    self, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings, SetupError,
-};
+use mcp_idempotency::embedded::{self, options, Answer, Embedded, Gateways, Settings, SetupError};
 use mcp_idempotency::interceptor::META_KEY;
 use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
 use napi::bindgen_prelude::{block_on, within_runtime_if_available, Either, Either3, PromiseRaw};
@@ -34,30 +32,18 @@ pub struct Step {
     pub message: Option<String>,
 }
 
-impl Step {
-    fn new(action: &str, message: Option<String>) -> Self {
+impl From<embedded::Step> for Step {
+    fn from(step: embedded::Step) -> Self {
         Self {
-            action: action.to_owned(),
-            message,
+            action: step.action.to_owned(),
+            message: step.message,
         }
     }
 }
 
-fn client_step(action: FromClient) -> Step {
-    match action {
-        FromClient::Forward => Step::new("forward", None),
-        FromClient::ForwardRewritten(message) => Step::new("rewritten", Some(message)),
-        FromClient::Respond(message) => Step::new("respond", Some(message)),
-        FromClient::Drop => Step::new("drop", None),
-    }
-}
-
-fn server_step(action: FromServer) -> Step {
-    match action {
-        FromServer::Forward => Step::new("forward", None),
-        FromServer::ForwardRewritten(message) => Step::new("rewritten", Some(message)),
-        FromServer::Drop => Step::new("drop", None),
-    }
+/// The step of a decision of the library.
+fn step(decided: impl Into<embedded::Step>) -> Step {
+    decided.into().into()
 }
 
 /// Why a gateway could not be set up; `index.js` throws it as an `IdempotencyError`.
@@ -107,19 +93,12 @@ pub struct Gateway {
     inner: Embedded,
 }
 
-/// napi's tokio runtime, with one worker thread instead of one per CPU: every store round trip
-/// of the process runs there, and a second worker only takes CPU from Node's thread (a task
-/// spawned from Node's thread woke one worker, which woke the other to look for more work; the
-/// two took turns running the store's operations). Without a runtime (it cannot start), napi's
-/// default one is used.
+/// napi's tokio runtime: the bindings' one-worker runtime (`mcp_idempotency::embedded::runtime`),
+/// where every store round trip of the process runs. Without it (it cannot start), napi's default
+/// one is used.
 #[napi_derive::module_init]
 fn init() {
-    let runtime = napi::tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("mcp-idempotency")
-        .enable_all()
-        .build();
-    if let Ok(runtime) = runtime {
+    if let Ok(runtime) = embedded::runtime() {
         napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
     }
 }
@@ -127,20 +106,17 @@ fn init() {
 /// The gateways this process opened, by namespace and options.
 static GATEWAYS: Gateways = Gateways::new();
 
-/// The gateway of this namespace and options: the one this process opened before, or a new one
-/// (the store opened, the gateway started). `options` by `wrap`'s option names (`store`,
-/// `retention`, `maxKeyBytes`, …). Blocks until the store answers; a gateway, or why it cannot be
-/// set up.
+/// The gateway of the server named `serverName` with these options: the one this process opened
+/// before, or a new one (the store opened, the gateway started). `options` is a JSON object of
+/// option name (as the user spelled it: `afterCrash`, `maxKeyBytes`, …) to value, read by
+/// `mcp_idempotency::embedded::Settings::from_json`, whose errors name each option as given.
+/// Blocks until the store answers; a gateway, or why it cannot be set up.
 #[napi]
-pub fn open(namespace: String, options: HashMap<String, String>) -> Either<Gateway, SetupFailure> {
-    let mut settings = Settings::new(namespace);
-    let mut names: Vec<_> = options.iter().collect();
-    names.sort();
-    for (name, value) in names {
-        if let Err(err) = settings.set(name, value) {
-            return Either::B(err.into());
-        }
-    }
+pub fn open(server_name: Option<String>, options: String) -> Either<Gateway, SetupFailure> {
+    let settings = match Settings::from_json(server_name.as_deref(), &options) {
+        Ok(settings) => settings,
+        Err(err) => return Either::B(err.into()),
+    };
     match block_on(GATEWAYS.open(settings)) {
         Ok(inner) => Either::A(Gateway { inner }),
         Err(err) => Either::B(err.into()),
@@ -183,11 +159,11 @@ pub fn meta_key() -> String {
     META_KEY.to_owned()
 }
 
-/// Why option `name` is refused with `value` (as the caller shows it): the library's words, type
-/// and code, for `index.js` to throw.
+/// Why option `name` (as the user spelled it) is refused with `value` (as JavaScript shows it):
+/// the library's words, type and code, for `index.js` to throw.
 #[napi]
 pub fn invalid_option(name: String, value: String, reason: String) -> SetupFailure {
-    SetupError::invalid_option(&name, value, reason).into()
+    SetupError::invalid_option(&name, Some(value), reason).into()
 }
 
 /// One connection's interceptor state (see `mcp_idempotency::embedded::Connection`).
@@ -212,7 +188,7 @@ impl Connection {
         let received = self.inner.receive(&message);
         let may_wait = received.may_wait();
         let connection = Arc::clone(&self.inner);
-        let decided = async move { client_step(connection.decide(received).await) };
+        let decided = async move { step(connection.decide(received).await) };
         Ok(
             match within_runtime_if_available(|| self.inner.answer(decided, may_wait)) {
                 Answer::Ready(step) => Either3::A(step),
@@ -235,7 +211,7 @@ impl Connection {
     ) -> Result<Either<Step, PromiseRaw<'env, Step>>> {
         let connection = Arc::clone(&self.inner);
         answer(env, &self.inner, async move {
-            server_step(connection.from_server(&message).await)
+            step(connection.from_server(&message).await)
         })
     }
 

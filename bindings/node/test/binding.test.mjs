@@ -41,15 +41,63 @@ test('unknown options and bad values are refused', () => {
     assert.equal(refused({ store: 'memory', retension: '2h' }).type, 'idempotency_invalid_option');
     const badLease = refused({ store: 'memory', lease: 'soon' });
     assert.equal(badLease.code, -32602);
-    assert.ok(badLease.message.startsWith('invalid value "soon" for option "lease"'), badLease.message);
+    assert.equal(badLease.message, 'lease: expected a duration such as 24h, 30m or 500ms, got "soon"');
     assert.equal(refused({ store: 'memory', maxKeyBytes: 0 }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', maxKeyBytes: [1] }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', afterCrash: 'retry' }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', principal: 7 }).type, 'idempotency_invalid_option');
     assert.equal(refused({ store: 'memory', storeIo: 'elsewhere' }).type, 'idempotency_invalid_option');
     const inlineOnRedis = refused({ store: 'redis://127.0.0.1:1', storeIo: 'inline' });
-    assert.ok(inlineOnRedis.message.startsWith('invalid value "inline" for option "store-io"'), inlineOnRedis.message);
+    assert.ok(inlineOnRedis.message.startsWith('storeIo: only the sqlite: and memory stores'), inlineOnRedis.message);
     assert.throws(() => idempotent({}, { store: 'memory' }), TypeError);
+});
+
+test("a misspelled option is named as written, with the options in Node's spelling", () => {
+    const error = refused({ store: 'memory', afterCrsh: 'reject' });
+    assert.equal(error.type, 'idempotency_invalid_option');
+    assert.equal(error.code, -32602);
+    assert.ok(error.message.startsWith('unknown option "afterCrsh"; expected one of: store, namespace'), error.message);
+    assert.ok(error.message.includes(', afterCrash, forwardKey, '), error.message);
+});
+
+test('a bad value names the option as written and what it accepts', () => {
+    assert.equal(refused({ store: 'memory', retention: 'forever' }).message, 'retention: expected a duration such as 24h, 30m or 500ms, got "forever"');
+    assert.equal(refused({ store: 'memory', afterCrash: 'retry' }).message, 'afterCrash: expected reject or reexecute, got "retry"');
+    assert.equal(refused({ store: 'memory', maxKeyBytes: [1] }).message, 'maxKeyBytes: expected a positive whole number, got [1]');
+    assert.equal(refused({ store: 'memory', maxKeyBytes: Number.NaN }).message, 'maxKeyBytes: expected a JSON value, got NaN');
+    assert.equal(
+        refused({ store: 'memory', principal: 7 }).message,
+        'principal: expected a string, or a function of the request that returns one, got 7'
+    );
+    assert.equal(refused({ store: 'memory', maxKeyBytes: 1, 'max-key-bytes': 2 }).message, '"max-key-bytes" and "maxKeyBytes" are one option; give it once');
+});
+
+test('a misspelled policy setting is named as written', () => {
+    const error = refused({ store: 'memory', tools: { charge: { keyFrm: ['/order_id'] } } });
+    assert.equal(error.type, 'idempotency_invalid_option');
+    assert.ok(error.message.startsWith('tools: tool policy [tools."charge"]: unknown setting `keyFrm`; expected key-from'), error.message);
+    const badValue = refused({ store: 'memory', tools: { charge: { keyFrom: 5 } } });
+    assert.ok(badValue.message.startsWith('tools: tool policy [tools."charge"]: `keyFrom`: '), badValue.message);
+});
+
+test('a server without a name needs a namespace', () => {
+    // The library's one rule for both bindings: no made-up name to keep records under.
+    const nameless = () => {
+        const server = new McpServer({ name: 'nameless', version: '0' });
+        server.server._serverInfo = { ...server.server._serverInfo, name: '' };
+        return server;
+    };
+    const server = nameless();
+    assert.throws(
+        () => idempotent(server, { store: 'memory' }),
+        (error) => {
+            assert.ok(error instanceof IdempotencyError, error);
+            assert.equal(error.type, 'idempotency_invalid_option');
+            assert.ok(error.message.startsWith('the server has no name (its serverInfo.name) to keep its records under'), error.message);
+            return true;
+        }
+    );
+    idempotent(nameless(), { store: 'memory', namespace: 'payments' });
 });
 
 const CHARGE = { amount: 5, currency: 'eur' };

@@ -1,6 +1,7 @@
 //! `mcp_idempotency._native`: the Python face of [`mcp_idempotency::embedded`].
 //!
-//! Thin on purpose: a [`Gateway`] is an [`Embedded`] gateway opened from `wrap`'s option names,
+//! Thin on purpose: a [`Gateway`] is an [`Embedded`] gateway opened from the user's options (as
+//! JSON, `Settings::from_json`),
 //! a [`Connection`] hands JSON-RPC messages (as text) to the library and answers with what to do
 //! (`("forward" | "rewritten" | "respond" | "drop", message or None)`). Every decision, the
 //! fingerprint and the store are the Rust crate's; the Python package
@@ -22,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use mcp_idempotency::embedded::{
-    self, options, Answer, Embedded, FromClient, FromServer, Gateways, Settings, SetupError,
+    self, options, Answer, Embedded, Gateways, Settings, SetupError, Step,
 };
 use mcp_idempotency::interceptor::{CancelPolicy, META_KEY};
 use mcp_idempotency::stdio::DEFAULT_SHUTDOWN_GRACE;
@@ -48,24 +49,15 @@ static GATEWAYS: Gateways = Gateways::new();
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     RUNTIME
         .get_or_init(|| {
-            // One worker: a second only takes CPU from the loop's thread (the one woken by a
-            // ticket spawned from the loop woke the other to look for more work, and the two
-            // took turns running the store's operations: docs/benchmarks.md).
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("mcp-idempotency")
-                .enable_all()
-                .build()
-                .map_err(|err| err.to_string())
+            // The bindings' one-worker runtime (`mcp_idempotency::embedded::runtime`).
+            embedded::runtime().map_err(|err| err.to_string())
         })
         .as_ref()
         .map_err(|err| PyOSError::new_err(format!("cannot start the tokio runtime: {err}")))
 }
 
-/// What to do with a message, as Python sees it: the action and the message to send instead.
-type Step = (&'static str, Option<String>);
-
-/// An answer handed back to Python: a step, or the responses owed at a connection's close.
+/// An answer handed back to Python: a step (`(action, message)`), or the responses owed at a
+/// connection's close.
 enum Ready {
     Step(Step),
     Responses(Vec<String>),
@@ -78,27 +70,10 @@ impl<'py> IntoPyObject<'py> for Ready {
 
     fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         match self {
-            Self::Step(step) => step.into_bound_py_any(py),
+            Self::Step(step) => (step.action, step.message).into_bound_py_any(py),
             Self::Responses(responses) => responses.into_bound_py_any(py),
         }
     }
-}
-
-fn client_step(action: FromClient) -> Ready {
-    Ready::Step(match action {
-        FromClient::Forward => ("forward", None),
-        FromClient::ForwardRewritten(message) => ("rewritten", Some(message)),
-        FromClient::Respond(message) => ("respond", Some(message)),
-        FromClient::Drop => ("drop", None),
-    })
-}
-
-fn server_step(action: FromServer) -> Ready {
-    Ready::Step(match action {
-        FromServer::Forward => ("forward", None),
-        FromServer::ForwardRewritten(message) => ("rewritten", Some(message)),
-        FromServer::Drop => ("drop", None),
-    })
 }
 
 fn setup_error(py: Python<'_>, err: SetupError) -> PyErr {
@@ -228,18 +203,17 @@ struct Gateway {
 
 #[pymethods]
 impl Gateway {
-    /// The gateway of this namespace and options: the one this process opened before, or a new
-    /// one (the store opened, the gateway started). `options` are `(name, value)` pairs of
-    /// `wrap`'s option names (`store`, `retention`, `max_key_bytes`, …). Blocks until the store
-    /// answers (without holding the GIL); raises `IdempotencyError` when it cannot be set up.
+    /// The gateway of the server named `server_name` with these options: the one this process
+    /// opened before, or a new one (the store opened, the gateway started). `options` is a JSON
+    /// object of option name (as the user spelled it: `after_crash`, `max_key_bytes`, …) to
+    /// value, read by `mcp_idempotency::embedded::Settings::from_json`, whose errors name each
+    /// option as given. Blocks until the store answers (without holding the GIL); raises
+    /// `IdempotencyError` when it cannot be set up.
     #[staticmethod]
-    fn open(py: Python<'_>, namespace: String, options: Vec<(String, String)>) -> PyResult<Self> {
-        let mut settings = Settings::new(namespace);
-        for (name, value) in &options {
-            settings
-                .set(name, value)
-                .map_err(|err| setup_error(py, err))?;
-        }
+    #[pyo3(signature = (server_name, options))]
+    fn open(py: Python<'_>, server_name: Option<&str>, options: &str) -> PyResult<Self> {
+        let settings =
+            Settings::from_json(server_name, options).map_err(|err| setup_error(py, err))?;
         let runtime = runtime()?;
         match py.detach(|| runtime.block_on(GATEWAYS.open(settings))) {
             Ok(inner) => Ok(Self { inner }),
@@ -274,8 +248,8 @@ fn settle_at_exit(py: Python<'_>) -> usize {
     }
 }
 
-/// The `IdempotencyError` for option `name` refused with `value` (as the caller shows it) for
-/// `reason`: the library's words, type and code.
+/// The `IdempotencyError` for option `name` (as the user spelled it) refused with `value` (as
+/// Python shows it) for `reason`: the library's words, type and code.
 #[pyfunction]
 fn invalid_option(
     py: Python<'_>,
@@ -283,7 +257,11 @@ fn invalid_option(
     value: &str,
     reason: &str,
 ) -> Py<pyo3::exceptions::PyBaseException> {
-    setup_error(py, SetupError::invalid_option(name, value, reason)).into_value(py)
+    setup_error(
+        py,
+        SetupError::invalid_option(name, Some(value.to_owned()), reason),
+    )
+    .into_value(py)
 }
 
 /// One connection's interceptor state (see `mcp_idempotency::embedded::Connection`).
@@ -307,7 +285,7 @@ impl Connection {
         let received = self.inner.receive(&message);
         let may_wait = received.may_wait();
         let connection = Arc::clone(&self.inner);
-        let decided = async move { client_step(connection.decide(received).await) };
+        let decided = async move { Ready::Step(connection.decide(received).await.into()) };
         answer(py, completions, &self.inner, decided, may_wait)
     }
 
@@ -320,7 +298,7 @@ impl Connection {
         completions: &Completions,
     ) -> PyResult<Bound<'py, PyAny>> {
         let connection = Arc::clone(&self.inner);
-        let decided = async move { server_step(connection.from_server(&message).await) };
+        let decided = async move { Ready::Step(connection.from_server(&message).await.into()) };
         answer(py, completions, &self.inner, decided, false)
     }
 

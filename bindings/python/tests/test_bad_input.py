@@ -46,14 +46,63 @@ def test_unknown_options_and_bad_values_are_refused():
     assert refused(store="memory", retension="2h").type == "idempotency_invalid_option"
     bad_lease = refused(store="memory", lease="soon")
     assert bad_lease.type == "idempotency_invalid_option" and bad_lease.code == -32602
-    assert str(bad_lease).startswith('invalid value "soon" for option "lease"'), bad_lease
+    assert str(bad_lease) == 'lease: expected a duration such as 24h, 30m or 500ms, got "soon"', bad_lease
     assert refused(store="memory", max_key_bytes=0).type == "idempotency_invalid_option"
     assert refused(store="memory", max_key_bytes=[1]).type == "idempotency_invalid_option"
     assert refused(store="memory", after_crash="retry").type == "idempotency_invalid_option"
     assert refused(store="memory", principal=7).type == "idempotency_invalid_option"
     assert refused(store="memory", store_io="elsewhere").type == "idempotency_invalid_option"
     inline_on_redis = refused(store="redis://127.0.0.1:1", store_io="inline")
-    assert str(inline_on_redis).startswith('invalid value "inline" for option "store-io"'), inline_on_redis
+    assert str(inline_on_redis).startswith("store_io: only the sqlite: and memory stores"), inline_on_redis
+
+
+def test_a_misspelled_option_is_named_as_written_with_the_options_in_pythons_spelling():
+    error = refused(store="memory", after_crsh="reject")
+    assert error.type == "idempotency_invalid_option" and error.code == -32602
+    assert str(error).startswith('unknown option "after_crsh"; expected one of: store, namespace'), error
+    assert ", after_crash, forward_key, " in str(error), error
+
+
+def test_a_bad_value_names_the_option_as_written_and_what_it_accepts():
+    assert str(refused(store="memory", retention="forever")) == (
+        'retention: expected a duration such as 24h, 30m or 500ms, got "forever"'
+    )
+    assert str(refused(store="memory", after_crash="retry")) == 'after_crash: expected reject or reexecute, got "retry"'
+    assert str(refused(store="memory", max_key_bytes=[1])) == "max_key_bytes: expected a positive whole number, got [1]"
+    assert str(refused(store="memory", principal=7)) == (
+        "principal: expected a string, or a function of the request that returns one, got 7"
+    )
+    assert str(refused(store="memory", meta_key=["ok", ""])) == (
+        'meta_key: expected `_meta` member names, none of them empty, got ["ok",""]'
+    )
+    not_json = refused(store="memory", lease=object())
+    assert str(not_json).startswith("lease: expected a JSON value or a timedelta"), not_json
+
+
+def test_a_misspelled_policy_setting_is_named_as_written():
+    error = refused(store="memory", tools={"charge": {"key_frm": ["/order_id"]}})
+    assert error.type == "idempotency_invalid_option"
+    assert str(error).startswith('tools: tool policy [tools."charge"]: unknown setting `key_frm`; expected key-from'), error
+    bad_value = refused(store="memory", tools={"charge": {"key_from": 5}})
+    assert str(bad_value).startswith('tools: tool policy [tools."charge"]: `key_from`: '), bad_value
+
+
+def test_a_server_without_a_name_needs_a_namespace():
+    """The library's one rule for both bindings: no made-up name to keep records under."""
+    server = MCPServer("unnamed-at-first")
+    server._lowlevel_server.name = ""
+    error = refused_for(server, store="memory")
+    assert error.type == "idempotency_invalid_option"
+    assert str(error).startswith("the server has no name (its serverInfo.name) to keep its records under"), error
+    named = MCPServer("unnamed-too")
+    named._lowlevel_server.name = ""
+    idempotent(named, store="memory", namespace="payments")
+
+
+def refused_for(server, **options) -> IdempotencyError:
+    with pytest.raises(IdempotencyError) as refusal:
+        idempotent(server, **options)
+    return refusal.value
 
 
 def test_a_server_that_is_not_an_mcp_server_is_a_type_error():

@@ -39,7 +39,6 @@ from ._native import (
     Gateway,
     IdempotencyError,
     invalid_option,
-    server_namespace,
     settle_at_exit,
 )
 
@@ -69,7 +68,8 @@ def idempotent(
     `redis://`, `rediss://`, `redis-cluster://`, `postgres://`, ...); by default the SQLite file
     `mcp-idem/records.sqlite3` in the user's data directory. `namespace` separates this server's
     records from others' in a shared store (default: `mcp-server:` and the server's name, as under
-    `mcp-idem wrap`, so a server moved between them keeps its records).
+    `mcp-idem wrap`, so a server moved between them keeps its records; a server with an empty
+    name needs one).
     `principal` scopes records to a caller: a string, or a function of the request context that
     returns one (or None); by default the authenticated client of an HTTP request (the SDK's
     access token), else the local user. Every other option of `wrap` is taken by its name, `_` for
@@ -88,26 +88,21 @@ def idempotent(
     Call it once per server: a server already wired (or the low-level server beneath one that
     is) raises `TypeError`. The store is opened here, once per namespace and options (servers
     built per request share it): a bad option or policy, a store URL that does not parse or a store that cannot be
-    reached raises `IdempotencyError` (with `.type` and `.code`) at once.
+    reached raises `IdempotencyError` (with `.type` and `.code`) at once. Every option is read by
+    the library (`mcp_idempotency::embedded::Settings::from_json`), and an error names it as you
+    wrote it, with what it takes: `after_crash: expected reject or reexecute, got "retry"`.
     """
-    settings: list[tuple[str, str]] = []
-    if store is not None:
-        settings.append(("store", _option_text("store", store)))
-    if isinstance(principal, str):
-        settings.append(("principal", principal))
-    elif principal is not None and not callable(principal):
-        raise invalid_option("principal", repr(principal), "expected a string or a function")
-    if tools is not None:
-        settings.append(("tools", _tools_text(tools)))
-    if meta_key is not None:
-        settings.append(("meta-key", _meta_key_text(meta_key)))
-    for name, value in options.items():
-        settings.append((name, _option_text(name, value)))
+    # Every option as the user wrote it, read (and refused, naming it so) by the library; a
+    # principal that is a function stays here, called per request.
+    given = {"store": store, "namespace": namespace, "tools": tools, "meta_key": meta_key, **options}
+    if not callable(principal):
+        given["principal"] = principal
+    settings = _options_json(given)
 
     def carrier_for(lowlevel: Any) -> Carrier:
-        # One gateway per namespace and options (the library's): servers built per request or
-        # per session share one store.
-        gateway = Gateway.open(namespace or server_namespace(lowlevel.name), settings)
+        # One gateway per server name and options (the library's): servers built per request or
+        # per session share one store. A server without a name needs `namespace`.
+        gateway = Gateway.open(getattr(lowlevel, "name", None), settings)
         return Carrier(gateway, principal if callable(principal) else authenticated_client)
 
     mcp_major = _mcp_line(server)
@@ -176,35 +171,20 @@ def idempotency_key(context: Any) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _option_text(name: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, str)):
-        return str(value)
-    if isinstance(value, datetime.timedelta):
-        return f"{int(value.total_seconds() * 1000)}ms"
-    raise invalid_option(name, repr(value), "expected a string, a number, a bool or a timedelta")
-
-
-def _tools_text(tools: Any) -> str:
-    """The `tools` option as the library reads it: the policies as JSON text (durations as `Nms`)."""
+def _options_json(options: Mapping[str, Any]) -> str:
+    """The options as the library reads them: a JSON object of each option, named as the user
+    wrote it, to its value (a `timedelta` as `Nms`; `None` is an option not given)."""
 
     def duration(value: Any) -> str:
         if isinstance(value, datetime.timedelta):
             return f"{int(value.total_seconds() * 1000)}ms"
         raise TypeError(f"{type(value).__name__} is not a JSON value")
 
-    try:
-        return json.dumps(tools, default=duration, allow_nan=False)
-    except (TypeError, ValueError) as error:
-        raise invalid_option("tools", repr(tools), f"expected a dict of tool name to settings ({error})") from None
-
-
-def _meta_key_text(meta_key: Any) -> str:
-    """The `meta-key` option as the library reads it: the names, comma-separated."""
-    names = [meta_key] if isinstance(meta_key, str) else meta_key
-    if not isinstance(names, Sequence) or not all(isinstance(name, str) for name in names):
-        raise invalid_option("meta-key", repr(meta_key), "expected a string or a list of strings")
-    if any("," in name for name in names):
-        raise invalid_option("meta-key", repr(meta_key), "a name must not contain a comma")
-    return ",".join(names)
+    members = []
+    for name, value in options.items():
+        try:
+            text = json.dumps(value, default=duration, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            raise invalid_option(name, repr(value), f"expected a JSON value or a timedelta ({error})") from None
+        members.append(f"{json.dumps(name)}:{text}")
+    return "{" + ",".join(members) + "}"

@@ -15,8 +15,9 @@
 //!
 //! - every shared store works by URL (Redis, PostgreSQL, Redis Cluster, both over TLS);
 //! - the binding's own tests pass (`bindings/python/tests` with pytest, `bindings/node/test` with
-//!   `node --test`): bad options, store URLs and keys get `wrap`'s errors (compared with a `wrap`
-//!   run side by side), a store that goes down mid-run refuses keyed calls and loses no
+//!   `node --test`): bad store URLs and keys get `wrap`'s errors (compared with a `wrap` run side
+//!   by side), a misspelled option or policy setting is named as the user wrote it (`after_crash`,
+//!   `afterCrash`, `keyFrom`), a store that goes down mid-run refuses keyed calls and loses no
 //!   outcome, and the npm package installs with its prebuilt addon, beside either SDK line
 //!   without adding the other, and into a project on fastmcp 3.x, left as it is (`idempotent()`
 //!   then throws, naming its version); the npm package's framework matrix (`frameworks.test.mjs`: the

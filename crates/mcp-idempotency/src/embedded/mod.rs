@@ -37,6 +37,7 @@
 //! `idempotency_shutting_down`, as `wrap` does when its server exits.
 
 mod gateways;
+mod host;
 pub mod options;
 mod settings;
 
@@ -56,6 +57,7 @@ use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
 pub use gateways::Gateways;
+pub use host::{runtime, Step};
 pub use settings::{default_sqlite_path, store_url_or_default, Settings, SetupError};
 
 /// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's

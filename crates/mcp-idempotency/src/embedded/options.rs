@@ -279,7 +279,8 @@ pub fn find(name: &str) -> Option<&'static GatewayOption> {
 
 /// A duration: `24h`, `30s`, `1h 30m`, `500ms`.
 pub fn duration(value: &str) -> Result<Duration, String> {
-    humantime::parse_duration(value).map_err(|err| err.to_string())
+    humantime::parse_duration(value)
+        .map_err(|_| "expected a duration such as 24h, 30m or 500ms".to_owned())
 }
 
 /// Tool policies: a JSON object of tool name (or `"*"`) to its settings.
@@ -307,12 +308,16 @@ pub struct MetaKeys(pub Vec<String>);
 
 /// `reject` or `reexecute`.
 pub fn after_crash(value: &str) -> Result<AfterCrash, String> {
-    value.parse()
+    value
+        .parse()
+        .map_err(|_| "expected reject or reexecute".to_owned())
 }
 
 /// `absorb` or `forward`.
 pub fn cancel(value: &str) -> Result<CancelPolicy, String> {
-    value.parse()
+    value
+        .parse()
+        .map_err(|_| "expected absorb or forward".to_owned())
 }
 
 /// `true` or `false`.

@@ -9,28 +9,47 @@ use crate::interceptor::InterceptorConfig;
 use crate::store::{self, StoreError, StoreUrl};
 use crate::{Deduplicator, EngineConfig, RejectionKind, Scope};
 
-use super::{options, Embedded, StoreIo};
+use super::options::{self, GatewayOption};
+use super::{Embedded, StoreIo};
 
 /// Why an embedded gateway could not be set up.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SetupError {
     /// An option the gateway does not know.
-    #[error("unknown option {name:?}; expected one of: {}", option_names())]
+    #[error("unknown option {name:?}; expected one of: {expected}")]
     UnknownOption {
         /// The option as given.
         name: String,
+        /// Every option's name, spelled as the one given is (snake_case, camelCase or
+        /// kebab-case).
+        expected: String,
+    },
+    /// One option given twice, in two spellings (`max_key_bytes` and `maxKeyBytes`).
+    #[error("{first:?} and {second:?} are one option; give it once")]
+    DuplicateOption {
+        /// The first spelling.
+        first: String,
+        /// The second.
+        second: String,
     },
     /// An option whose value does not parse.
-    #[error("invalid value {value:?} for option {name:?}: {reason}")]
+    #[error("{name}: {reason}{}", value.as_ref().map(|v| format!(", got {v}")).unwrap_or_default())]
     InvalidValue {
-        /// The option.
+        /// The option, spelled as it was given.
         name: String,
-        /// The value as given.
-        value: String,
-        /// What is wrong with it.
+        /// The value as given (as JSON, or quoted text), when the error is about it as a whole.
+        value: Option<String>,
+        /// What is wrong with it, and what is accepted.
         reason: String,
     },
+    /// No `namespace` option, and the server has no name to keep its records under
+    /// ([`Settings::from_json`]).
+    #[error(
+        "the server has no name (its serverInfo.name) to keep its records under: name it, or \
+         pass the namespace option"
+    )]
+    NoServerName,
     /// No store URL was given and the user's data directory, where the default SQLite file
     /// lives, cannot be found.
     #[error("cannot find the user's data directory; pass the store option")]
@@ -48,13 +67,13 @@ pub enum SetupError {
 }
 
 impl SetupError {
-    /// The option `name` (any spelling [`Settings::set`] takes) refused with `value`, for
-    /// `reason`: also what a binding raises for a value its language cannot pass on (a list, a
-    /// principal that is neither a string nor a function).
-    pub fn invalid_option(name: &str, value: impl Into<String>, reason: impl Into<String>) -> Self {
+    /// The option `name`, spelled as the user gave it, refused with `value` (as the user's
+    /// language shows it; `None` when the error is not about the value as a whole) for `reason`:
+    /// also what a binding raises for a value its language cannot pass on as JSON.
+    pub fn invalid_option(name: &str, value: Option<String>, reason: impl Into<String>) -> Self {
         Self::InvalidValue {
-            name: options::find(name).map_or_else(|| name.to_owned(), |o| o.name.to_owned()),
-            value: value.into(),
+            name: name.to_owned(),
+            value,
             reason: reason.into(),
         }
     }
@@ -64,7 +83,10 @@ impl SetupError {
     /// `idempotency_invalid_store_url` and `idempotency_invalid_option` for bad configuration.
     pub fn error_type(&self) -> &'static str {
         match self {
-            Self::UnknownOption { .. } | Self::InvalidValue { .. } => "idempotency_invalid_option",
+            Self::UnknownOption { .. }
+            | Self::DuplicateOption { .. }
+            | Self::InvalidValue { .. }
+            | Self::NoServerName => "idempotency_invalid_option",
             Self::Store { url: None, .. } => "idempotency_invalid_store_url",
             Self::Store { url: Some(_), .. } | Self::NoDataDirectory => {
                 RejectionKind::StoreUnavailable.as_str()
@@ -82,11 +104,6 @@ impl SetupError {
             _ => crate::jsonrpc::INVALID_PARAMS,
         }
     }
-}
-
-fn option_names() -> String {
-    let names: Vec<&str> = options::every().map(|option| option.name).collect();
-    names.join(", ")
 }
 
 /// `wrap`'s words for a store error: its message and each of its causes, `: ` between them.
@@ -119,6 +136,8 @@ pub struct Settings {
     /// The options set, by their kebab-case names: with the namespace, what tells two gateways
     /// apart ([`Gateways`](super::Gateways)).
     given: BTreeMap<&'static str, String>,
+    /// Each option set, by its kebab-case name, spelled as it was given (for later errors).
+    spelled: BTreeMap<&'static str, String>,
 }
 
 impl Settings {
@@ -133,19 +152,37 @@ impl Settings {
             interceptor: InterceptorConfig::default(),
             store_io: StoreIo::default(),
             given: BTreeMap::new(),
+            spelled: BTreeMap::new(),
         }
     }
 
     /// Sets the option `name` to `value` (see [`options::every`]). `name` is `wrap`'s, or the same
     /// in snake_case or camelCase (`max_key_bytes`, `maxKeyBytes`).
+    /// Errors name the option as `name` spells it. A binding gives its options as JSON:
+    /// [`from_json`](Self::from_json).
     pub fn set(&mut self, name: &str, value: &str) -> Result<(), SetupError> {
         let option = options::find(name).ok_or_else(|| SetupError::UnknownOption {
+            expected: super::host::option_names_like(name),
             name: name.to_owned(),
         })?;
-        (option.set)(self, value)
-            .map_err(|reason| SetupError::invalid_option(option.name, value, reason))?;
-        self.given.insert(option.name, value.to_owned());
+        (option.set)(self, value).map_err(|reason| {
+            SetupError::invalid_option(name, Some(format!("{value:?}")), reason)
+        })?;
+        self.remember(option, name, value.to_owned());
         Ok(())
+    }
+
+    /// Records that `option` was set, spelled `given`, to `value` (as text, or JSON text).
+    pub(super) fn remember(&mut self, option: &GatewayOption, given: &str, value: String) {
+        self.given.insert(option.name, value);
+        self.spelled.insert(option.name, given.to_owned());
+    }
+
+    /// `option`'s name as it was given, else `wrap`'s.
+    fn spelled(&self, option: &GatewayOption) -> &str {
+        self.spelled
+            .get(option.name)
+            .map_or(option.name, String::as_str)
     }
 
     /// What tells this gateway apart from another: its namespace and the options set.
@@ -166,8 +203,8 @@ impl Settings {
             && !matches!(url, StoreUrl::Sqlite(_) | StoreUrl::Memory)
         {
             return Err(SetupError::invalid_option(
-                options::STORE_IO.name,
-                "inline",
+                self.spelled(&options::STORE_IO),
+                Some("\"inline\"".into()),
                 "only the sqlite: and memory stores run on the host's thread",
             ));
         }
@@ -246,9 +283,9 @@ mod tests {
             "{unknown}"
         );
         let bad = settings.set("lease", "soon").unwrap_err().to_string();
-        assert!(
-            bad.starts_with("invalid value \"soon\" for option \"lease\""),
-            "{bad}"
+        assert_eq!(
+            bad,
+            "lease: expected a duration such as 24h, 30m or 500ms, got \"soon\""
         );
         assert!(settings.set("max-key-bytes", "0").is_err());
         assert!(settings.set("forward-key", "yes").is_err());
