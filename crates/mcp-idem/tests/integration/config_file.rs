@@ -351,7 +351,10 @@ fn bad_tool_tables_stop_everything_with_a_clear_error() {
             "[tools.charge]\nkeyfrom = \"/x\"\n",
             "unknown setting `keyfrom`",
         ),
-        ("tools = \"charge\"\n", "must be tables of tool policies"),
+        (
+            "tools = \"charge\"\n",
+            "must be \"suggested\" or tables of tool policies",
+        ),
         ("meta-key = \"a,,b\"\n", "`meta-key`"),
     ] {
         let err = rejected(text);

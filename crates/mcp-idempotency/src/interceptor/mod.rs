@@ -28,6 +28,7 @@
 
 mod batch;
 mod discovery;
+mod listing;
 mod prefilter;
 
 use std::collections::{HashMap, HashSet};
@@ -49,6 +50,7 @@ use crate::rejection::{Rejection, RejectionKind};
 pub use batch::BATCH_REFUSED;
 pub use discovery::LearnName;
 use discovery::{inject_capability, warn_unlisted, Discovery};
+pub use listing::LearnTools;
 
 /// The `params._meta` member that carries the key to the server on executed calls.
 pub const META_KEY: &str = "mcp-idem/idempotencyKey";
@@ -88,6 +90,8 @@ pub struct InterceptorConfig {
     /// Set once a `tools/list` answer was checked against the policies, by any interceptor made
     /// from this configuration (the HTTP layer makes one per request).
     tools_checked: OnceFlag,
+    /// What the server's `tools/list` answers said (`listing.rs`).
+    listing: listing::SharedListing,
 }
 
 /// A flag shared by the clones of a configuration; not part of its value.
@@ -303,6 +307,8 @@ pub struct Interceptor<C = Claim> {
     store_unusable: bool,
     /// A `tools/list` request whose answer is checked against the tool policies (once).
     tools_list: Option<RequestId>,
+    /// The gateway's own `tools/list` (`--tools suggested`).
+    own_listing: listing::OwnListing,
 }
 
 /// Most unanswered requests tracked in [`Interceptor::pending`]; past that (a server that never
@@ -318,6 +324,7 @@ impl<C> Default for Interceptor<C> {
             pending: HashSet::new(),
             store_unusable: false,
             tools_list: None,
+            own_listing: listing::OwnListing::default(),
         }
     }
 }
@@ -368,9 +375,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 self.discovery.requests.insert(id);
                 ClientAction::Forward
             }
-            (Some("tools/list"), Some(id))
-                if !self.config.tools_checked.is_set() && !self.config.policies.is_empty() =>
-            {
+            (Some("tools/list"), Some(id)) => {
                 self.tools_list = Some(id);
                 ClientAction::Forward
             }
@@ -391,13 +396,17 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         envelope: &RawObject<'_>,
         id: RequestId,
     ) -> ClientAction<C> {
-        let policies = Arc::clone(&self.config.policies);
+        let policies = self.config.listing.policies(&self.config.policies);
         // Most calls carry no key and their tool has no policy: they are not parsed further.
         let params = envelope
             .get("params")
             .filter(|p| prefilter::needs_parsing(message, p, &policies))
             .and_then(|p| RawObject::parse(p.get()));
         let Some(params) = params else {
+            #[cfg(feature = "metrics")]
+            self.config
+                .listing
+                .on_unprotected(listing::tool_name(envelope.get("params")).as_deref());
             return unkeyed(None);
         };
         let mrtr_continuation =
@@ -416,7 +425,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         } else {
             let tool = params.get_str("name").unwrap_or_default();
             match select::choose(&policies, &tool, &params) {
-                Chosen::Unkeyed { missing } => return unkeyed(missing.map(|m| (tool, m))),
+                Chosen::Unkeyed { missing } => {
+                    #[cfg(feature = "metrics")]
+                    if missing.is_none() {
+                        self.config.listing.on_unprotected(Some(&tool));
+                    }
+                    return unkeyed(missing.map(|m| (tool, m)));
+                }
                 Chosen::Refused(message) => {
                     return ClientAction::Respond(error_response(
                         id.as_json(),
@@ -590,7 +605,14 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
             return ServerAction::Forward;
         };
-        if self.discovery.on_probe_answer(&id, &envelope) {
+        if self.discovery.on_probe_answer(&id, &envelope)
+            || self.own_listing.on_answer(
+                &id,
+                &envelope,
+                &self.config.listing,
+                &self.config.policies,
+            )
+        {
             return ServerAction::Absorb;
         }
         let was_pending = self.pending.remove(&id);
@@ -626,7 +648,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         }
         if self.tools_list.as_ref() == Some(&id) {
             self.tools_list = None;
-            if warn_unlisted(&self.config.policies, &envelope) {
+            if let Some((tools, _)) = listing::entries(&envelope) {
+                self.config.learn_tools(&tools);
+            }
+            if !self.config.tools_checked.is_set()
+                && !self.config.policies.is_empty()
+                && warn_unlisted(&self.config.policies, &envelope)
+            {
                 self.config.tools_checked.set();
             }
         }
@@ -696,6 +724,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// outcome-unknown and to answer with `idempotency_outcome_unknown`.
     pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan<C>> {
         self.discovery.clear();
+        self.own_listing.clear();
         self.pending.clear();
         self.in_flight
             .drain()

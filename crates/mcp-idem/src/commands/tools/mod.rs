@@ -15,8 +15,10 @@ use serde_json::Value;
 
 use super::server_args::ServerArgs;
 
-mod classify;
 mod render;
+
+/// The classifier the gateways apply with `--tools suggested`: one, in the library.
+use mcp_idempotency::policy::suggest as classify;
 
 /// Options of `mcp-idem tools`.
 #[derive(Debug, Args)]
