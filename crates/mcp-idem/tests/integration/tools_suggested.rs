@@ -142,3 +142,49 @@ fn an_explicit_table_overrides_the_suggestion() {
     assert_eq!(replayed(&retry), Some("window"), "{retry}");
     wrap.finish();
 }
+
+/// With no tool policy, `wrap` logs once, at the first `tools/list`, the tools a key-less retry
+/// would run again and the command that prints a policy for them; the key-less calls to them are
+/// counted as unprotected, by tool (a name the server did not list is never a label), and the
+/// read-only tool's are not.
+#[test]
+fn key_less_calls_to_tools_at_risk_are_logged_and_counted() {
+    use crate::ops::{metrics_authority, sample, scrape};
+    let sandbox = Sandbox::new();
+    let mut wrap = sandbox.wrap_demo(&["--metrics-listen", "127.0.0.1:0"]);
+    let answer = wrap.request(legacy_initialize(0));
+    assert!(answer.get("result").is_some(), "{answer}");
+    wrap.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for id in [1, 2] {
+        let listed = wrap.request(json!({"jsonrpc": "2.0", "id": id, "method": "tools/list"}));
+        assert!(listed["result"]["tools"].is_array(), "{listed}");
+    }
+    let charge = json!({"amount": 5, "currency": "EUR"});
+    for id in [3, 4] {
+        let charged = wrap.request(call(id, "charge_payment", charge.clone()));
+        assert!(charged.get("result").is_some(), "{charged}");
+    }
+    wrap.request(call(5, "get_balance", json!({})));
+    wrap.request(call(6, "made_up_by_a_client", json!({})));
+    let stderr = wrap.stderr();
+    let logged: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.contains("no tool policy is set"))
+        .collect();
+    assert_eq!(logged.len(), 1, "once:\n{stderr}");
+    assert!(logged[0].contains("charge_payment"), "{stderr}");
+    assert!(!logged[0].contains("get_balance"), "read-only: {stderr}");
+    assert!(logged[0].contains("mcp-idem tools"), "{stderr}");
+    let scraped = scrape(&metrics_authority(&stderr));
+    let unprotected = |tool: &str| {
+        sample(
+            &scraped,
+            &format!("mcp_idem_unprotected_calls_total{{tool=\"{tool}\"}}"),
+        )
+    };
+    assert_eq!(unprotected("charge_payment"), 2.0, "{scraped}");
+    assert_eq!(unprotected("(unlisted)"), 1.0, "{scraped}");
+    assert!(!scraped.contains("made_up_by_a_client"), "{scraped}");
+    assert!(!scraped.contains("tool=\"get_balance\""), "{scraped}");
+    wrap.finish();
+}
