@@ -188,3 +188,28 @@ fn key_less_calls_to_tools_at_risk_are_logged_and_counted() {
     assert!(!scraped.contains("tool=\"get_balance\""), "{scraped}");
     wrap.finish();
 }
+
+/// `proxy --tools suggested` lists the upstream's tools itself at start: a key-less
+/// `charge_payment` retried by a client that never listed them is the first call's replay, and
+/// the ledger holds one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_lists_the_tools_itself_and_applies_the_suggestion() {
+    use crate::support::common::ledger_lines;
+    use crate::support::http::{charge, ledger_in, sqlite_in, HttpDemo, Proxy, Raw};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &[]);
+    let store = sqlite_in(&dir);
+    let proxy = Proxy::spawn_with_log(
+        &server.base_url(),
+        &["--store", &store, "--tools", "suggested"],
+        "info",
+    );
+    proxy.logged("listed the upstream's tools").await;
+    let raw = Raw::new(&proxy);
+    let first = raw.call(charge(1, 10, None)).await;
+    assert!(first.charge_id().is_some(), "{}", first.body);
+    let retry = raw.call(charge(2, 10, None)).await;
+    assert_eq!(retry.charge_id(), first.charge_id(), "{}", retry.body);
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+}

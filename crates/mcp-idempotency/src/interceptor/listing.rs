@@ -17,7 +17,14 @@ use crate::raw_object::{json_string, RawObject};
 /// What the server's tools are known to be, shared by the clones of a configuration (the HTTP
 /// layer makes one interceptor per request; `proxy` lists the tools itself).
 #[derive(Clone, Debug, Default)]
-pub(super) struct SharedListing(Arc<Mutex<Listing>>);
+pub(super) struct SharedListing(Arc<Mutex<Listing>>, Arc<Changes>);
+
+/// How many times the server said its tools changed, and who waits for the next time.
+#[derive(Debug, Default)]
+struct Changes {
+    seen: std::sync::atomic::AtomicU64,
+    notify: tokio::sync::Notify,
+}
 
 impl PartialEq for SharedListing {
     fn eq(&self, _: &Self) -> bool {
@@ -47,6 +54,14 @@ impl SharedListing {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The server said its tools changed (`notifications/tools/list_changed`).
+    pub(super) fn on_changed(&self) {
+        self.1
+            .seen
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.1.notify.notify_waiters();
     }
 
     /// Whether any tool is known.
@@ -247,6 +262,25 @@ impl super::InterceptorConfig {
     /// policies apply from now on, in every interceptor made from this configuration.
     pub fn learn_tools(&self, entries: &[Value]) {
         self.listing.learn(&self.policies, entries);
+    }
+
+    /// Resolves at the next `notifications/tools/list_changed` an interceptor made from this
+    /// configuration passes to the client (a driver that lists the tools itself lists them
+    /// again). Call it before listing, so that a change in between is not missed.
+    pub fn tools_changed(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let changes = Arc::clone(&self.listing.1);
+        let before = changes.seen.load(std::sync::atomic::Ordering::SeqCst);
+        async move {
+            loop {
+                let notified = changes.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if changes.seen.load(std::sync::atomic::Ordering::SeqCst) != before {
+                    return;
+                }
+                notified.await;
+            }
+        }
     }
 }
 

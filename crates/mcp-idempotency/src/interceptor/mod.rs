@@ -600,6 +600,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             return ServerAction::Forward;
         };
         if envelope.contains("method") {
+            if envelope.get_str("method").as_deref() == Some("notifications/tools/list_changed") {
+                self.config.listing.on_changed();
+            }
             return ServerAction::Forward;
         }
         let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
