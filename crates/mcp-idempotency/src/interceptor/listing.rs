@@ -155,10 +155,17 @@ pub(super) fn entries(envelope: &RawObject<'_>) -> Option<(Vec<Value>, Option<St
     Some((listed.tools, listed.next_cursor))
 }
 
-/// The tool a `tools/call`'s params name, when they can be read.
+/// The tool a `tools/call`'s params name, when they can be read: off their text when the name
+/// leads (as clients write it), else parsed.
 #[cfg(feature = "metrics")]
 pub(super) fn tool_name(params: Option<&serde_json::value::RawValue>) -> Option<String> {
-    RawObject::parse(params?.get())?.get_str("name")
+    let params = params?.get();
+    if !params.contains("\\u") {
+        if let Some(name) = super::prefilter::leading_name(params) {
+            return Some(name.to_owned());
+        }
+    }
+    RawObject::parse(params)?.get_str("name")
 }
 
 /// What a driver that decides key-less calls under the suggested policy does before deciding a
