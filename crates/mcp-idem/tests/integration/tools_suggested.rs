@@ -174,7 +174,9 @@ fn key_less_calls_to_tools_at_risk_are_logged_and_counted() {
     assert_eq!(logged.len(), 1, "once:\n{stderr}");
     assert!(logged[0].contains("charge_payment"), "{stderr}");
     assert!(!logged[0].contains("get_balance"), "read-only: {stderr}");
-    assert!(logged[0].contains("mcp-idem tools"), "{stderr}");
+    // The command that prints a policy for this very server.
+    assert!(logged[0].contains("mcp-idem tools -- "), "{stderr}");
+    assert!(logged[0].contains("demo-server --ledger"), "{stderr}");
     let scraped = scrape(&metrics_authority(&stderr));
     let unprotected = |tool: &str| {
         sample(

@@ -42,6 +42,8 @@ struct Listing {
     policies: Option<Arc<ToolPolicies>>,
     /// Whether the tools at risk were logged.
     logged: bool,
+    /// The command that prints a policy for this server, named in that log.
+    command: Option<String>,
 }
 
 #[cfg(feature = "metrics")]
@@ -117,11 +119,15 @@ impl SharedListing {
                 .map(|report| report.name.as_str())
                 .collect();
             if !at_risk.is_empty() {
+                let command = listing
+                    .command
+                    .as_deref()
+                    .unwrap_or("mcp-idem tools -- SERVER COMMAND");
                 tracing::warn!(
                     tools = at_risk.join(", "),
                     "no tool policy is set: a call to these tools that carries no idempotency key \
-                     runs again when a client retries it. `mcp-idem tools -- SERVER COMMAND` (or \
-                     `mcp-idem tools URL`) prints a policy for them; `--tools suggested` applies it"
+                     runs again when a client retries it. `{command}` prints a policy for them; \
+                     `--tools suggested` applies it"
                 );
             }
         }
@@ -264,6 +270,13 @@ impl OwnListing {
 }
 
 impl super::InterceptorConfig {
+    /// The command that prints a policy for this server (`mcp-idem tools -- python server.py`),
+    /// named when the tools at risk are logged.
+    pub fn policy_command(self, command: impl Into<String>) -> Self {
+        self.listing.lock().command = Some(command.into());
+        self
+    }
+
     /// Takes the entries of the server's `tools/list` (listed by the gateway itself, as `proxy`
     /// does at start and on `notifications/tools/list_changed`): with `--tools suggested` their
     /// policies apply from now on, in every interceptor made from this configuration.

@@ -194,7 +194,8 @@ impl ProxyArgs {
         let interceptor = InterceptorConfig::default()
             .forward_key(self.forward_key)
             .cancel_policy(CancelPolicy::Absorb)
-            .tool_policies(policies);
+            .tool_policies(policies)
+            .policy_command(format!("mcp-idem tools --url {}", upstream_url.endpoint()));
         if interceptor.policies().is_suggested() {
             let client = HttpClient::new(
                 &upstream_url.endpoint(),
