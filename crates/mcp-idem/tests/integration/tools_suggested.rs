@@ -215,3 +215,26 @@ async fn proxy_lists_the_tools_itself_and_applies_the_suggestion() {
     assert_eq!(retry.charge_id(), first.charge_id(), "{}", retry.body);
     assert_eq!(ledger_lines(&ledger).len(), 1);
 }
+
+/// An upstream that keeps legacy sessions (no 2026-07-28 `tools/list` without one) is listed on a
+/// session of the proxy's own, ended at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_lists_a_stateful_upstream_on_a_session_of_its_own() {
+    use crate::support::http::{ledger_in, sqlite_in, HttpDemo, Proxy};
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger_in(&dir);
+    let server = HttpDemo::spawn(&ledger, &["--http-stateful"]);
+    let store = sqlite_in(&dir);
+    let proxy = Proxy::spawn_with_log(
+        &server.base_url(),
+        &["--store", &store, "--tools", "suggested"],
+        "info",
+    );
+    proxy.logged("listed the upstream's tools").await;
+    proxy.logged("suggested tool policy applied").await;
+    assert!(
+        proxy.stderr().contains("charge_payment"),
+        "{}",
+        proxy.stderr()
+    );
+}
