@@ -19,6 +19,7 @@ use clap::builder::Resettable;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Command};
 use mcp_idempotency::embedded::options::{self, TOOLS};
+use mcp_idempotency::policy::suggest::SUGGESTED;
 use mcp_idempotency::policy::{kebab_case, ToolPolicies};
 
 /// The commands a config file configures.
@@ -391,9 +392,15 @@ fn toml_key(key: &str) -> String {
 /// The `[tools]` table: tool name to its table of settings (`[tools.charge]`,
 /// `[tools."*"]`); its settings are checked by [`check_tools`].
 fn tool_tables(command: &str, value: &toml::Value, path: &Path) -> anyhow::Result<toml::Table> {
+    if value.as_str() == Some(SUGGESTED) {
+        // `tools = "suggested"`: as `suggested = true` in the `[tools]` table.
+        let mut tables = toml::Table::new();
+        tables.insert(SUGGESTED.into(), true.into());
+        return Ok(tables);
+    }
     let tables = value.as_table().with_context(|| {
         format!(
-            "`tools` in {} must be tables of tool policies, as in [tools.charge] (for `{command}`)",
+            "`tools` in {} must be \"suggested\" or tables of tool policies, as in [tools.charge] (for `{command}`)",
             path.display()
         )
     })?;

@@ -94,6 +94,10 @@ pub const COMPLETION_RETRIES_TOTAL: &str = "mcp_idem_completion_retries_total";
 /// `error` (an error that will not pass), `full` (1024 were retried already), `deadline` (the
 /// retention window ended first). Counter.
 pub const COMPLETIONS_LOST_TOTAL: &str = "mcp_idem_completions_lost_total";
+/// `tools/call`s that carried no key and that no tool policy protected, to a tool that is not
+/// read-only or idempotent by its annotations, by `tool`: a name the server listed in `tools/list`,
+/// or `(unlisted)` (a tool not listed yet, or a name the server never listed). Counter.
+pub const UNPROTECTED_CALLS_TOTAL: &str = "mcp_idem_unprotected_calls_total";
 
 /// The store operations [`MeteredStore`] measures, as their `operation` label.
 pub const STORE_OPERATIONS: [&str; 10] = [
@@ -176,6 +180,10 @@ pub fn describe() {
         "Completions sent again in the background, by result"
     );
     describe_counter!(
+        UNPROTECTED_CALLS_TOTAL,
+        "Key-less calls no tool policy protected, to tools that may change things, by tool"
+    );
+    describe_counter!(
         COMPLETIONS_LOST_TOTAL,
         "Completions given up, their records left to their leases"
     );
@@ -241,6 +249,12 @@ pub(crate) fn on_keyed_decision<C>(decision: &Decision<C>, source: KeySource) {
     counter!(DECISIONS_BY_KEY_SOURCE_TOTAL, "source" => source.as_str(), "decision" => what)
         .increment(1);
     on_decision(decision);
+}
+
+/// Counts a key-less `tools/call` that no policy protected, by its tool (a listed name, or
+/// `(unlisted)`).
+pub(crate) fn on_unprotected(tool: String) {
+    counter!(UNPROTECTED_CALLS_TOTAL, "tool" => tool).increment(1);
 }
 
 /// Counts a `tools/call` its tool's policy wanted an identifier for and that had none.

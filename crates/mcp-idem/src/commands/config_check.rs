@@ -94,8 +94,8 @@ fn report(name: &str, invocation: &Invocation, matches: &ArgMatches) -> anyhow::
         if id == "tools" {
             // Printed last, as tables: each tool's effective policy, `[tools."*"]` merged in.
             tools = matches
-                .get_one::<ToolPolicies>(id)
-                .map(|policies| (policies, origin));
+                .get_one::<Box<ToolPolicies>>(id)
+                .map(|policies| (&**policies, origin));
             continue;
         }
         let value = match values.as_slice() {
@@ -116,6 +116,13 @@ fn report(name: &str, invocation: &Invocation, matches: &ArgMatches) -> anyhow::
                 out,
                 "\n# tools: the effective policy of each tool ({origin})"
             )?;
+            if policies.is_suggested() {
+                writeln!(
+                    out,
+                    "\n# suggested: each tool the server lists gets what `mcp-idem tools` \
+                     prints,\n# the tables below over it"
+                )?;
+            }
             for (tool, policy) in policies.named_tools() {
                 write!(out, "\n[tools.{}]\n{policy}", toml_key(tool))?;
             }

@@ -73,18 +73,26 @@ impl Demo {
 
     /// Starts the gateway around the demo server, and initializes a session.
     async fn connect(&self) -> anyhow::Result<LineClient> {
-        let args = [
+        self.connect_with(&[]).await
+    }
+
+    /// [`connect`](Self::connect), with more options for `wrap` (`--tools POLICY`).
+    async fn connect_with(&self, options: &[&str]) -> anyhow::Result<LineClient> {
+        let mut args = vec![
             "wrap".into(),
             "--store".into(),
             format!("sqlite:{}", self.store.display()),
             "--namespace".into(),
             "demo-payments".into(),
+        ];
+        args.extend(options.iter().map(|option| (*option).to_owned()));
+        args.extend([
             "--".into(),
             self.exe.display().to_string(),
             "demo-server".into(),
             "--ledger".into(),
             self.ledger.display().to_string(),
-        ];
+        ]);
         // The demo's narrative is on stdout; keep the children's logs to errors.
         let mut client = LineClient::spawn(&self.exe, &args, &[("MCP_IDEM_LOG", "error")])?;
         let result = client.initialize().await?;
@@ -294,12 +302,39 @@ impl Demo {
         )?;
 
         client.close().await?;
+
+        self.keyless_with_policy().await?;
         if self.failures == 0 {
-            println!("All 7 steps behaved as SEP-3182 requires.");
+            println!("All 8 steps behaved as SEP-3182 requires.");
         } else {
             println!("{} step(s) did not behave.", self.failures);
         }
         Ok(self.failures)
+    }
+}
+
+impl Demo {
+    /// Step 8: step 1's key-less retry, with a `key-from` policy on `charge_payment` (what
+    /// `mcp-idem tools` suggests for it, given an `order_id`): the retry is replayed.
+    async fn keyless_with_policy(&mut self) -> anyhow::Result<()> {
+        let policy = r#"{"charge_payment": {"key-from": ["/order_id"], "required": true}}"#;
+        println!("8. Without a key again, once a key-from policy is on: the retry is replayed.");
+        println!("   (gateway restarted with --tools '{policy}')");
+        let mut client = self.connect_with(&["--tools", policy]).await?;
+        let arguments = json!({"amount": 1000, "currency": "usd", "order_id": "order-8"});
+        let first = self.charge(&mut client, arguments.clone(), None).await?;
+        println!("  <- {}", summary(&first));
+        println!("  <- (response lost; the client retries, still without a key)");
+        let retry = self.charge(&mut client, arguments, None).await?;
+        println!("  <- {}", summary(&retry));
+        let original = charge_id(&first);
+        let ok = original.is_some() && charge_id(&retry) == original && self.charges()?.len() == 7;
+        self.check(
+            ok,
+            "one charge: the order_id names the payment, so the retry replays it",
+        )?;
+        client.close().await?;
+        Ok(())
     }
 }
 

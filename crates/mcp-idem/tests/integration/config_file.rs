@@ -351,7 +351,10 @@ fn bad_tool_tables_stop_everything_with_a_clear_error() {
             "[tools.charge]\nkeyfrom = \"/x\"\n",
             "unknown setting `keyfrom`",
         ),
-        ("tools = \"charge\"\n", "must be tables of tool policies"),
+        (
+            "tools = \"charge\"\n",
+            "must be \"suggested\" or tables of tool policies",
+        ),
         ("meta-key = \"a,,b\"\n", "`meta-key`"),
     ] {
         let err = rejected(text);
@@ -504,4 +507,42 @@ fn every_multi_word_name_is_taken_in_kebab_snake_and_camel_case() {
     assert_eq!(tables["tools"]["a"]["key-from"][0].as_str(), Some("/id"));
     assert_eq!(tables["tools"]["a"]["on-error"].as_str(), Some("forget"));
     assert_eq!(tables["tools"]["b"]["key-argument"].as_str(), Some("k"));
+}
+
+/// `tools = "suggested"`, and `suggested = true` beside the tables: `config-check` says the
+/// suggestion applies and prints the tables over it; a misspelt word names the accepted forms.
+#[test]
+fn the_suggested_policy_is_read_from_a_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let alone = write(dir.path(), "alone.toml", "tools = \"suggested\"\n");
+    let report = stdout(&run(
+        &["config-check", "wrap", "--config", alone.to_str().unwrap()],
+        &[],
+    ));
+    assert!(
+        report.contains("# suggested: each tool the server lists"),
+        "{report}"
+    );
+    let mixed = write(
+        dir.path(),
+        "mixed.toml",
+        "listen = \"127.0.0.1:9000\"\nupstream = \"http://127.0.0.1:9001\"\n\n[tools]\nsuggested = true\n\n[tools.send_email]\non-error = \"forget\"\n",
+    );
+    let report = stdout(&run(
+        &["config-check", "proxy", "--config", mixed.to_str().unwrap()],
+        &[],
+    ));
+    assert!(report.contains("# suggested: each tool"), "{report}");
+    assert!(report.contains("[tools.send_email]\n"), "{report}");
+    assert!(report.contains("on-error = \"forget\""), "{report}");
+    let flag = stdout(&run(&["config-check", "wrap", "--tools", "suggested"], &[]));
+    assert!(flag.contains("# suggested: each tool"), "{flag}");
+    let wrong = write(dir.path(), "wrong.toml", "tools = \"suggest\"\n");
+    let output = run(
+        &["config-check", "wrap", "--config", wrong.to_str().unwrap()],
+        &[],
+    );
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("\"suggested\""), "{stderr}");
 }

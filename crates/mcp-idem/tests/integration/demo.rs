@@ -1,4 +1,4 @@
-//! `mcp-idem demo` runs its seven steps over real stdio sessions and says each behaved.
+//! `mcp-idem demo` runs its eight steps over real stdio sessions and says each behaved.
 
 use std::process::Command;
 
@@ -17,12 +17,14 @@ fn demo_passes_every_step() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(!stdout.contains("FAILED"), "{stdout}");
-    assert_eq!(stdout.matches("  ok: ").count(), 7, "{stdout}");
-    assert!(stdout.contains("All 7 steps behaved"), "{stdout}");
+    assert_eq!(stdout.matches("  ok: ").count(), 8, "{stdout}");
+    assert!(stdout.contains("All 8 steps behaved"), "{stdout}");
     assert!(dir.path().join("records.sqlite3").exists());
-    // Executions: two unkeyed charges, then one per key (order-1..order-4).
+    // Executions: two unkeyed charges, then one per key (order-1..order-4), then one for the
+    // key-less order-8 and its replayed retry.
     let ledger = std::fs::read_to_string(dir.path().join("ledger.jsonl")).unwrap();
-    assert_eq!(ledger.lines().count(), 6, "{ledger}");
+    assert_eq!(ledger.lines().count(), 7, "{ledger}");
+    assert!(stdout.contains("8. Without a key again"), "{stdout}");
 }
 
 #[test]

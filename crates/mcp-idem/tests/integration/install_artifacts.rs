@@ -135,7 +135,7 @@ fn the_binary_runs_its_demo() {
         "{stdout}{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(stdout.contains("All 7 steps behaved"), "{stdout}");
+    assert!(stdout.contains("All 8 steps behaved"), "{stdout}");
     // Executions: two unkeyed charges, then one per key: a replayed key ran once.
     let ledger = std::fs::read_to_string(sandbox.path("demo/ledger.jsonl")).unwrap();
     assert_eq!(ledger.lines().count(), 6, "{ledger}");

@@ -107,6 +107,8 @@ mod tls_clients;
 #[cfg(unix)]
 mod tools_command;
 #[cfg(unix)]
+mod tools_suggested;
+#[cfg(unix)]
 mod wrap_command_line;
 mod wrap_concurrency;
 #[cfg(unix)]

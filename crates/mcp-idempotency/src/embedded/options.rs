@@ -137,7 +137,9 @@ pub const TOOLS: GatewayOption = GatewayOption {
     default: None,
     help: "Per-tool key policies for calls without a SEP key, as a JSON object of tool name (or \
            \"*\") to settings: key-from, key-argument, window, required, on-error, store-down, \
-           wait (the config file's [tools.NAME] tables; see docs/key-sources.md)",
+           wait (the config file's [tools.NAME] tables; see docs/key-sources.md). `suggested` (or \
+           a member \"suggested\": true beside the tables) applies what `mcp-idem tools` prints \
+           to each tool the server lists, the tables over it",
     set: |settings, value| {
         let meta_keys = settings.interceptor.policies().meta_keys().iter();
         let policies = tool_policies(value)?
@@ -285,6 +287,10 @@ pub fn duration(value: &str) -> Result<Duration, String> {
 
 /// Tool policies: a JSON object of tool name (or `"*"`) to its settings.
 pub fn tool_policies(value: &str) -> Result<ToolPolicies, String> {
+    if value.trim() == crate::policy::suggest::SUGGESTED {
+        let suggested = serde_json::Value::from(crate::policy::suggest::SUGGESTED);
+        return ToolPolicies::from_json(&suggested).map_err(|err| err.to_string());
+    }
     let tools: serde_json::Value = serde_json::from_str(value)
         .map_err(|err| format!("not a JSON object of tool policies: {err}"))?;
     ToolPolicies::from_json(&tools).map_err(|err| err.to_string())

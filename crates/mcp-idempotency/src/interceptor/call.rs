@@ -73,13 +73,17 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         envelope: &RawObject<'_>,
         id: RequestId,
     ) -> ClientAction<C> {
-        let policies = Arc::clone(&self.config.policies);
+        let policies = self.config.listing.policies(&self.config.policies);
         // Most calls carry no key and their tool has no policy: they are not parsed further.
         let params = envelope
             .get("params")
             .filter(|p| prefilter::needs_parsing(message, p, &policies))
             .and_then(|p| RawObject::parse(p.get()));
         let Some(params) = params else {
+            #[cfg(feature = "metrics")]
+            self.config
+                .listing
+                .on_unprotected(super::listing::tool_name(envelope.get("params")).as_deref());
             return unkeyed(None);
         };
         let mrtr_continuation = protocol::is_mrtr_continuation(&params);
@@ -97,7 +101,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         } else {
             let tool = params.get_str("name").unwrap_or_default();
             match select::choose(&policies, &tool, &params) {
-                Chosen::Unkeyed { missing } => return unkeyed(missing.map(|m| (tool, m))),
+                Chosen::Unkeyed { missing } => {
+                    #[cfg(feature = "metrics")]
+                    if missing.is_none() {
+                        self.config.listing.on_unprotected(Some(&tool));
+                    }
+                    return unkeyed(missing.map(|m| (tool, m)));
+                }
                 Chosen::Refused(message) => {
                     return ClientAction::Respond(error_response(
                         id.as_json(),

@@ -29,6 +29,7 @@
 mod batch;
 mod call;
 mod discovery;
+mod listing;
 mod prefilter;
 
 use std::collections::{HashMap, HashSet};
@@ -49,6 +50,7 @@ pub use batch::BATCH_REFUSED;
 pub use call::KeyedCall;
 pub use discovery::LearnName;
 use discovery::{inject_capability, warn_unlisted, Discovery};
+pub use listing::LearnTools;
 
 /// The `params._meta` member that carries the key to the server on executed calls.
 pub const META_KEY: &str = "mcp-idem/idempotencyKey";
@@ -88,6 +90,8 @@ pub struct InterceptorConfig {
     /// Set once a `tools/list` answer was checked against the policies, by any interceptor made
     /// from this configuration (the HTTP layer makes one per request).
     tools_checked: OnceFlag,
+    /// What the server's `tools/list` answers said (`listing.rs`).
+    listing: listing::SharedListing,
 }
 
 /// A flag shared by the clones of a configuration; not part of its value.
@@ -249,6 +253,8 @@ pub struct Interceptor<C = Claim> {
     store_unusable: bool,
     /// A `tools/list` request whose answer is checked against the tool policies (once).
     tools_list: Option<RequestId>,
+    /// The gateway's own `tools/list` (`--tools suggested`).
+    own_listing: listing::OwnListing,
 }
 
 /// Most unanswered requests tracked in [`Interceptor::pending`]; past that (a server that never
@@ -264,6 +270,7 @@ impl<C> Default for Interceptor<C> {
             pending: HashSet::new(),
             store_unusable: false,
             tools_list: None,
+            own_listing: listing::OwnListing::default(),
         }
     }
 }
@@ -314,9 +321,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 self.discovery.requests.insert(id);
                 ClientAction::Forward
             }
-            (Some("tools/list"), Some(id))
-                if !self.config.tools_checked.is_set() && !self.config.policies.is_empty() =>
-            {
+            (Some("tools/list"), Some(id)) => {
                 self.tools_list = Some(id);
                 ClientAction::Forward
             }
@@ -404,12 +409,22 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             return ServerAction::Forward;
         };
         if envelope.contains("method") {
+            if envelope.get_str("method").as_deref() == Some("notifications/tools/list_changed") {
+                self.config.listing.on_changed();
+            }
             return ServerAction::Forward;
         }
         let Some(id) = envelope.get("id").and_then(RequestId::from_raw) else {
             return ServerAction::Forward;
         };
-        if self.discovery.on_probe_answer(&id, &envelope) {
+        if self.discovery.on_probe_answer(&id, &envelope)
+            || self.own_listing.on_answer(
+                &id,
+                &envelope,
+                &self.config.listing,
+                &self.config.policies,
+            )
+        {
             return ServerAction::Absorb;
         }
         let was_pending = self.pending.remove(&id);
@@ -445,7 +460,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         }
         if self.tools_list.as_ref() == Some(&id) {
             self.tools_list = None;
-            if warn_unlisted(&self.config.policies, &envelope) {
+            if let Some((tools, _)) = listing::entries(&envelope) {
+                self.config.learn_tools(&tools);
+            }
+            if !self.config.tools_checked.is_set()
+                && !self.config.policies.is_empty()
+                && warn_unlisted(&self.config.policies, &envelope)
+            {
                 self.config.tools_checked.set();
             }
         }
@@ -515,6 +536,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// outcome-unknown and to answer with `idempotency_outcome_unknown`.
     pub fn on_server_gone(&mut self, reason: &str) -> Vec<Orphan<C>> {
         self.discovery.clear();
+        self.own_listing.clear();
         self.pending.clear();
         self.in_flight
             .drain()

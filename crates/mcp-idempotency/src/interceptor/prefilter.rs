@@ -38,7 +38,7 @@ fn may_apply(policies: &ToolPolicies, params: &str) -> bool {
 /// `\u` escapes a member name can only spell `name` as is). `None` when that cannot be told so
 /// cheaply. Nothing after the value is checked, so a `Some` says nothing of whether `params` is
 /// valid JSON (a call whose params are not is forwarded unparsed either way).
-fn leading_name(params: &str) -> Option<&str> {
+pub(super) fn leading_name(params: &str) -> Option<&str> {
     debug_assert!(!params.contains("\\u"), "leading_name on a \\u escape");
     let rest = skip_whitespace(params).strip_prefix('{')?;
     let rest = skip_whitespace(rest).strip_prefix(r#""name""#)?;

@@ -13,6 +13,7 @@
 
 pub(crate) mod parse;
 pub(crate) mod select;
+pub mod suggest;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -194,6 +195,9 @@ pub struct ToolPolicies {
     /// The policy of every other tool (`[tools."*"]`), when one is given.
     any: Option<Box<ToolPolicy>>,
     meta_keys: Vec<String>,
+    /// With `--tools suggested`: the tables as written, which override the suggestion once the
+    /// server's tools are listed ([`with_listed_tools`](Self::with_listed_tools)).
+    suggested: Option<std::sync::Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl Default for ToolPolicies {
@@ -202,6 +206,7 @@ impl Default for ToolPolicies {
             tools: BTreeMap::new(),
             any: None,
             meta_keys: vec![DEFAULT_META_KEY.to_owned()],
+            suggested: None,
         }
     }
 }
@@ -215,12 +220,40 @@ impl ToolPolicies {
     /// Reads the `[tools]` table, as a JSON object of tool name (or `"*"`) to its settings:
     /// `key-from` (a pointer or an array of them), `key-argument`, `window`, `required`,
     /// `on-error` (`replay`, `forget`), `store-down` (`fail-closed`, `run-unprotected`), `wait`.
-    /// Setting names may be spelled in kebab-case, snake_case or camelCase.
+    /// Setting names may be spelled in kebab-case, snake_case or camelCase. `"suggested"`, or a
+    /// member `"suggested": true` beside the tables, applies [`suggest`]'s policy to each tool the
+    /// server lists, the tool's own table over it ([`with_listed_tools`](Self::with_listed_tools)).
     pub fn from_json(tools: &serde_json::Value) -> Result<Self, PolicyError> {
-        parse::tools(tools).map(|(tools, any)| Self {
+        let (tables, suggested) = suggest::split(tools);
+        let (tools, any) = parse::tools(&tables)?;
+        Ok(Self {
             tools,
             any: any.map(Box::new),
+            suggested: match tables {
+                serde_json::Value::Object(tables) if suggested => Some(std::sync::Arc::new(tables)),
+                _ => None,
+            },
             ..Self::default()
+        })
+    }
+
+    /// Whether the suggested policy applies to the tools the server lists (`--tools suggested`).
+    pub fn is_suggested(&self) -> bool {
+        self.suggested.is_some()
+    }
+
+    /// With `--tools suggested`, the policies once the server listed `tools` (its `tools/list`
+    /// entries, [`suggest::classify`]d): the suggestion of each, the tables as written over it.
+    /// Without, the policies as they are.
+    pub fn with_listed_tools(&self, tools: &[suggest::ToolReport]) -> Result<Self, PolicyError> {
+        let Some(explicit) = &self.suggested else {
+            return Ok(self.clone());
+        };
+        let (tools, any) = parse::tools(&suggest::merged(explicit, tools))?;
+        Ok(Self {
+            tools,
+            any: any.map(Box::new),
+            ..self.clone()
         })
     }
 

@@ -108,7 +108,10 @@ pub(super) fn tools(value: &Value) -> Result<Tables, PolicyError> {
     let Value::Object(tables) = value else {
         return Err(PolicyError::new(
             "",
-            format!("`tools` must be a table of tool names, not {}", kind(value)),
+            format!(
+                "`tools` must be a table of tool names or \"suggested\", not {}",
+                kind(value)
+            ),
         ));
     };
     let mut written = BTreeMap::new();

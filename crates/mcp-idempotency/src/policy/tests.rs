@@ -262,3 +262,56 @@ fn an_error_quotes_the_setting_as_it_was_given() {
         "{err}"
     );
 }
+
+#[test]
+fn suggested_policies_apply_to_listed_tools_under_their_own_tables() {
+    use super::suggest::classify;
+    let listed = classify(&[
+        json!({"name": "charge", "inputSchema": {"properties": {"order_id": {"type": "string"}},
+                                                  "required": ["order_id"]}}),
+        json!({"name": "refund", "inputSchema": {"properties": {"order_id": {"type": "string"}},
+                                                  "required": ["order_id"]}}),
+        json!({"name": "log"}),
+        json!({"name": "get", "annotations": {"readOnlyHint": true}}),
+    ]);
+    let alone = ToolPolicies::from_json(&json!("suggested")).unwrap();
+    assert!(alone.is_suggested() && alone.is_empty());
+    let applied = alone.with_listed_tools(&listed).unwrap();
+    assert_eq!(
+        applied
+            .for_tool("charge")
+            .unwrap()
+            .key_from()
+            .collect::<Vec<_>>(),
+        ["/order_id"]
+    );
+    assert!(applied.for_tool("charge").unwrap().required());
+    assert_eq!(
+        applied.for_tool("log").unwrap().window(),
+        Some(Duration::from_secs(30))
+    );
+    assert_eq!(applied.for_tool("get"), None, "read-only: left alone");
+    // A tool's own table: a key source of its own replaces the suggestion's; another setting
+    // joins it.
+    let tables = json!({"suggested": true, "charge": {"keyArgument": "ref"},
+                        "refund": {"wait": "0s"}});
+    let mixed = ToolPolicies::from_json(&tables).unwrap();
+    assert!(mixed.is_suggested());
+    let applied = mixed.with_listed_tools(&listed).unwrap();
+    let charge = applied.for_tool("charge").unwrap();
+    assert_eq!(charge.key_argument(), Some("ref"));
+    assert_eq!(charge.key_from().count(), 0);
+    assert!(!charge.required());
+    let refund = applied.for_tool("refund").unwrap();
+    assert_eq!(refund.key_from().collect::<Vec<_>>(), ["/order_id"]);
+    assert_eq!(refund.wait(), Duration::ZERO);
+    // Without the word, nothing is suggested; a wrong word names the accepted forms.
+    let plain = ToolPolicies::from_json(&json!({"suggested": {"window": "5s"}})).unwrap();
+    assert!(!plain.is_suggested());
+    assert!(
+        plain.for_tool("suggested").is_some(),
+        "a tool named suggested"
+    );
+    let err = ToolPolicies::from_json(&json!("suggest")).unwrap_err();
+    assert!(err.to_string().contains("\"suggested\""), "{err}");
+}

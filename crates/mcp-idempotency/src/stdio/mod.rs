@@ -43,6 +43,7 @@
 //! outcome-unknown and answered `idempotency_outcome_unknown`, the client's input is no longer
 //! read, and the server's input is closed; the server's output is still relayed until it ends.
 
+mod listing;
 mod naming;
 mod stopping;
 
@@ -414,7 +415,11 @@ impl StdioProxy {
                 }
             }
             let action = match message_text(&line) {
-                Some(text) => lock(state).on_client_message(text),
+                Some(text) => {
+                    self.tools_for_call(state, text, &mut server_in, stopping)
+                        .await?;
+                    lock(state).on_client_message(text)
+                }
                 None => ClientAction::Forward,
             };
             match action {

@@ -23,6 +23,7 @@ use tower::{Layer, Service};
 
 mod conn;
 mod server_name;
+mod tools_list;
 
 use super::engine_args::EngineArgs;
 use super::scope_args::ScopeArgs;
@@ -190,15 +191,23 @@ impl ProxyArgs {
                 IdempotencyLayer::new(dedup.clone()).learned_namespace(learned)
             }
         };
+        let interceptor = InterceptorConfig::default()
+            .forward_key(self.forward_key)
+            .cancel_policy(CancelPolicy::Absorb)
+            .tool_policies(policies)
+            .policy_command(format!("mcp-idem tools --url {}", upstream_url.endpoint()));
+        if interceptor.policies().is_suggested() {
+            let client = HttpClient::new(
+                &upstream_url.endpoint(),
+                &[],
+                self.upstream_ca_cert.as_deref(),
+            )?;
+            tokio::spawn(tools_list::keep_listed(client, interceptor.clone()));
+        }
         let layer = layer
             .scope_by(scope_by)
             .body_timeout(self.body_timeout)
-            .interceptor_config(
-                InterceptorConfig::default()
-                    .forward_key(self.forward_key)
-                    .cancel_policy(CancelPolicy::Absorb)
-                    .tool_policies(policies),
-            );
+            .interceptor_config(interceptor);
         let calls = layer.shutdown();
         let hosts = if self.allow_any_host {
             AllowedHosts::any()

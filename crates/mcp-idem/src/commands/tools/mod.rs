@@ -15,8 +15,10 @@ use serde_json::Value;
 
 use super::server_args::ServerArgs;
 
-mod classify;
 mod render;
+
+/// The classifier the gateways apply with `--tools suggested`: one, in the library.
+use mcp_idempotency::policy::suggest as classify;
 
 /// Options of `mcp-idem tools`.
 #[derive(Debug, Args)]
@@ -30,7 +32,9 @@ each table. The rules, in order:
   required identifier-like arguments    key-from = [\"/order_id\", ...], required = true
   otherwise                             window = \"30s\" (two identical calls within it run once)
 Identifier-like: a string or integer argument named id, *_id, *Id, *ID, request_id, reference, \
-*_reference, *_number, *Number, *_uuid, … An optional one is listed as weaker and not used.
+*_reference, *_number, *Number, *_uuid, … An optional one is listed as weaker and not used. \
+`wrap --tools suggested` and `proxy --tools suggested` apply this policy as printed, by the same \
+classifier, to the tools the server lists (see docs/key-sources.md for the risk).
 
 With --json, stdout holds one object: {\"server\", \"tools\": [{\"name\", \"annotations\", \
 \"identifiers\": [{\"argument\", \"pointer\", \"type\", \"required\", \"pattern\", \"reason\"}], \

@@ -9,23 +9,11 @@ use serde_json::{json, Value};
 
 use super::classify::{Identifier, LeftOut, Suggestion, ToolReport, WINDOW};
 
-/// The policy table of a suggestion; `None` for a tool left out.
+/// The policy table of a suggestion (the one the gateways apply with `--tools suggested`); `None`
+/// for a tool left out.
 pub(crate) fn table(suggestion: &Suggestion) -> Option<toml::Table> {
-    let mut table = toml::Table::new();
-    match suggestion {
-        Suggestion::LeftOut(_) => return None,
-        Suggestion::KeyArgument(argument) => {
-            table.insert("key-argument".into(), argument.clone().into());
-        }
-        Suggestion::KeyFrom(pointers) => {
-            table.insert("key-from".into(), pointers.clone().into());
-            table.insert("required".into(), true.into());
-        }
-        Suggestion::Window => {
-            table.insert("window".into(), WINDOW.into());
-        }
-    }
-    Some(table)
+    // A JSON object of strings, arrays of strings and booleans is always a TOML table.
+    toml::Table::try_from(suggestion.table()?).ok()
 }
 
 /// The suggested policy: `{"tools": {NAME: TABLE, ...}}` (the first of tools listed twice).
@@ -246,6 +234,7 @@ pub(crate) fn json(server: &str, reports: &[ToolReport]) -> Value {
 mod tests {
     use super::super::classify::classify;
     use super::*;
+    use serde_json::json;
 
     fn reports() -> Vec<ToolReport> {
         classify(&[

@@ -158,7 +158,8 @@ impl WrapArgs {
                 InterceptorConfig::default()
                     .forward_key(self.forward_key)
                     .cancel_policy(self.cancel)
-                    .tool_policies(policies),
+                    .tool_policies(policies)
+                    .policy_command(format!("mcp-idem tools -- {}", shell_words(&self.command))),
             )
             .max_line_bytes(self.max_line_bytes)
             .shutdown_grace(self.shutdown_grace);
@@ -198,6 +199,25 @@ fn exit_code(status: std::process::ExitStatus) -> ExitCode {
         }
     }
     ExitCode::FAILURE
+}
+
+/// `words` as one shell command line, each word quoted when it needs to be.
+fn shell_words(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|word| {
+            let plain = !word.is_empty()
+                && word
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@%+,".contains(&b));
+            if plain {
+                word.clone()
+            } else {
+                format!("'{}'", word.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[cfg(test)]

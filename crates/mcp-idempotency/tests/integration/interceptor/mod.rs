@@ -176,6 +176,7 @@ fn respond_json(decided: Decided) -> Value {
 
 mod batch;
 mod garbage;
+mod listing;
 mod requests;
 mod responses;
 mod session;

@@ -1,6 +1,8 @@
-//! The decisions of `mcp-idem tools`, without I/O: from the entries of a server's `tools/list`
-//! to, per tool, its annotations, the arguments that look like identifiers (and why), and the
-//! policy table to suggest for calls that carry no SEP-3182 key.
+//! The suggested policy, without I/O: from the entries of a server's `tools/list` to, per tool,
+//! its annotations, the arguments that look like identifiers (and why), and the policy table to
+//! suggest for calls that carry no SEP-3182 key. `mcp-idem tools` prints it; `--tools suggested`
+//! (`tools = "suggested"`) applies it in `wrap`, `proxy` and the bindings, a tool's own table
+//! overriding it ([`merged`]).
 //!
 //! The rules, in order:
 //! 1. `readOnlyHint: true` or `idempotentHint: true`: left out (the server says a repeat does no
@@ -11,23 +13,29 @@
 //! 4. Otherwise: a `window` of [`WINDOW`].
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+use super::parse::kebab_case;
 
 /// The window suggested for a tool without an identifier.
-pub(crate) const WINDOW: &str = "30s";
+pub const WINDOW: &str = "30s";
 
 /// A tool's behaviour hints, as the server annotated it (absent hints stay `None`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct Annotations {
+pub struct Annotations {
+    /// `readOnlyHint`: the tool changes nothing.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) read_only_hint: Option<bool>,
+    pub read_only_hint: Option<bool>,
+    /// `idempotentHint`: a repeat has no further effect.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) idempotent_hint: Option<bool>,
+    pub idempotent_hint: Option<bool>,
+    /// `destructiveHint`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) destructive_hint: Option<bool>,
+    pub destructive_hint: Option<bool>,
+    /// `openWorldHint`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) open_world_hint: Option<bool>,
+    pub open_world_hint: Option<bool>,
 }
 
 impl Annotations {
@@ -47,7 +55,7 @@ impl Annotations {
     }
 
     /// The hints present, as `(wire name, value)`.
-    pub(crate) fn present(&self) -> Vec<(&'static str, bool)> {
+    pub fn present(&self) -> Vec<(&'static str, bool)> {
         [
             ("readOnlyHint", self.read_only_hint),
             ("idempotentHint", self.idempotent_hint),
@@ -63,8 +71,10 @@ impl Annotations {
 /// The JSON type of an identifier argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum Kind {
+pub enum Kind {
+    /// A JSON string.
     String,
+    /// A JSON integer.
     Integer,
 }
 
@@ -79,24 +89,25 @@ impl Kind {
 
 /// An argument whose name and type suggest it identifies the operation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct Identifier {
+pub struct Identifier {
     /// The argument's name (a member of `inputSchema.properties`).
-    pub(crate) argument: String,
+    pub argument: String,
     /// Its JSON Pointer into the arguments, escaped per RFC 6901.
-    pub(crate) pointer: String,
+    pub pointer: String,
+    /// Its JSON type.
     #[serde(rename = "type")]
-    pub(crate) kind: Kind,
+    pub kind: Kind,
     /// Listed in `inputSchema.required`; an optional one is a weaker candidate.
-    pub(crate) required: bool,
+    pub required: bool,
     /// The name pattern it matched, e.g. `*_id`.
-    pub(crate) pattern: String,
+    pub pattern: String,
     /// Why it was picked, in words.
-    pub(crate) reason: String,
+    pub reason: String,
 }
 
 /// Why a tool is left out of the policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub(crate) enum LeftOut {
+pub enum LeftOut {
     /// `readOnlyHint: true`: it changes nothing.
     #[serde(rename = "readOnlyHint")]
     ReadOnly,
@@ -110,7 +121,7 @@ pub(crate) enum LeftOut {
 
 impl LeftOut {
     /// Why, in words.
-    pub(crate) fn why(self) -> &'static str {
+    pub fn why(self) -> &'static str {
         match self {
             Self::ReadOnly => "readOnlyHint: true, the server says it changes nothing",
             Self::Idempotent => {
@@ -125,7 +136,7 @@ impl LeftOut {
 
 /// The policy table suggested for a tool.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Suggestion {
+pub enum Suggestion {
     /// No table: calling it twice does no harm, by its annotations.
     LeftOut(LeftOut),
     /// `key-argument = NAME`: the argument carries a key.
@@ -138,24 +149,27 @@ pub(crate) enum Suggestion {
 
 /// What `mcp-idem tools` says about one tool.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct ToolReport {
-    pub(crate) name: String,
-    pub(crate) annotations: Annotations,
+pub struct ToolReport {
+    /// The tool's name.
+    pub name: String,
+    /// Its behaviour hints.
+    pub annotations: Annotations,
     /// Identifier-looking arguments, required ones first, each group by name.
-    pub(crate) identifiers: Vec<Identifier>,
-    pub(crate) suggestion: Suggestion,
+    pub identifiers: Vec<Identifier>,
+    /// The policy table suggested for it.
+    pub suggestion: Suggestion,
 }
 
 impl ToolReport {
     /// The optional identifier-looking arguments (not used by a suggestion).
-    pub(crate) fn optional_identifiers(&self) -> impl Iterator<Item = &Identifier> {
+    pub fn optional_identifiers(&self) -> impl Iterator<Item = &Identifier> {
         self.identifiers.iter().filter(|id| !id.required)
     }
 }
 
 /// Classifies each entry of a `tools/list` result (the `tools` array, all pages). An entry
 /// without a string `name` is skipped.
-pub(crate) fn classify(tools: &[Value]) -> Vec<ToolReport> {
+pub fn classify(tools: &[Value]) -> Vec<ToolReport> {
     tools.iter().filter_map(classify_tool).collect()
 }
 
@@ -210,6 +224,80 @@ fn classify_tool(tool: &Value) -> Option<ToolReport> {
         identifiers,
         suggestion,
     })
+}
+
+impl Suggestion {
+    /// Whether no table is suggested (the tool's annotations say a repeat does no harm).
+    pub fn is_left_out(&self) -> bool {
+        matches!(self, Self::LeftOut(_))
+    }
+
+    /// The policy table, as the `[tools.NAME]` JSON object `--tools` takes; `None` when left out.
+    pub fn table(&self) -> Option<Value> {
+        let table = match self {
+            Self::LeftOut(_) => return None,
+            Self::KeyArgument(argument) => serde_json::json!({ "key-argument": argument }),
+            Self::KeyFrom(pointers) => {
+                serde_json::json!({ "key-from": pointers, "required": true })
+            }
+            Self::Window => serde_json::json!({ "window": WINDOW }),
+        };
+        Some(table)
+    }
+}
+
+/// The word that asks for the suggested policy: `--tools suggested`, `tools = "suggested"`, or a
+/// member `"suggested": true` beside the tool tables.
+pub const SUGGESTED: &str = "suggested";
+
+/// The settings that say where a key comes from: a tool's own table that gives one replaces the
+/// suggestion's whole choice (with its `required`), not one setting of it.
+const KEY_SETTINGS: [&str; 3] = ["key-from", "key-argument", "window"];
+
+/// Reads the `suggested` forms: the tool tables as written, and whether the suggestion applies.
+/// `"suggested"` is the suggestion alone; an object's `"suggested": BOOL` member is taken off it.
+pub(crate) fn split(tools: &Value) -> (Value, bool) {
+    match tools {
+        Value::String(word) if word == SUGGESTED => (Value::Object(Map::new()), true),
+        Value::Object(tables) => match tables.get(SUGGESTED) {
+            Some(Value::Bool(on)) => {
+                let mut tables = tables.clone();
+                tables.remove(SUGGESTED);
+                (Value::Object(tables), *on)
+            }
+            _ => (tools.clone(), false),
+        },
+        _ => (tools.clone(), false),
+    }
+}
+
+/// The `[tools]` object that applies once `reports` are known: the suggested table of each tool
+/// that gets one, with the tool's own table in `explicit` over it key by key (a table that says
+/// where its key comes from replaces the suggestion's choice whole), and every other table of
+/// `explicit` (`"*"` among them) as written.
+pub fn merged(explicit: &Map<String, Value>, reports: &[ToolReport]) -> Value {
+    let mut tools = explicit.clone();
+    for report in reports {
+        let Some(Value::Object(mut table)) = report.suggestion.table() else {
+            continue;
+        };
+        match tools.get(&report.name) {
+            Some(Value::Object(own)) => {
+                if own
+                    .keys()
+                    .any(|setting| KEY_SETTINGS.contains(&kebab_case(setting).as_str()))
+                {
+                    table.clear();
+                }
+                table.extend(own.clone());
+            }
+            // A table that is not an object is reported by the parser as written.
+            Some(_) => continue,
+            None => {}
+        }
+        tools.insert(report.name.clone(), Value::Object(table));
+    }
+    Value::Object(tools)
 }
 
 /// `argument` as an identifier candidate, if its name looks like one and it is a string or an
@@ -346,7 +434,7 @@ fn scalar_kind(schema: &Value) -> Option<Kind> {
 }
 
 /// The JSON Pointer (RFC 6901) of a top-level argument: `~` becomes `~0`, `/` becomes `~1`.
-pub(crate) fn pointer(argument: &str) -> String {
+pub fn pointer(argument: &str) -> String {
     format!("/{}", argument.replace('~', "~0").replace('/', "~1"))
 }
 

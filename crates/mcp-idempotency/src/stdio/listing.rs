@@ -1,0 +1,64 @@
+//! The server's tools, learned before a key-less call is decided under the suggested policy
+//! (`--tools suggested`): the gateway sends its own `tools/list` (every page) when a `tools/call`
+//! comes before the tools are known, so that a retry on a new connection is decided as the first
+//! call was, whether or not its client listed the tools first.
+
+use std::io;
+use std::sync::Mutex;
+
+use tokio::io::AsyncWrite;
+
+use super::stopping::Stopping;
+use super::{lock, write_line, StdioProxy};
+use crate::default_scope::SERVER_NAME_TIMEOUT;
+use crate::interceptor::{Interceptor, LearnTools};
+use crate::RunningClaim;
+
+impl StdioProxy {
+    /// Learns the server's tools, if `message` is a `tools/call` that the suggested policy may
+    /// decide and they are not known yet; gives up after [`SERVER_NAME_TIMEOUT`] (the call then
+    /// runs as with no suggested policy, and is counted).
+    pub(super) async fn tools_for_call<SW: AsyncWrite + Unpin>(
+        &self,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        message: &str,
+        server_in: &mut SW,
+        stopping: &Stopping,
+    ) -> io::Result<()> {
+        if !lock(state).needs_tools(message) {
+            return Ok(());
+        }
+        let deadline = tokio::time::sleep(SERVER_NAME_TIMEOUT);
+        tokio::pin!(deadline);
+        loop {
+            // Registered before the state is read, so that an answer in between is not missed.
+            let answered = stopping.server_answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
+            let step = lock(state).learn_tools();
+            match step {
+                LearnTools::Known => return Ok(()),
+                LearnTools::Send(request) => {
+                    tracing::debug!("listing the server's tools before deciding a call");
+                    write_line(server_in, &mut request.into_bytes()).await?;
+                }
+                LearnTools::Wait => {}
+            }
+            if stopping.is_server_gone() {
+                return Ok(());
+            }
+            tokio::select! {
+                biased;
+                () = &mut answered => {}
+                () = &mut deadline => {
+                    tracing::warn!(
+                        timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
+                        "the server did not list its tools in time; the call runs as with no \
+                         suggested policy"
+                    );
+                    return Ok(());
+                }
+            }
+        }
+    }
+}
