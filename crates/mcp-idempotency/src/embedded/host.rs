@@ -103,23 +103,26 @@ impl Settings {
             (name, _) if name == options::PRINCIPAL.name && !value.is_string() => Err(refused(
                 "expected a string, or a function of the request that returns one".into(),
             )),
-            (_, Value::String(text)) => self.set_text(option, given, text),
-            (_, Value::Bool(flag)) => self.set_text(option, given, &flag.to_string()),
-            (_, Value::Number(number)) => self.set_text(option, given, &number.to_string()),
+            (_, Value::String(text)) => self.set_text(option, given, text, shown(value)),
+            (_, Value::Bool(flag)) => self.set_text(option, given, &flag.to_string(), shown(value)),
+            (_, Value::Number(number)) => {
+                self.set_text(option, given, &number.to_string(), shown(value))
+            }
             _ => Err(refused(format!("expected {}", accepted(option)))),
         }
     }
 
-    /// Sets `option`, given as `given`, to the text `value` (a JSON string, number or boolean).
+    /// Sets `option`, given as `given`, to the text `value` (a JSON string, number or boolean,
+    /// `shown` as the user gave it).
     fn set_text(
         &mut self,
         option: &'static GatewayOption,
         given: &str,
         value: &str,
+        shown: String,
     ) -> Result<(), SetupError> {
-        (option.set)(self, value).map_err(|reason| {
-            SetupError::invalid_option(given, Some(format!("{value:?}")), reason)
-        })?;
+        (option.set)(self, value)
+            .map_err(|reason| SetupError::invalid_option(given, Some(shown), reason))?;
         self.remember(option, given, value.to_owned());
         Ok(())
     }
@@ -290,6 +293,10 @@ mod tests {
         assert_eq!(
             refused(json!({"after_crash": "retry"})),
             "after_crash: expected reject or reexecute, got \"retry\""
+        );
+        assert_eq!(
+            refused(json!({"max_key_bytes": 0})),
+            "max_key_bytes: expected a positive whole number, got 0"
         );
         assert_eq!(
             refused(json!({"maxKeyBytes": [1]})),
