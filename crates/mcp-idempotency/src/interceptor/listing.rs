@@ -207,10 +207,13 @@ impl OwnListing {
     /// The next step before a key-less call is decided under the suggestion; `in_use` tells
     /// whether an id is taken by a client request.
     pub(super) fn learn(&mut self, known: bool, in_use: impl Fn(&RequestId) -> bool) -> LearnTools {
+        if self.failed || self.done {
+            return LearnTools::Known;
+        }
         if self.probe.is_some() {
             return LearnTools::Wait;
         }
-        if self.failed || self.done || (known && self.next.is_none()) {
+        if known && self.next.is_none() {
             return LearnTools::Known;
         }
         let (text, id) = loop {
@@ -259,6 +262,12 @@ impl OwnListing {
             }
         }
         true
+    }
+
+    /// The answer did not come in time: calls are decided without it from now on (a late answer
+    /// is still absorbed and learned).
+    pub(super) fn give_up(&mut self) {
+        self.failed = true;
     }
 
     /// The server went away: the answer will not come.
@@ -323,5 +332,11 @@ impl<C: AsRef<crate::Claim>> super::Interceptor<C> {
         self.own_listing.learn(known, |id| {
             in_flight.contains_key(id) || pending.contains(id)
         })
+    }
+
+    /// The server did not answer the gateway's own `tools/list` in time: later calls do not wait
+    /// for it ([`learn_tools`](Self::learn_tools) says [`LearnTools::Known`]).
+    pub fn give_up_tools(&mut self) {
+        self.own_listing.give_up();
     }
 }

@@ -53,9 +53,10 @@ impl StdioProxy {
                 () = &mut deadline => {
                     tracing::warn!(
                         timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
-                        "the server did not list its tools in time; the call runs as with no \
-                         suggested policy"
+                        "the server did not list its tools in time; calls run as with no \
+                         suggested policy until it does"
                     );
+                    lock(state).give_up_tools();
                     return Ok(());
                 }
             }

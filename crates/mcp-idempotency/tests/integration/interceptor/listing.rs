@@ -111,3 +111,18 @@ fn a_list_changed_notification_wakes_whoever_lists_the_tools() {
     ));
     assert_eq!(pin!(later).poll(&mut cx), Poll::Ready(()));
 }
+
+#[test]
+fn a_listing_given_up_is_not_waited_for_and_its_late_answer_still_counts() {
+    let mut h = suggested();
+    let request = sent(h.interceptor.learn_tools());
+    assert_eq!(h.interceptor.learn_tools(), LearnTools::Wait);
+    h.interceptor.give_up_tools();
+    assert_eq!(h.interceptor.learn_tools(), LearnTools::Known);
+    let id = request["id"].as_str().unwrap().to_owned();
+    assert!(matches!(
+        h.server(&page(&id, json!([{"name": "create"}]), None)),
+        ServerAction::Absorb
+    ));
+    assert_eq!(h.keyed(CREATE).key_source().as_str(), "window");
+}
