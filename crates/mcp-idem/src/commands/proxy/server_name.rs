@@ -36,15 +36,10 @@ enum Answer {
 pub(crate) async fn learn(client: HttpClient, fallback_url: String, learner: NamespaceLearner) {
     let mut failures = 0;
     loop {
-        let answer = match ask(&client, protocol::DISCOVER).await {
-            Answer::Legacy => match ask(&client, protocol::INITIALIZE).await {
-                Answer::Legacy => Answer::Unnamed(
-                    "it answered neither server/discover nor initialize with a result".into(),
-                ),
-                answer => answer,
-            },
-            answer => answer,
-        };
+        let mut answer = ask(&client, protocol::DISCOVER).await;
+        if let Answer::Legacy = answer {
+            answer = ask(&client, protocol::INITIALIZE).await;
+        }
         match answer {
             Answer::Named(name) => {
                 let namespace = server_namespace(&name);
@@ -73,7 +68,17 @@ pub(crate) async fn learn(client: HttpClient, fallback_url: String, learner: Nam
                 let pause = backoff(failures, Duration::from_millis(100), Duration::from_secs(5));
                 tokio::time::sleep(pause).await;
             }
-            Answer::Legacy => unreachable!("a legacy answer is asked again with initialize"),
+            Answer::Legacy => {
+                let namespace = upstream_namespace(&fallback_url);
+                tracing::warn!(
+                    %namespace,
+                    "the upstream answered neither server/discover nor initialize with a \
+                     result: records are kept under its URL as written; set --namespace on every \
+                     instance to share them"
+                );
+                learner.set(namespace);
+                return;
+            }
         }
     }
 }
