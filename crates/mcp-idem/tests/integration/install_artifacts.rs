@@ -136,7 +136,8 @@ fn the_binary_runs_its_demo() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("All 8 steps behaved"), "{stdout}");
-    // Executions: two unkeyed charges, then one per key: a replayed key ran once.
+    // Executions: two unkeyed charges, then one per key (a replayed key ran once), then one for
+    // the key-from step (its retry replayed).
     let ledger = std::fs::read_to_string(sandbox.path("demo/ledger.jsonl")).unwrap();
-    assert_eq!(ledger.lines().count(), 6, "{ledger}");
+    assert_eq!(ledger.lines().count(), 7, "{ledger}");
 }
