@@ -8,8 +8,9 @@ use std::sync::Mutex;
 
 use tokio::io::AsyncWrite;
 
+use super::naming::{ask_server, Asked};
 use super::stopping::Stopping;
-use super::{lock, write_line, StdioProxy};
+use super::{lock, StdioProxy};
 use crate::default_scope::SERVER_NAME_TIMEOUT;
 use crate::interceptor::{Interceptor, LearnTools};
 use crate::RunningClaim;
@@ -28,38 +29,22 @@ impl StdioProxy {
         if !lock(state).needs_tools(message) {
             return Ok(());
         }
-        let deadline = tokio::time::sleep(SERVER_NAME_TIMEOUT);
-        tokio::pin!(deadline);
-        loop {
-            // Registered before the state is read, so that an answer in between is not missed.
-            let answered = stopping.server_answered.notified();
-            tokio::pin!(answered);
-            answered.as_mut().enable();
-            let step = lock(state).learn_tools();
-            match step {
-                LearnTools::Known => return Ok(()),
-                LearnTools::Send(request) => {
-                    tracing::debug!("listing the server's tools before deciding a call");
-                    write_line(server_in, &mut request.into_bytes()).await?;
-                }
-                LearnTools::Wait => {}
-            }
-            if stopping.is_server_gone() {
-                return Ok(());
-            }
-            tokio::select! {
-                biased;
-                () = &mut answered => {}
-                () = &mut deadline => {
-                    tracing::warn!(
-                        timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
-                        "the server did not list its tools in time; calls run as with no \
-                         suggested policy until it does"
-                    );
-                    lock(state).give_up_tools();
-                    return Ok(());
-                }
-            }
+        let listed = ask_server(state, server_in, stopping, |interceptor| match interceptor
+            .learn_tools()
+        {
+            LearnTools::Known => Asked::Answered,
+            LearnTools::Send(request) => Asked::Send(request),
+            LearnTools::Wait => Asked::Wait,
+        })
+        .await?;
+        if !listed {
+            tracing::warn!(
+                timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
+                "the server did not list its tools in time; calls run as with no suggested \
+                 policy until it does"
+            );
+            lock(state).give_up_tools();
         }
+        Ok(())
     }
 }

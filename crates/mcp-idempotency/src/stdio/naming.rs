@@ -33,41 +33,22 @@ impl StdioProxy {
         if let Some(named) = self.named.get() {
             return Ok(Some(named.clone()));
         }
-        let deadline = tokio::time::sleep(SERVER_NAME_TIMEOUT);
-        tokio::pin!(deadline);
-        loop {
-            // Registered before the state is read, so that an answer in between is not missed.
-            let answered = stopping.server_answered.notified();
-            tokio::pin!(answered);
-            answered.as_mut().enable();
-            let step = lock(state).learn_server_name();
-            match step {
-                LearnName::Known => {
-                    let name = lock(state).server_name().map(str::to_owned);
-                    return Ok(name.map(|name| self.named_scope(&name).clone()));
-                }
-                LearnName::Failed => return Ok(None),
-                LearnName::Send(request) => {
-                    tracing::debug!("asking the server its name before deciding a call");
-                    write_line(server_in, &mut request.into_bytes()).await?;
-                }
-                LearnName::Wait => {}
-            }
-            if stopping.is_server_gone() {
-                return Ok(None);
-            }
-            tokio::select! {
-                biased;
-                () = &mut answered => {}
-                () = &mut deadline => {
-                    tracing::warn!(
-                        timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
-                        "the server did not name itself in time; refusing the keyed call"
-                    );
-                    return Ok(None);
-                }
-            }
+        let learned = ask_server(state, server_in, stopping, |interceptor| match interceptor
+            .learn_server_name()
+        {
+            LearnName::Known | LearnName::Failed => Asked::Answered,
+            LearnName::Send(request) => Asked::Send(request),
+            LearnName::Wait => Asked::Wait,
+        })
+        .await?;
+        if !learned {
+            tracing::warn!(
+                timeout_s = SERVER_NAME_TIMEOUT.as_secs(),
+                "the server did not name itself in time; refusing the keyed call"
+            );
         }
+        let name = lock(state).server_name().map(str::to_owned);
+        Ok(name.map(|name| self.named_scope(&name).clone()))
     }
 
     /// The scope under the server's name `name` (the first one it gave, for the whole run).
@@ -77,5 +58,49 @@ impl StdioProxy {
             tracing::info!(namespace = scope.namespace(), "the server named itself");
             scope
         })
+    }
+}
+
+/// One step of [`ask_server`]: what the interceptor says of a question to the server.
+pub(super) enum Asked {
+    /// Its answer is in (or it will not come: the interceptor knows what it needs to).
+    Answered,
+    /// Send this request of the gateway's own to the server, then wait.
+    Send(String),
+    /// An answer is on its way.
+    Wait,
+}
+
+/// Asks the server what `step` says (the gateway's own request, whose answer the interceptor
+/// absorbs) and waits for the answer, each server message waking it, up to
+/// [`SERVER_NAME_TIMEOUT`]: `true` once `step` says it is answered or the server is gone,
+/// `false` when the time ran out.
+pub(super) async fn ask_server<SW: AsyncWrite + Unpin>(
+    state: &Mutex<Interceptor<RunningClaim>>,
+    server_in: &mut SW,
+    stopping: &Stopping,
+    mut step: impl FnMut(&mut Interceptor<RunningClaim>) -> Asked,
+) -> io::Result<bool> {
+    let deadline = tokio::time::sleep(SERVER_NAME_TIMEOUT);
+    tokio::pin!(deadline);
+    loop {
+        // Registered before the state is read, so that an answer in between is not missed.
+        let answered = stopping.server_answered.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable();
+        let asked = step(&mut lock(state));
+        match asked {
+            Asked::Answered => return Ok(true),
+            Asked::Send(request) => write_line(server_in, &mut request.into_bytes()).await?,
+            Asked::Wait => {}
+        }
+        if stopping.is_server_gone() {
+            return Ok(true);
+        }
+        tokio::select! {
+            biased;
+            () = &mut answered => {}
+            () = &mut deadline => return Ok(false),
+        }
     }
 }
