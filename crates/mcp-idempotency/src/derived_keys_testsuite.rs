@@ -15,9 +15,9 @@ use serde_json::{json, Value};
 use crate::claims::Deduplicator;
 use crate::config::{AfterCrash, EngineConfig};
 use crate::engine::{Claim, Decision, Replay, ToolCall};
-use crate::key::{KeySource, DERIVED};
 use crate::policy::select::{self, Chosen};
 use crate::policy::ToolPolicies;
+use crate::policy::{KeySource, KeyTerms, DERIVED};
 use crate::raw_object::RawObject;
 use crate::record::{Outcome, Record, RecordState, Scope};
 use crate::rejection::RejectionKind;
@@ -72,7 +72,7 @@ struct Keyed {
     arguments: Option<String>,
     source: KeySource,
     value: Option<Value>,
-    identifier: Option<String>,
+    terms: KeyTerms,
 }
 
 impl Keyed {
@@ -80,34 +80,25 @@ impl Keyed {
         let text = params.to_string();
         let raw = RawObject::parse(&text).expect("params are an object");
         let tool = params["name"].as_str().expect("a tool name").to_owned();
-        let Chosen::Key {
-            source,
-            value,
-            identifier,
-            ..
-        } = select::choose(policies, &tool, &raw)
-        else {
+        let Chosen::Key(choice) = select::choose(policies, &tool, &raw) else {
             panic!("the policies key {params}");
         };
         Self {
             arguments: params.get("arguments").map(Value::to_string),
-            value: (source != KeySource::Window).then_some(value),
+            value: choice.key,
             tool,
-            source,
-            identifier,
+            source: choice.terms.source,
+            terms: choice.terms,
         }
     }
 
-    fn call<'a>(&'a self, policies: &'a ToolPolicies) -> ToolCall<'a> {
+    fn call(&self) -> ToolCall<'_> {
         ToolCall {
             tool_name: &self.tool,
             arguments: self.arguments.as_deref(),
             idempotency_key: self.value.as_ref(),
             mrtr_continuation: false,
-            key_source: self.source,
-            identifier: self.identifier.as_deref(),
-            policy: policies.for_tool(&self.tool),
-            client_key: None,
+            terms: &self.terms,
         }
     }
 }
@@ -148,7 +139,7 @@ impl Gateway {
     }
 
     async fn decide(&self, scope: &Scope, keyed: &Keyed) -> Decision {
-        self.dedup.decide(scope, &keyed.call(&self.policies)).await
+        self.dedup.decide(scope, &keyed.call()).await
     }
 
     /// The claim of `keyed`, which must be executed.
@@ -353,7 +344,7 @@ pub async fn a_client_key_equal_to_a_derived_keys_text_is_another_record(store: 
             sep = Keyed {
                 source: KeySource::Sep,
                 value: Some(json!(text)),
-                identifier: None,
+                terms: KeyTerms::of(KeySource::Sep),
                 ..sep
             };
         }
@@ -374,7 +365,7 @@ pub async fn a_client_key_equal_to_a_derived_keys_text_is_another_record(store: 
         let forged = Keyed {
             source: KeySource::Sep,
             value: Some(json!(claim.id().key.as_str())),
-            identifier: None,
+            terms: KeyTerms::of(KeySource::Sep),
             ..gateway.keyed(&sep_params)
         };
         gateway

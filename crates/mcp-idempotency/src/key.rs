@@ -9,6 +9,9 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::policy::{KeySource, DERIVED};
+use crate::raw_object::json_type_name;
+
 /// Default upper bound on a key's length in bytes, as Stripe and the IETF draft use.
 pub(crate) const DEFAULT_MAX_KEY_BYTES: usize = 255;
 
@@ -92,12 +95,13 @@ impl IdempotencyKey {
     /// key can never hold (control characters are refused), so no client key names a derived
     /// record. A derived key longer than `max_bytes` is hashed, not refused.
     pub(crate) fn derived(source: KeySource, tool: &str, value: &str, max_bytes: usize) -> Self {
-        let rest = match source {
-            KeySource::Sep => return Self(value.into()),
-            KeySource::Meta => value.to_owned(),
-            KeySource::KeyFrom | KeySource::Argument | KeySource::Window => {
-                format!("{tool}:{value}")
-            }
+        if source.stored_prefix().is_empty() {
+            return Self(value.into());
+        }
+        let rest = if source.per_tool() {
+            format!("{tool}:{value}")
+        } else {
+            value.to_owned()
         };
         let rest = if rest.len() > max_bytes {
             use sha2::Digest;
@@ -120,7 +124,7 @@ impl IdempotencyKey {
             .and_then(|rest| rest.split_once(':'))
             .and_then(|(source, rest)| source.parse::<KeySource>().ok().zip(Some(rest)));
         match derived {
-            Some((source, rest)) if source != KeySource::Sep && !rest.is_empty() => {
+            Some((source, rest)) if !source.stored_prefix().is_empty() && !rest.is_empty() => {
                 Ok(Self(key.into()))
             }
             _ => Self::new(key, usize::MAX),
@@ -151,95 +155,6 @@ impl IdempotencyKey {
     }
 }
 
-/// The first character of every key that is not a SEP key: U+001F, the unit separator.
-pub(crate) const DERIVED: char = '\u{1F}';
-
-/// Where the key that decides a call came from, in the order they are tried: a business
-/// identifier (`key-from`), the SEP's `params.idempotencyKey`, a `_meta` carrier, a tool argument
-/// (`key-argument`), a duplicate window. Label of the metrics and of `inspect`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum KeySource {
-    /// The tool's business identifier: JSON Pointers into the arguments (`key-from`).
-    KeyFrom,
-    /// The SEP's `params.idempotencyKey`.
-    #[default]
-    Sep,
-    /// A `_meta` carrier: `params._meta.idempotencyKey` or another configured name.
-    Meta,
-    /// A tool argument that carries a key (`key-argument`).
-    Argument,
-    /// A duplicate window: the tool's name and arguments are the key (`window`).
-    Window,
-}
-
-impl KeySource {
-    /// Every source, in the order they are tried.
-    pub const ALL: [Self; 5] = [
-        Self::KeyFrom,
-        Self::Sep,
-        Self::Meta,
-        Self::Argument,
-        Self::Window,
-    ];
-
-    /// `key-from`, `sep`, `meta`, `argument` or `window`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::KeyFrom => "key-from",
-            Self::Sep => "sep",
-            Self::Meta => "meta",
-            Self::Argument => "argument",
-            Self::Window => "window",
-        }
-    }
-
-    /// The key as a store holds it for a key of this source that reads `shown` without its
-    /// prefix (as [`IdempotencyKey::for_tool`] shows it): `shown` itself for a SEP key, else
-    /// U+001F, the source's name, `:` and `shown`. How `inspect` finds the record of a key a
-    /// person typed as it was shown.
-    pub fn stored_key(self, shown: &str) -> String {
-        let mut key = self.stored_prefix();
-        key.push_str(shown);
-        key
-    }
-
-    /// How every stored key of this source begins: U+001F, the source's name and `:`; empty for
-    /// the SEP, whose keys are the client's (and never begin with U+001F).
-    pub(crate) fn stored_prefix(self) -> String {
-        match self {
-            Self::Sep => String::new(),
-            other => format!("{DERIVED}{}:", other.as_str()),
-        }
-    }
-
-    /// Whether the client sent this key as a key (SEP, `_meta`): its replays stay byte for byte,
-    /// and its error outcomes are always replayed, as the SEP says.
-    pub fn is_client_key(self) -> bool {
-        matches!(self, Self::Sep | Self::Meta)
-    }
-}
-
-impl fmt::Display for KeySource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for KeySource {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|source| source.as_str() == s)
-            .ok_or_else(|| {
-                format!(
-                    "unknown key source {s:?}; expected key-from, sep, meta, argument or window"
-                )
-            })
-    }
-}
-
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
@@ -249,18 +164,6 @@ impl fmt::Debug for IdempotencyKey {
 impl fmt::Display for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-/// The JSON type name of a value, as used in error messages.
-pub(crate) fn json_type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
     }
 }
 
@@ -322,7 +225,7 @@ mod tests {
 
     #[test]
     fn stored_keys_read_back_as_written_and_nothing_else() {
-        for source in KeySource::ALL {
+        for &source in KeySource::ALL {
             for value in ["ord_1", "k:with:colons", "é 🔑"] {
                 let key = IdempotencyKey::derived(source, "charge", value, MAX);
                 let read = IdempotencyKey::from_stored(key.as_str()).unwrap();

@@ -58,11 +58,10 @@
 //!     ..ToolCall::default()
 //! };
 //! let now = Timestamp::from_millis(1_000);
-//! let Step::TryClaim(req) = engine.begin(&scope, &call, FencingToken::random(), now) else {
-//!     unreachable!()
-//! };
+//! let (mut pending, step) = engine.begin(&scope, call, FencingToken::random(), now);
+//! let Step::TryClaim(req) = step else { unreachable!() };
 //! // A real caller now runs `store.claim(&req)`; here the key was free.
-//! let Step::Done(Decision::Execute(claim)) = engine.on_claim(req, Ok(ClaimOutcome::Claimed)) else {
+//! let Step::Done(Decision::Execute(claim)) = pending.on_claim(req, Ok(ClaimOutcome::Claimed)) else {
 //!     unreachable!()
 //! };
 //! assert_eq!(claim.id().key.as_str(), "k-1");
@@ -118,8 +117,12 @@ pub mod upkeep;
 
 pub use claims::{Deduplicator, RunningClaim};
 pub use config::{AfterCrash, EngineConfig};
-pub use engine::{BypassReason, Claim, Decision, Engine, Replay, Step, ToolCall, REPLAYED_META};
-pub use key::{IdempotencyKey, KeyError, KeySource};
+pub use engine::{
+    BypassReason, Claim, Decision, Engine, PendingDecision, Replay, Step, ToolCall, REPLAYED_META,
+};
+pub use key::{IdempotencyKey, KeyError};
+pub use policy::source::KeySource;
+pub use policy::terms::KeyTerms;
 pub use record::{
     CorruptRecord, FencingToken, FencingTokens, Outcome, OutcomeKind, Record, RecordId,
     RecordState, Scope,

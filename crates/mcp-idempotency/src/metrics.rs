@@ -38,7 +38,7 @@ use std::time::Instant;
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 use crate::engine::{BypassReason, Decision, Replay};
-use crate::key::KeySource;
+use crate::policy::KeySource;
 use crate::record::{FencingToken, OutcomeKind, Record, RecordId};
 use crate::rejection::RejectionKind;
 use crate::store::{

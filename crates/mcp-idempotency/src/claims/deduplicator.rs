@@ -240,7 +240,7 @@ impl Deduplicator {
     /// `idempotency_key_in_progress` as before. A client's own key is answered at once, as the
     /// SEP says.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
-        let wait = call.duplicate_wait();
+        let wait = call.terms.wait;
         let mut decision = self.decide_once(scope, call).await;
         if let Some(wait) = wait {
             let clock = self.clock();
@@ -262,65 +262,28 @@ impl Deduplicator {
             }
         }
         #[cfg(feature = "metrics")]
-        crate::metrics::on_keyed_decision(&decision, call.key_source);
+        crate::metrics::on_keyed_decision(&decision, call.terms.source);
         decision
     }
 
-    /// One look at the store: the engine's loop of claims and take-overs, then the call's terms.
-    /// A business identifier's call that carries the client's own key reads that key first
-    /// ([`Engine::client_key_claim`]).
+    /// One look at the store: the engine's steps, each store request as it says, to a decision.
     async fn decide_once(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
-        let engine = self.engine();
         let now = self.clock().now();
-        let mut companion = None;
-        let step = match engine.client_key_claim(scope, call, self.tokens.mint(), now) {
-            None => engine.begin(scope, call, self.tokens.mint(), now),
-            Some(Err(rejection)) => Step::Done(Decision::Reject(rejection)),
-            Some(Ok(own)) => match self.store().get(&own.id, now).await {
-                Ok(None) => {
-                    companion = Some(own);
-                    engine.begin(scope, call, self.tokens.mint(), now)
-                }
-                Ok(Some(record)) => {
-                    // Decided by the client's key, as the SEP says: its replay stays byte for
-                    // byte, its conflict is the SEP's.
-                    let own_call = ToolCall {
-                        key_source: call
-                            .client_key
-                            .map_or(call.key_source, |(source, _)| source),
-                        identifier: None,
-                        ..*call
-                    };
-                    let decision = self
-                        .run_steps(engine.on_client_key_record(own, record))
-                        .await;
-                    return engine.settle(&own_call, decision);
-                }
-                Err(err) => engine.on_claim(own, Err(err)),
-            },
-        };
-        let decision = self.run_steps(step).await;
-        let decision = match companion {
-            Some(own) => engine.with_companion(decision, own),
-            None => decision,
-        };
-        engine.settle(call, decision)
-    }
-
-    /// The engine's loop of claims and take-overs from `step` to a decision; the store's
-    /// usability follows the answers.
-    async fn run_steps(&self, mut step: Step) -> Decision {
-        let engine = self.engine();
+        let (mut pending, mut step) = self.engine().begin(scope, *call, self.tokens.mint(), now);
         let decision = loop {
             step = match step {
                 Step::Done(decision) => break decision,
+                Step::ReadClientKey(req) => {
+                    let answer = self.store().get(&req.id, req.now).await;
+                    pending.on_client_key(req, answer)
+                }
                 Step::TryClaim(req) => {
                     let answer = self.writes.claim(&req).await;
-                    engine.on_claim(req, answer)
+                    pending.on_claim(req, answer)
                 }
                 Step::TakeOver(req) => {
                     let answer = self.writes.take_over(&req).await;
-                    engine.on_take_over(req, answer)
+                    pending.on_take_over(req, answer)
                 }
             };
         };

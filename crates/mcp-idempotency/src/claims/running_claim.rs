@@ -23,7 +23,7 @@ use std::sync::Arc;
 use super::completion::{CompletionRetry, Next, Settled};
 use super::renewals::{self, Registration, Renewals};
 use super::writes::{CompletionSlot, StoreWrites};
-use crate::engine::{Claim, Companion, Decision, Step};
+use crate::engine::{Claim, Companion};
 use crate::record::Outcome;
 use crate::store::{CompleteRequest, Fenced, StoreError};
 
@@ -206,25 +206,19 @@ fn lost(req: &CompleteRequest, why: &'static str, error: &str) {
 /// so that the record is not taken over while the store takes renewals but not the completion.
 /// One task does both, one write at a time: a renewal never races the completion.
 /// Records the client's own key beside a business identifier's record, with the same outcome
-/// (see [`Engine::client_key_claim`](crate::Engine::client_key_claim)). It serves the SEP's rules
+/// (see [`PendingDecision`](crate::PendingDecision)). It serves the SEP's rules
 /// for that key; failing to write it is logged, never the call's error.
 async fn record_beside(writes: &StoreWrites, companion: Companion, outcome: Outcome) {
-    let mut req = *companion.0;
-    let now = writes.clock.now();
-    let elapsed = now.saturating_since(req.now);
-    req.lease_expires_at = req.lease_expires_at.saturating_add(elapsed);
-    req.expires_at = req.expires_at.saturating_add(elapsed);
-    req.now = now;
+    let req = writes.engine.beside(companion, writes.clock.now());
     let key = req.id.key.for_tool().to_owned();
     let answer = writes.claim(&req).await;
-    match writes.engine.on_claim(req, answer) {
-        Step::Done(Decision::Execute(claim)) => {
-            let done = writes.engine.completion(&claim, outcome, now);
+    match writes.engine.record_beside(req, answer, outcome) {
+        Some(done) => {
             if let Err(error) = writes.send_completion(&done).await {
                 tracing::warn!(key, %error, "cannot record the client's key beside its business identifier");
             }
         }
-        _ => tracing::debug!(key, "the client's key was recorded already"),
+        None => tracing::debug!(key, "the client's key was recorded already"),
     }
 }
 

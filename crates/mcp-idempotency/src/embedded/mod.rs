@@ -203,7 +203,7 @@ impl Received {
     /// the running call may be waiting for one of them (the client's answer to its elicitation,
     /// say). `wrap` decides such calls beside its reads for the same reason.
     pub fn may_wait(&self) -> bool {
-        matches!(&self.0, ClientAction::Decide(call) if call.waits_for_duplicates().is_some())
+        matches!(&self.0, ClientAction::Decide(call) if call.terms().wait.is_some())
     }
 }
 

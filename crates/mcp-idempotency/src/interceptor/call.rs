@@ -2,17 +2,16 @@
 //! policy), and the request the server gets once it is to run.
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::{prefilter, ClientAction, Interceptor, RequestId, META_KEY};
+use super::{ClientAction, Interceptor, RequestId, META_KEY};
 use crate::engine::{Claim, ToolCall};
 use crate::jsonrpc::{error_response, INVALID_PARAMS, INVALID_REQUEST};
-use crate::key::KeySource;
+use crate::policy::prefilter;
 use crate::policy::select::{self, Chosen};
-use crate::policy::{ToolPolicies, ToolPolicy};
-use crate::protocol::{self, IDEMPOTENCY_KEY};
+use crate::policy::KeyTerms;
+use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
 
 /// A keyed `tools/call` waiting for its decision.
@@ -26,11 +25,9 @@ pub struct KeyedCall {
     pub(super) tool_name: String,
     pub(super) arguments: Option<String>,
     pub(super) key: Option<Value>,
-    pub(super) source: KeySource,
-    pub(super) identifier: Option<String>,
-    pub(super) client_key: Option<(KeySource, Value)>,
-    pub(super) policies: Arc<ToolPolicies>,
     pub(super) mrtr_continuation: bool,
+    /// The tool policy's choice: the key's source and the terms the call is decided on.
+    pub(super) terms: Box<KeyTerms>,
 }
 
 impl KeyedCall {
@@ -41,23 +38,14 @@ impl KeyedCall {
             arguments: self.arguments.as_deref(),
             idempotency_key: self.key.as_ref(),
             mrtr_continuation: self.mrtr_continuation,
-            key_source: self.source,
-            identifier: self.identifier.as_deref(),
-            policy: self.policies.for_tool(&self.tool_name),
-            client_key: self.client_key.as_ref().map(|(source, key)| (*source, key)),
+            terms: &self.terms,
         }
     }
 
-    /// Where the call's key comes from.
-    pub fn key_source(&self) -> KeySource {
-        self.source
-    }
-
-    /// Whether a duplicate of this call that finds it still running should wait for its outcome
-    /// rather than be refused at once (a key the client did not send: it cannot retry with it),
-    /// and for how long.
-    pub fn waits_for_duplicates(&self) -> Option<std::time::Duration> {
-        self.tool_call().duplicate_wait()
+    /// The terms the call is decided on: where its key comes from, and how long a duplicate that
+    /// finds it still running waits for its outcome ([`KeyTerms::wait`]), among others.
+    pub fn terms(&self) -> &KeyTerms {
+        &self.terms
     }
 
     /// The request's id.
@@ -86,45 +74,22 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 .on_unprotected(super::listing::tool_name(envelope.get("params")).as_deref());
             return unkeyed(None);
         };
-        let mrtr_continuation = protocol::is_mrtr_continuation(&params);
-        let (source, key, identifier, client_key) = if mrtr_continuation {
-            // Out of scope whatever the policy: only a SEP key is taken off it.
-            match params.get(IDEMPOTENCY_KEY) {
-                Some(raw) => (
-                    KeySource::Sep,
-                    Some(serde_json::from_str(raw.get()).unwrap_or(Value::Null)),
-                    None,
-                    None,
-                ),
-                None => return unkeyed(None),
+        let tool = params.get_str("name").unwrap_or_default();
+        let choice = match select::choose(&policies, &tool, &params) {
+            Chosen::Key(choice) => choice,
+            Chosen::Unkeyed { missing } => {
+                #[cfg(feature = "metrics")]
+                if missing.is_none() {
+                    self.config.listing.on_unprotected(Some(&tool));
+                }
+                return unkeyed(missing.map(|m| (tool, m)));
             }
-        } else {
-            let tool = params.get_str("name").unwrap_or_default();
-            match select::choose(&policies, &tool, &params) {
-                Chosen::Unkeyed { missing } => {
-                    #[cfg(feature = "metrics")]
-                    if missing.is_none() {
-                        self.config.listing.on_unprotected(Some(&tool));
-                    }
-                    return unkeyed(missing.map(|m| (tool, m)));
-                }
-                Chosen::Refused(message) => {
-                    return ClientAction::Respond(error_response(
-                        id.as_json(),
-                        INVALID_PARAMS,
-                        &message,
-                    ))
-                }
-                Chosen::Key {
-                    source,
-                    client_key,
-                    value,
-                    identifier,
-                } => {
-                    let named = identifier.or_else(|| carrier_name(source, &policies, &tool));
-                    let value = (source != KeySource::Window).then_some(value);
-                    (source, value, named, client_key)
-                }
+            Chosen::Refused(message) => {
+                return ClientAction::Respond(error_response(
+                    id.as_json(),
+                    INVALID_PARAMS,
+                    &message,
+                ))
             }
         };
         if self.pending.contains(&id) {
@@ -139,7 +104,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         }
         let tool_name = match params.get_str("name") {
             Some(name) => name,
-            None if mrtr_continuation => String::new(),
+            None if choice.mrtr_continuation => String::new(),
             None => {
                 return ClientAction::Respond(error_response(
                     id.as_json(),
@@ -155,12 +120,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             message: message.to_owned(),
             tool_name,
             arguments: params.get("arguments").map(|raw| raw.get().to_owned()),
-            key,
-            source,
-            identifier,
-            client_key,
-            policies,
-            mrtr_continuation,
+            key: choice.key,
+            mrtr_continuation: choice.mrtr_continuation,
+            terms: Box::new(choice.terms),
             id,
         })
     }
@@ -225,18 +187,6 @@ fn unkeyed<C>(missing: Option<(String, String)>) -> ClientAction<C> {
         }
     }
     ClientAction::Forward
-}
-
-/// How a client's key that is not the SEP's is named in its errors.
-fn carrier_name(source: KeySource, policies: &ToolPolicies, tool: &str) -> Option<String> {
-    match source {
-        KeySource::Meta => Some("the `_meta` idempotency key".to_owned()),
-        KeySource::Argument => policies
-            .for_tool(tool)
-            .and_then(ToolPolicy::key_argument)
-            .map(|name| format!("the key argument `{name}`")),
-        KeySource::Sep | KeySource::KeyFrom | KeySource::Window => None,
-    }
 }
 
 /// Where `part` (a slice of `text`, as the values of a [`RawObject`] read from it are) is in

@@ -167,7 +167,7 @@ pub(super) fn entries(envelope: &RawObject<'_>) -> Option<(Vec<Value>, Option<St
 pub(super) fn tool_name(params: Option<&serde_json::value::RawValue>) -> Option<String> {
     let params = params?.get();
     if !params.contains("\\u") {
-        if let Some(name) = super::prefilter::leading_name(params) {
+        if let Some(name) = crate::policy::prefilter::leading_name(params) {
             return Some(name.to_owned());
         }
     }

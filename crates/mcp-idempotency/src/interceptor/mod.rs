@@ -30,7 +30,6 @@ mod batch;
 mod call;
 mod discovery;
 mod listing;
-mod prefilter;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -39,7 +38,7 @@ use serde_json::value::RawValue;
 
 use crate::engine::{Claim, Decision};
 use crate::jsonrpc::{error_response, raw_error_response, INVALID_REQUEST};
-use crate::key::KeySource;
+use crate::policy::KeySource;
 use crate::policy::ToolPolicies;
 use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
@@ -393,7 +392,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// ([`LearnName::Failed`]): answered `idempotency_scope_unknown`, counted.
     pub fn refuse_unnamed(&mut self, call: KeyedCall) -> Decided {
         // Only the client's SEP key is named back; a derived key is the gateway's own.
-        let key = call.key.as_ref().filter(|_| call.source == KeySource::Sep);
+        let key = call
+            .key
+            .as_ref()
+            .filter(|_| call.terms.source == KeySource::Sep);
         let decision = Decision::Reject(Rejection::scope_unknown(key));
         #[cfg(feature = "metrics")]
         crate::metrics::on_decision(&decision);

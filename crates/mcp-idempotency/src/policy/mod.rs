@@ -12,16 +12,19 @@
 //! call is [`select`](crate::policy::select), sans-IO; the engine decides on it as on a SEP key.
 
 pub(crate) mod parse;
+pub(crate) mod prefilter;
 pub(crate) mod select;
+pub(crate) mod source;
 pub mod suggest;
+pub(crate) mod terms;
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use crate::key::KeySource;
-
 pub use parse::{kebab_case, PolicyError};
+pub(crate) use source::{KeyMaterial, KeySource, DERIVED};
+pub(crate) use terms::KeyTerms;
 
 /// The shortest duplicate window.
 pub const MIN_WINDOW: Duration = Duration::from_secs(1);
@@ -115,14 +118,6 @@ impl ToolPolicy {
     /// How long a key-less duplicate of a running call waits for its outcome (`wait`).
     pub fn wait(&self) -> Duration {
         self.wait
-    }
-
-    /// Whether a duplicate of a running call under `source` waits for its outcome (a key-less
-    /// client cannot retry later with a key, so it is given the outcome as its own answer). A call
-    /// that carries a key of the client's own (`has_client_key`, beside a business identifier) is
-    /// answered at once, as the SEP says: it can retry with its key.
-    pub(crate) fn waits(&self, source: KeySource, has_client_key: bool) -> bool {
-        !source.is_client_key() && !has_client_key && !self.wait.is_zero()
     }
 
     /// Whether the policy gives key-less calls a key at all.

@@ -292,5 +292,5 @@ fn duration(value: &Value, min: Duration, max: Duration) -> Result<Duration, Str
 }
 
 fn kind(value: &Value) -> &'static str {
-    crate::key::json_type_name(value)
+    crate::raw_object::json_type_name(value)
 }

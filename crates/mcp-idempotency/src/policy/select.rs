@@ -11,14 +11,18 @@
 //! An identifier or a key argument that is absent, `null` or `""` is missing. `required` refuses a
 //! call that only a window (or nothing) would protect; a business identifier that names an object
 //! or an array is refused, since it cannot be an identifier.
+//!
+//! When a business identifier decides a call that also carries the client's own key (2 or 3),
+//! that key goes with it ([`KeyTerms::client_key`]): the engine reads its record first, since the
+//! SEP's rules hold for it, and records it beside the identifier's. An MRTR continuation is out of
+//! scope whatever the policy: only its SEP key is taken, for the engine to let it pass.
 
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{Pointer, ToolPolicies};
+use super::{KeySource, KeyTerms, Pointer, ToolPolicies, ToolPolicy};
 use crate::fingerprint::fingerprint;
-use crate::key::KeySource;
-use crate::protocol::IDEMPOTENCY_KEY;
+use crate::protocol::{is_mrtr_continuation, IDEMPOTENCY_KEY};
 use crate::raw_object::RawObject;
 
 /// What decides a call.
@@ -29,48 +33,85 @@ pub(crate) enum Chosen {
     Unkeyed { missing: Option<String> },
     /// Refuse the call with `-32602` and this message; nothing runs.
     Refused(String),
-    /// Decide on this key.
-    Key {
-        source: KeySource,
-        /// The client's own key (SEP, then `_meta`) when a business identifier decides a call
-        /// that carries one: checked and recorded beside it.
-        client_key: Option<(KeySource, Value)>,
-        /// The client's key as sent (SEP, `_meta`, argument); the identifier's digest
-        /// (`key-from`); `null` for a window (the engine keys it by the call's fingerprint).
-        value: Value,
-        /// The identifier as a person reads it (`/order_id = "ord_1"`), for `key-from`.
-        identifier: Option<String>,
-    },
+    /// Decide on this choice.
+    Key(Choice),
+}
+
+/// The one complete choice for a keyed call: its key, whether it is an MRTR continuation, and
+/// the terms it is decided on (source, the name shown in errors, the client's own key, wait,
+/// retention, errors, store outage).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Choice {
+    /// The client's key as sent (SEP, `_meta`, argument); the identifier's digest (`key-from`);
+    /// `None` for a window (the engine keys it by the call's fingerprint).
+    pub(crate) key: Option<Value>,
+    /// Whether the call is an MRTR continuation, which the engine lets pass.
+    pub(crate) mrtr_continuation: bool,
+    pub(crate) terms: KeyTerms,
 }
 
 /// Chooses the key of a call of `tool` whose params are `params`.
 pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>) -> Chosen {
+    if is_mrtr_continuation(params) {
+        return match params.get(IDEMPOTENCY_KEY) {
+            Some(raw) => Chosen::Key(Choice {
+                mrtr_continuation: true,
+                ..client_key(KeySource::Sep, raw, None)
+            }),
+            None => Chosen::Unkeyed { missing: None },
+        };
+    }
     let policy = policies.for_tool(tool);
     let arguments = params.get("arguments").map(RawValue::get);
     let mut missing = None;
     if let Some(policy) = policy.filter(|p| !p.key_from.is_empty()) {
         match identifier(tool, &policy.key_from, arguments) {
             Ok(Some((digest, shown))) => {
-                return Chosen::Key {
-                    source: KeySource::KeyFrom,
-                    client_key: clients_own_key(policies, params),
-                    value: Value::String(digest),
-                    identifier: Some(shown),
+                let mut terms = KeyTerms {
+                    shown_as: Some(shown),
+                    ..KeyTerms::new(KeySource::KeyFrom, Some(policy))
+                };
+                if let Some((source, key)) = clients_own_key(policies, params) {
+                    terms = terms.with_client_key(source, key);
                 }
+                return Chosen::Key(Choice {
+                    key: Some(Value::String(digest)),
+                    mrtr_continuation: false,
+                    terms,
+                });
             }
             Ok(None) => missing = Some(pointer_list(&policy.key_from)),
             Err(refusal) => return Chosen::Refused(refusal),
         }
     }
     if let Some(raw) = params.get(IDEMPOTENCY_KEY) {
-        return client_key(KeySource::Sep, raw);
+        return Chosen::Key(client_key(KeySource::Sep, raw, policy));
     }
     if let Some(meta) = params.get("_meta").and_then(|m| RawObject::parse(m.get())) {
         for name in policies.meta_keys() {
             if let Some(raw) = meta.get(name) {
-                return client_key(KeySource::Meta, raw);
+                return Chosen::Key(Choice {
+                    terms: KeyTerms {
+                        shown_as: Some("the `_meta` idempotency key".to_owned()),
+                        ..KeyTerms::new(KeySource::Meta, policy)
+                    },
+                    ..client_key(KeySource::Meta, raw, policy)
+                });
             }
         }
+    }
+    #[cfg(test)]
+    if let Some(raw) = arguments
+        .and_then(RawObject::parse)
+        .and_then(|args| args.get(TEST_KEY_ARGUMENT))
+    {
+        return Chosen::Key(Choice {
+            terms: KeyTerms {
+                shown_as: Some(format!("the test key `{TEST_KEY_ARGUMENT}`")),
+                ..KeyTerms::new(KeySource::Test, policy)
+            },
+            ..client_key(KeySource::Test, raw, policy)
+        });
     }
     let Some(policy) = policy else {
         return Chosen::Unkeyed { missing: None };
@@ -81,7 +122,15 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
             .and_then(|args| args.get(name))
             .filter(|raw| !is_missing(raw.get()));
         match raw {
-            Some(raw) => return client_key(KeySource::Argument, raw),
+            Some(raw) => {
+                return Chosen::Key(Choice {
+                    terms: KeyTerms {
+                        shown_as: Some(format!("the key argument `{name}`")),
+                        ..KeyTerms::new(KeySource::Argument, Some(policy))
+                    },
+                    ..client_key(KeySource::Argument, raw, Some(policy))
+                })
+            }
             None => {
                 missing.get_or_insert_with(|| format!("argument `{name}`"));
             }
@@ -95,22 +144,25 @@ pub(crate) fn choose(policies: &ToolPolicies, tool: &str, params: &RawObject<'_>
         ));
     }
     if policy.window.is_some() {
-        return Chosen::Key {
-            source: KeySource::Window,
-            client_key: None,
-            value: Value::Null,
-            identifier: None,
-        };
+        return Chosen::Key(Choice {
+            key: None,
+            mrtr_continuation: false,
+            terms: KeyTerms::new(KeySource::Window, Some(policy)),
+        });
     }
     Chosen::Unkeyed { missing }
 }
 
-fn client_key(source: KeySource, raw: &RawValue) -> Chosen {
-    Chosen::Key {
-        source,
-        client_key: None,
-        value: serde_json::from_str(raw.get()).unwrap_or(Value::Null),
-        identifier: None,
+/// The argument that carries the test-only source's key ([`KeySource::Test`]).
+#[cfg(test)]
+pub(crate) const TEST_KEY_ARGUMENT: &str = "__test_key";
+
+/// The choice of a key the client sent (`raw`) under `source`, on the tool's terms.
+fn client_key(source: KeySource, raw: &RawValue, policy: Option<&ToolPolicy>) -> Choice {
+    Choice {
+        key: Some(serde_json::from_str(raw.get()).unwrap_or(Value::Null)),
+        mrtr_continuation: false,
+        terms: KeyTerms::new(source, policy),
     }
 }
 

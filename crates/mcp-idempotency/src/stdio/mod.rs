@@ -437,7 +437,7 @@ impl StdioProxy {
                         continue;
                     };
                     let deciding = stopping.enter_decision();
-                    if call.waits_for_duplicates().is_none() {
+                    if call.terms().wait.is_none() {
                         let decision = self
                             .dedup
                             .begin_guarded(&scope, &call.tool_call(), &deciding)

@@ -50,7 +50,7 @@ pub use url::{open, redact_password, StoreUrl};
 use crate::fingerprint::Fingerprint;
 #[cfg(doc)]
 use crate::key::IdempotencyKey;
-use crate::key::KeySource;
+use crate::policy::KeySource;
 use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState};
 use crate::time::Timestamp;
 

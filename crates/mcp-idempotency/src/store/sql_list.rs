@@ -3,7 +3,7 @@
 
 use super::sql_row::sql_time;
 use super::{ListFilter, StateFilter};
-use crate::key::{KeySource, DERIVED};
+use crate::policy::DERIVED;
 use crate::time::Timestamp;
 
 /// A parameter of the statement.
@@ -58,9 +58,10 @@ pub(crate) fn list_query(
         // prefix (U+001F, its name, `:`).
         let mut any = Vec::with_capacity(filter.sources.len());
         for source in &filter.sources {
-            let (prefix, operator) = match source {
-                KeySource::Sep => (DERIVED.to_string(), "<>"),
-                other => (other.stored_prefix(), "="),
+            let (prefix, operator) = match source.stored_prefix() {
+                // The SEP's keys: every key that does not begin with U+001F.
+                sep if sep.is_empty() => (DERIVED.to_string(), "<>"),
+                prefix => (prefix, "="),
             };
             let length = prefix.chars().count();
             params.push(SqlParam::Text(prefix));

@@ -49,7 +49,11 @@ impl Key {
     /// The `"idempotencyKey":KEY` member of `params._meta`, if the key goes there.
     fn meta_member(&self) -> Option<String> {
         match self {
-            Self::Meta(key) => Some(format!(r#""idempotencyKey":{}"#, Value::from(key.as_str()))),
+            Self::Meta(key) => Some(format!(
+                r#""{}":{}"#,
+                protocol::IDEMPOTENCY_KEY,
+                Value::from(key.as_str())
+            )),
             _ => None,
         }
     }

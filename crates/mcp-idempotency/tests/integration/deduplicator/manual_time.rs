@@ -6,7 +6,7 @@
 //! tokio's timer would panic.
 
 use mcp_idempotency::policy::ToolPolicies;
-use mcp_idempotency::{FencingTokens, KeySource};
+use mcp_idempotency::{FencingTokens, KeySource, KeyTerms};
 
 use super::failing_store::FlakyStore;
 use super::running_claim::{begin, lease_in};
@@ -29,13 +29,12 @@ fn waiting_policies(wait: &str) -> Arc<ToolPolicies> {
 /// A call of `TOOL` keyed by its argument `k-1`, under `policies`, as the interceptor makes it.
 async fn decide_keyed(d: &Deduplicator, policies: &ToolPolicies) -> Decision {
     let key = json!("k-1");
+    let terms = KeyTerms::new(KeySource::Argument, policies.for_tool(TOOL));
     let call = ToolCall {
         tool_name: TOOL,
         arguments: Some(ARGS),
         idempotency_key: Some(&key),
-        key_source: KeySource::Argument,
-        identifier: Some("argument idempotency_key"),
-        policy: policies.for_tool(TOOL),
+        terms: &terms,
         ..Default::default()
     };
     d.decide(&scope(), &call).await

@@ -91,7 +91,7 @@ async fn claim_dead(store: &Arc<dyn Store>, scope: &Scope, key: &str) -> Fencing
     };
     let ten_seconds_ago = Timestamp::from_millis(Timestamp::now().as_millis() - 10_000);
     let owner = FencingToken::random();
-    let Step::TryClaim(req) = engine.begin(scope, &call, owner, ten_seconds_ago) else {
+    let (_, Step::TryClaim(req)) = engine.begin(scope, call, owner, ten_seconds_ago) else {
         panic!("valid call")
     };
     assert!(req.lease_expires_at < Timestamp::now());

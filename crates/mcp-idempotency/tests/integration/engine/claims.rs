@@ -76,11 +76,11 @@ fn an_in_progress_record_outlives_its_lease_even_with_a_shorter_retention() {
         req.fingerprint,
         in_progress(FencingToken::random(), T0),
     );
-    let to = take_over(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let to = take_over(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     assert!(to.expires_at >= to.lease_expires_at, "{to:?}");
 
     // The completed record is kept for the retention window only.
-    let claim = executed(engine.on_take_over(to, Ok(Fenced::Applied)));
+    let claim = executed(pending(&engine).on_take_over(to, Ok(Fenced::Applied)));
     let done = engine.completion(&claim, Outcome::Success("{}".into()), at(T0 + 1_000));
     assert_eq!(done.expires_at, at(T0 + 6_000));
 }
@@ -110,7 +110,7 @@ fn claimed_executes_with_the_right_claim() {
     let owner = FencingToken::random();
     let req = default_request(&engine, owner);
     let id = req.id.clone();
-    let claim = executed(engine.on_claim(req, Ok(ClaimOutcome::Claimed)));
+    let claim = executed(pending(&engine).on_claim(req, Ok(ClaimOutcome::Claimed)));
     assert_eq!(claim.id(), &id);
     assert_eq!(claim.id().scope, scope());
     assert_eq!(claim.id().key.as_str(), KEY);
@@ -135,7 +135,7 @@ fn timestamps_saturate_at_the_far_future() {
     );
     assert_eq!(req.lease_expires_at, at(u64::MAX));
     assert_eq!(req.expires_at, at(u64::MAX));
-    let claim = executed(engine.on_claim(req, Ok(ClaimOutcome::Claimed)));
+    let claim = executed(pending(&engine).on_claim(req, Ok(ClaimOutcome::Claimed)));
     assert_eq!(claim.lease_expires_at(), at(u64::MAX));
 }
 
@@ -155,7 +155,7 @@ fn completed_success_replays_the_result_byte_for_byte() {
         req.fingerprint,
         completed(Outcome::Success(RESULT_RAW.into())),
     );
-    let decision = done(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let decision = done(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     assert_eq!(
         decision,
         Decision::Replay(Replay::Result(RESULT_RAW.into()))
@@ -171,7 +171,7 @@ fn completed_error_replays_the_error_byte_for_byte() {
         req.fingerprint,
         completed(Outcome::Error(ERROR_RAW.into())),
     );
-    let decision = done(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let decision = done(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     assert_eq!(decision, Decision::Replay(Replay::Error(ERROR_RAW.into())));
 }
 
@@ -186,7 +186,7 @@ fn completed_records_replay_under_either_after_crash_policy() {
             completed(Outcome::Success("{}".into())),
         );
         assert_eq!(
-            done(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing)))),
+            done(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing)))),
             Decision::Replay(Replay::Result("{}".into()))
         );
     }
@@ -243,7 +243,7 @@ fn not_retained_outcome_is_refused_not_rerun() {
         req.fingerprint,
         completed(Outcome::NotRetained { size: 2_000_000 }),
     );
-    let rejection = rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let rejection = rejected(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     check_error(
         &rejection,
         RejectionKind::OutcomeNotRetained,
@@ -264,7 +264,7 @@ fn unknown_outcome_is_refused_not_rerun() {
             reason: "upstream exited mid-call".into(),
         }),
     );
-    let rejection = rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let rejection = rejected(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     check_error(
         &rejection,
         RejectionKind::OutcomeUnknown,
@@ -304,7 +304,7 @@ fn different_tool_or_arguments_conflict_whatever_the_record_state() {
                 assert_ne!(original, req.fingerprint);
                 let existing = record(&req, original, state.clone());
                 let rejection =
-                    rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+                    rejected(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
                 check_error(
                     &rejection,
                     RejectionKind::KeyConflict,
@@ -327,7 +327,7 @@ fn conflict_never_leaks_the_original_outcome() {
         Fingerprint::from_bytes([0xab; 32]),
         completed(Outcome::Success(secret.into())),
     );
-    let rejection = rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let rejection = rejected(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     assert!(!rejection
         .to_error_object()
         .to_string()

@@ -15,7 +15,7 @@ fn claim_at(engine: &Engine, now: u64) -> Claim {
         FencingToken::random(),
         at(now),
     );
-    executed(engine.on_claim(req, Ok(ClaimOutcome::Claimed)))
+    executed(pending(engine).on_claim(req, Ok(ClaimOutcome::Claimed)))
 }
 
 #[test]
@@ -147,7 +147,7 @@ fn renewal_arithmetic_with_odd_and_extreme_leases() {
 fn take_over_claim_renews_like_any_other() {
     let engine = reexecute_engine(); // 20 s lease
     let (_, req) = dead_lease_take_over(&engine, FencingToken::random());
-    let mut claim = executed(engine.on_take_over(req, Ok(Fenced::Applied)));
+    let mut claim = executed(pending(&engine).on_take_over(req, Ok(Fenced::Applied)));
     assert_eq!(engine.renewal_due(&claim), at(T0 + 6_667));
     assert_eq!(engine.renew(&mut claim, at(T0 + 7_000)), at(T0 + 27_000));
 }
@@ -173,7 +173,8 @@ fn the_same_key_in_another_scope_is_another_record() {
     let engine = Engine::default();
     let key = json!(KEY);
     let c = call(TOOL, Some(ARGS), Some(&key));
-    let Step::TryClaim(a) = engine.begin(
+    let Step::TryClaim(a) = first_step(
+        &engine,
         &Scope::new("ns", "alice"),
         &c,
         FencingToken::random(),
@@ -181,12 +182,17 @@ fn the_same_key_in_another_scope_is_another_record() {
     ) else {
         panic!()
     };
-    let Step::TryClaim(b) =
-        engine.begin(&Scope::new("ns", "bob"), &c, FencingToken::random(), at(T0))
-    else {
+    let Step::TryClaim(b) = first_step(
+        &engine,
+        &Scope::new("ns", "bob"),
+        &c,
+        FencingToken::random(),
+        at(T0),
+    ) else {
         panic!()
     };
-    let Step::TryClaim(c2) = engine.begin(
+    let Step::TryClaim(c2) = first_step(
+        &engine,
         &Scope::new("other-ns", "alice"),
         &c,
         FencingToken::random(),

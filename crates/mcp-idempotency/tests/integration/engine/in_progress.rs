@@ -14,7 +14,7 @@ fn in_progress_rejection(engine: &Engine, lease: u64) -> Rejection {
         req.fingerprint,
         in_progress(FencingToken::random(), lease),
     );
-    rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))))
+    rejected(pending(engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))))
 }
 
 #[test]
@@ -90,7 +90,8 @@ fn dead_lease_with_reject_policy_is_outcome_unknown() {
             req.fingerprint,
             in_progress(FencingToken::random(), lease),
         );
-        let rejection = rejected(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+        let rejection =
+            rejected(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
         let data = check_error(
             &rejection,
             RejectionKind::OutcomeUnknown,
@@ -119,7 +120,7 @@ fn dead_lease_with_reexecute_policy_asks_for_a_take_over() {
     // Also when the deadline is exactly now.
     let req = default_request(&engine, caller);
     let existing = record(&req, req.fingerprint, in_progress(dead_owner, T0));
-    let to = take_over(engine.on_claim(req, Ok(ClaimOutcome::Existing(existing))));
+    let to = take_over(pending(&engine).on_claim(req, Ok(ClaimOutcome::Existing(existing))));
     assert_eq!(to.previous_owner, dead_owner);
 }
 
@@ -129,7 +130,7 @@ fn applied_take_over_executes_as_the_new_owner() {
     let caller = FencingToken::from_u64(0xca11);
     let (_, req) = dead_lease_take_over(&engine, caller);
     let id = req.id.clone();
-    let claim = executed(engine.on_take_over(req, Ok(Fenced::Applied)));
+    let claim = executed(pending(&engine).on_take_over(req, Ok(Fenced::Applied)));
     assert_eq!(claim.owner(), caller);
     assert_eq!(claim.id(), &id);
     assert_eq!(claim.lease_expires_at(), at(T0 + 20_000));
@@ -139,7 +140,7 @@ fn applied_take_over_executes_as_the_new_owner() {
 fn lost_take_over_is_in_progress() {
     let engine = reexecute_engine();
     let (_, req) = dead_lease_take_over(&engine, FencingToken::random());
-    let rejection = rejected(engine.on_take_over(req, Ok(Fenced::NotOwner)));
+    let rejection = rejected(pending(&engine).on_take_over(req, Ok(Fenced::NotOwner)));
     let data = check_error(
         &rejection,
         RejectionKind::KeyInProgress,
@@ -153,7 +154,8 @@ fn lost_take_over_is_in_progress() {
 fn failed_take_over_is_store_unavailable() {
     let engine = reexecute_engine();
     let (_, req) = dead_lease_take_over(&engine, FencingToken::random());
-    let rejection = rejected(engine.on_take_over(req, Err(unavailable("connection reset"))));
+    let rejection =
+        rejected(pending(&engine).on_take_over(req, Err(unavailable("connection reset"))));
     let data = check_error(
         &rejection,
         RejectionKind::StoreUnavailable,
@@ -172,7 +174,7 @@ fn failed_take_over_is_store_unavailable() {
 fn scope_quota_is_refused_with_its_limit() {
     let engine = Engine::default();
     let req = default_request(&engine, FencingToken::random());
-    let rejection = rejected(engine.on_claim(
+    let rejection = rejected(pending(&engine).on_claim(
         req,
         Ok(ClaimOutcome::QuotaExceeded(QuotaExceeded::Scope {
             limit: 10,
@@ -192,7 +194,7 @@ fn scope_quota_is_refused_with_its_limit() {
 fn total_quota_is_refused_with_its_limit() {
     let engine = Engine::default();
     let req = default_request(&engine, FencingToken::random());
-    let rejection = rejected(engine.on_claim(
+    let rejection = rejected(pending(&engine).on_claim(
         req,
         Ok(ClaimOutcome::QuotaExceeded(QuotaExceeded::Total {
             limit: 100_000,
@@ -229,7 +231,7 @@ fn store_error_on_claim_fails_closed() {
         let engine = Engine::new(EngineConfig::default().with_after_crash(policy));
         for err in store_errors() {
             let req = default_request(&engine, FencingToken::random());
-            let step = engine.on_claim(req, Err(err));
+            let step = pending(&engine).on_claim(req, Err(err));
             let decision = done(step);
             assert!(!matches!(decision, Decision::Execute(_)));
             let Decision::Reject(rejection) = decision else {

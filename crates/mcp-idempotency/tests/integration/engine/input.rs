@@ -9,7 +9,8 @@ use super::*;
 #[test]
 fn no_key_bypasses() {
     let engine = Engine::default();
-    let step = engine.begin(
+    let step = first_step(
+        &engine,
         &scope(),
         &call(TOOL, Some(ARGS), None),
         FencingToken::random(),
@@ -27,7 +28,8 @@ fn no_key_bypasses_without_looking_at_the_arguments() {
         Some(r#"{"long": "enough to be too large"}"#),
         None,
     ] {
-        let step = engine.begin(
+        let step = first_step(
+            &engine,
             &scope(),
             &call(TOOL, args, None),
             FencingToken::random(),
@@ -57,7 +59,7 @@ fn mrtr_continuation_bypasses_even_with_an_invalid_key() {
                 mrtr_continuation: true,
                 ..call(TOOL, args, Some(key))
             };
-            let step = engine.begin(&scope(), &call, FencingToken::random(), at(T0));
+            let step = first_step(&engine, &scope(), &call, FencingToken::random(), at(T0));
             assert_eq!(
                 done(step),
                 Decision::Bypass(BypassReason::MrtrContinuation),
@@ -71,7 +73,13 @@ fn mrtr_continuation_bypasses_even_with_an_invalid_key() {
         ..call(TOOL, Some(ARGS), None)
     };
     assert_eq!(
-        done(engine.begin(&scope(), &call, FencingToken::random(), at(T0))),
+        done(first_step(
+            &engine,
+            &scope(),
+            &call,
+            FencingToken::random(),
+            at(T0)
+        )),
         Decision::Bypass(BypassReason::MrtrContinuation)
     );
 }
@@ -80,7 +88,8 @@ fn mrtr_continuation_bypasses_even_with_an_invalid_key() {
 // Key validation
 
 fn begin_with_key(engine: &Engine, key: &Value) -> Step {
-    engine.begin(
+    first_step(
+        engine,
         &scope(),
         &call(TOOL, Some(ARGS), Some(key)),
         FencingToken::random(),
@@ -203,7 +212,8 @@ fn control_characters_make_a_key_invalid() {
 #[test]
 fn key_is_checked_before_the_arguments() {
     let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(2));
-    let step = engine.begin(
+    let step = first_step(
+        &engine,
         &scope(),
         &call(TOOL, Some("{malformed and large"), Some(&json!(7))),
         FencingToken::random(),
@@ -223,7 +233,8 @@ fn arguments_over_the_configured_limit_are_too_large() {
 
     let at_limit = Engine::new(EngineConfig::default().with_max_argument_bytes(18));
     assert!(matches!(
-        at_limit.begin(
+        first_step(
+            &at_limit,
             &scope(),
             &call(TOOL, Some(args), Some(&key)),
             FencingToken::random(),
@@ -233,7 +244,8 @@ fn arguments_over_the_configured_limit_are_too_large() {
     ));
 
     let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(17));
-    let rejection = rejected(engine.begin(
+    let rejection = rejected(first_step(
+        &engine,
         &scope(),
         &call(TOOL, Some(args), Some(&key)),
         FencingToken::random(),
@@ -251,7 +263,8 @@ fn arguments_over_the_configured_limit_are_too_large() {
     // Absent arguments are zero bytes.
     let zero = Engine::new(EngineConfig::default().with_max_argument_bytes(0));
     assert!(matches!(
-        zero.begin(
+        first_step(
+            &zero,
             &scope(),
             &call(TOOL, None, Some(&key)),
             FencingToken::random(),
@@ -267,7 +280,8 @@ fn size_is_checked_before_parsing() {
     let engine = Engine::new(EngineConfig::default().with_max_argument_bytes(64));
     let args = format!("{{\"a\": {}", "[".repeat(1000));
     let key = json!(KEY);
-    let rejection = rejected(engine.begin(
+    let rejection = rejected(first_step(
+        &engine,
         &scope(),
         &call(TOOL, Some(&args), Some(&key)),
         FencingToken::random(),
@@ -291,7 +305,8 @@ fn malformed_arguments_are_invalid() {
         "not json",
         deep.as_str(),
     ] {
-        let rejection = rejected(engine.begin(
+        let rejection = rejected(first_step(
+            &engine,
             &scope(),
             &call(TOOL, Some(args), Some(&key)),
             FencingToken::random(),

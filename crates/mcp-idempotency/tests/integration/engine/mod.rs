@@ -10,8 +10,8 @@ use mcp_idempotency::store::{
 };
 use mcp_idempotency::{
     AfterCrash, BypassReason, Claim, CorruptRecord, Decision, Engine, EngineConfig, FencingToken,
-    IdempotencyKey, Outcome, Record, RecordId, RecordState, Rejection, RejectionKind, Replay,
-    Scope, Step, Timestamp, ToolCall,
+    IdempotencyKey, Outcome, PendingDecision, Record, RecordId, RecordState, Rejection,
+    RejectionKind, Replay, Scope, Step, Timestamp, ToolCall,
 };
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -40,6 +40,26 @@ fn call<'a>(tool: &'a str, args: Option<&'a str>, key: Option<&'a Value>) -> Too
     }
 }
 
+/// The first step of deciding `call` under `scope`.
+fn first_step(
+    engine: &Engine,
+    scope: &Scope,
+    call: &ToolCall<'_>,
+    owner: FencingToken,
+    now: Timestamp,
+) -> Step {
+    engine.begin(scope, *call, owner, now).1
+}
+
+/// The decision of a call with a SEP key and no tool policy, in progress: what the store's answers
+/// to any claim or take-over lead to (its terms leave them as they are).
+fn pending(engine: &Engine) -> PendingDecision<'_> {
+    static SCOPE: std::sync::LazyLock<Scope> = std::sync::LazyLock::new(scope);
+    static KEY_VALUE: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!(KEY));
+    let call = call(TOOL, Some(ARGS), Some(&KEY_VALUE));
+    engine.begin(&SCOPE, call, FencingToken::random(), at(T0)).0
+}
+
 /// Runs `begin` and expects the engine to ask for a claim.
 fn claim_request(
     engine: &Engine,
@@ -50,7 +70,7 @@ fn claim_request(
     now: Timestamp,
 ) -> ClaimRequest {
     let key = json!(key);
-    match engine.begin(&scope(), &call(tool, args, Some(&key)), owner, now) {
+    match first_step(engine, &scope(), &call(tool, args, Some(&key)), owner, now) {
         Step::TryClaim(req) => req,
         other => panic!("expected Step::TryClaim, got {other:?}"),
     }
@@ -171,7 +191,7 @@ fn dead_lease_take_over(engine: &Engine, caller: FencingToken) -> (FencingToken,
     let dead_owner = FencingToken::from_u64(0xdead);
     let req = default_request(engine, caller);
     let existing = record(&req, req.fingerprint, in_progress(dead_owner, T0 - 1));
-    let step = engine.on_claim(req, Ok(ClaimOutcome::Existing(existing)));
+    let step = pending(engine).on_claim(req, Ok(ClaimOutcome::Existing(existing)));
     (dead_owner, take_over(step))
 }
 

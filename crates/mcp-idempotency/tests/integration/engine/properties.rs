@@ -237,7 +237,7 @@ proptest! {
             mrtr_continuation: gen_call.mrtr,
             ..Default::default()
         };
-        let req = match engine.begin(&scope(), &tool_call, caller, at(now)) {
+        let req = match first_step(&engine, &scope(), &tool_call, caller, at(now)) {
             Step::Done(decision) => {
                 // Decided without the store: never Execute, never Replay.
                 match &decision {
@@ -250,8 +250,8 @@ proptest! {
                 return Ok(());
             }
             Step::TryClaim(req) => req,
-            Step::TakeOver(req) => {
-                prop_assert!(false, "take-over before any claim: {req:?}");
+            other => {
+                prop_assert!(false, "a SEP key's first step is its claim: {other:?}");
                 unreachable!()
             }
         };
@@ -293,7 +293,7 @@ proptest! {
             ClaimAnswer::Err(kind) => Err(build_error(*kind)),
         };
         let fingerprint = req.fingerprint;
-        let mut step = engine.on_claim(req, outcome);
+        let mut step = pending(&engine).on_claim(req, outcome);
         if let Step::TakeOver(to) = step {
             // Only a dead lease of an equivalent call under `reexecute` may be taken over.
             let ClaimAnswer::Existing {
@@ -318,7 +318,7 @@ proptest! {
                 TakeOverAnswer::NotOwner => Ok(Fenced::NotOwner),
                 TakeOverAnswer::Err(kind) => Err(build_error(kind)),
             };
-            step = engine.on_take_over(to, answer);
+            step = pending(&engine).on_take_over(to, answer);
         }
         let decision = match step {
             Step::Done(decision) => decision,

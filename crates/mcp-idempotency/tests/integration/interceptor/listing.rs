@@ -61,7 +61,7 @@ fn the_gateways_own_listing_is_paged_absorbed_and_applies_the_suggestion() {
     assert!(!h.interceptor.needs_tools(CREATE));
     // `create` has no identifier: a window, so the call is now decided.
     let call = h.keyed(CREATE);
-    assert_eq!(call.key_source().as_str(), "window");
+    assert_eq!(call.terms().source.as_str(), "window");
     let read = CREATE.replace("\"create\"", "\"read\"");
     assert!(matches!(h.client(&read), ClientAction::Forward));
 }
@@ -79,7 +79,7 @@ fn a_clients_listing_teaches_the_tools_too() {
     ));
     assert!(!h.interceptor.needs_tools(CREATE));
     assert_eq!(h.interceptor.learn_tools(), LearnTools::Known);
-    assert_eq!(h.keyed(CREATE).key_source().as_str(), "window");
+    assert_eq!(h.keyed(CREATE).terms().source.as_str(), "window");
 }
 
 #[test]
@@ -124,5 +124,5 @@ fn a_listing_given_up_is_not_waited_for_and_its_late_answer_still_counts() {
         h.server(&page(&id, json!([{"name": "create"}]), None)),
         ServerAction::Absorb
     ));
-    assert_eq!(h.keyed(CREATE).key_source().as_str(), "window");
+    assert_eq!(h.keyed(CREATE).terms().source.as_str(), "window");
 }

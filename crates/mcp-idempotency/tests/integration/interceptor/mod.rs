@@ -61,19 +61,20 @@ impl Harness {
         call: &KeyedCall,
         answer: impl FnOnce(&mcp_idempotency::store::ClaimRequest) -> Result<ClaimOutcome, StoreError>,
     ) -> Decision {
-        match self
-            .engine
-            .begin(&scope(), &call.tool_call(), FencingToken::random(), now())
-        {
+        let scope = scope();
+        let (mut pending, step) =
+            self.engine
+                .begin(&scope, call.tool_call(), FencingToken::random(), now());
+        match step {
             Step::Done(decision) => decision,
             Step::TryClaim(req) => {
                 let answer = answer(&req);
-                match self.engine.on_claim(req, answer) {
+                match pending.on_claim(req, answer) {
                     Step::Done(decision) => decision,
                     other => panic!("unexpected step {other:?}"),
                 }
             }
-            Step::TakeOver(req) => panic!("unexpected take-over {req:?}"),
+            other => panic!("unexpected step {other:?}"),
         }
     }
 

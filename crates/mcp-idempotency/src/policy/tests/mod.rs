@@ -4,6 +4,8 @@ use serde_json::json;
 
 use super::*;
 
+mod new_source;
+
 #[test]
 fn a_tools_own_table_overrides_the_star_table_key_by_key() {
     let policies = ToolPolicies::from_json(&json!({
@@ -139,10 +141,13 @@ fn an_empty_identifier_is_missing_as_null_is() {
     let windowed = json!({"charge": {"key-from": ["/memo"], "window": "30s"}});
     assert!(matches!(
         chosen(windowed, json!({"memo": ""})),
-        select::Chosen::Key {
-            source: crate::key::KeySource::Window,
+        select::Chosen::Key(select::Choice {
+            terms: KeyTerms {
+                source: KeySource::Window,
+                ..
+            },
             ..
-        }
+        })
     ));
     assert_eq!(
         chosen(
@@ -158,10 +163,13 @@ fn an_empty_identifier_is_missing_as_null_is() {
         assert!(
             matches!(
                 chosen(required.clone(), json!({"memo": memo})),
-                select::Chosen::Key {
-                    source: crate::key::KeySource::KeyFrom,
+                select::Chosen::Key(select::Choice {
+                    terms: KeyTerms {
+                        source: KeySource::KeyFrom,
+                        ..
+                    },
                     ..
-                }
+                })
             ),
             "{memo:?}"
         );
@@ -185,10 +193,13 @@ fn an_empty_key_argument_is_missing_as_null_is() {
     let windowed = json!({"charge": {"key-argument": "idempotency_key", "window": "5s"}});
     assert!(matches!(
         chosen(windowed, json!({"idempotency_key": ""})),
-        select::Chosen::Key {
-            source: crate::key::KeySource::Window,
+        select::Chosen::Key(select::Choice {
+            terms: KeyTerms {
+                source: KeySource::Window,
+                ..
+            },
             ..
-        }
+        })
     ));
     assert_eq!(
         chosen(
@@ -201,10 +212,13 @@ fn an_empty_key_argument_is_missing_as_null_is() {
     );
     assert!(matches!(
         chosen(required, json!({"idempotency_key": "k-1"})),
-        select::Chosen::Key {
-            source: crate::key::KeySource::Argument,
+        select::Chosen::Key(select::Choice {
+            terms: KeyTerms {
+                source: KeySource::Argument,
+                ..
+            },
             ..
-        }
+        })
     ));
 }
 
