@@ -256,6 +256,21 @@ mod tests {
         .with_client_key(KeySource::Sep, json!("k-1"))
     }
 
+    fn scope() -> Scope {
+        Scope::new("mcp-server:payments", "alice")
+    }
+
+    /// A call of `charge` keyed by the identifier's `digest` on `terms`.
+    fn charge<'a>(digest: &'a Value, terms: &'a KeyTerms) -> ToolCall<'a> {
+        ToolCall {
+            tool_name: "charge",
+            arguments: Some(ARGS),
+            idempotency_key: Some(digest),
+            terms,
+            ..ToolCall::default()
+        }
+    }
+
     fn completed(req: &ClaimRequest, fingerprint_of: &ClaimRequest, result: &str) -> Record {
         Record {
             id: req.id.clone(),
@@ -292,16 +307,8 @@ mod tests {
     #[test]
     fn the_engine_reads_the_clients_key_then_claims_the_identifier_and_records_beside() {
         let engine = Engine::new(EngineConfig::default());
-        let scope = Scope::new("mcp-server:payments", "alice");
-        let digest = json!("d1gest");
-        let terms = identifier_with_client_key();
-        let call = ToolCall {
-            tool_name: "charge",
-            arguments: Some(ARGS),
-            idempotency_key: Some(&digest),
-            terms: &terms,
-            ..ToolCall::default()
-        };
+        let (scope, digest, terms) = (scope(), json!("d1gest"), identifier_with_client_key());
+        let call = charge(&digest, &terms);
         let (mut pending, own) = begin(&engine, &scope, call);
         // No record of the client's key: the identifier's key is claimed next.
         let Step::TryClaim(req) = pending.on_client_key(own.clone(), Ok(None)) else {
@@ -329,16 +336,8 @@ mod tests {
     #[test]
     fn a_record_of_the_clients_key_decides_as_the_sep_says() {
         let engine = Engine::new(EngineConfig::default());
-        let scope = Scope::new("mcp-server:payments", "alice");
-        let digest = json!("d1gest");
-        let terms = identifier_with_client_key();
-        let call = ToolCall {
-            tool_name: "charge",
-            arguments: Some(ARGS),
-            idempotency_key: Some(&digest),
-            terms: &terms,
-            ..ToolCall::default()
-        };
+        let (scope, digest, terms) = (scope(), json!("d1gest"), identifier_with_client_key());
+        let call = charge(&digest, &terms);
         // The same call recorded under the client's key: replayed byte for byte (not marked).
         let (mut pending, own) = begin(&engine, &scope, call);
         let record = completed(&own, &own, r#"{"content":[]}"#);
@@ -387,17 +386,10 @@ mod tests {
     #[test]
     fn an_invalid_client_key_is_refused_before_any_store_request() {
         let engine = Engine::new(EngineConfig::default());
-        let scope = Scope::new("mcp-server:payments", "alice");
-        let digest = json!("d1gest");
+        let (scope, digest) = (scope(), json!("d1gest"));
         let terms =
             KeyTerms::new(KeySource::KeyFrom, None).with_client_key(KeySource::Sep, json!(42));
-        let call = ToolCall {
-            tool_name: "charge",
-            arguments: Some(ARGS),
-            idempotency_key: Some(&digest),
-            terms: &terms,
-            ..ToolCall::default()
-        };
+        let call = charge(&digest, &terms);
         let (_, step) = engine.begin(
             &scope,
             call,

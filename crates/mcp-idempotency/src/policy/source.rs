@@ -58,22 +58,13 @@ struct Traits {
 
 impl KeySource {
     /// Every source, in the order they are tried.
-    #[cfg(not(test))]
     pub const ALL: &'static [Self] = &[
         Self::KeyFrom,
         Self::Sep,
         Self::Meta,
         Self::Argument,
         Self::Window,
-    ];
-    /// Every source, in the order they are tried (and the test-only one).
-    #[cfg(test)]
-    pub const ALL: &'static [Self] = &[
-        Self::KeyFrom,
-        Self::Sep,
-        Self::Meta,
-        Self::Argument,
-        Self::Window,
+        #[cfg(test)]
         Self::Test,
     ];
 
