@@ -32,12 +32,16 @@
 //! # }
 //! ```
 //!
+//! With `tools = "suggested"`, the host first asks [`Connection::tools_request`] whether to run
+//! a `tools/list` on its own server before a `tools/call`, as `wrap` lists the tools itself.
+//!
 //! Ending a connection ([`Connection::close`]) records the claimed calls still running as
 //! outcome-unknown, answers them `idempotency_outcome_unknown`, and refuses later keyed calls with
 //! `idempotency_shutting_down`, as `wrap` does when its server exits.
 
 mod gateways;
 mod host;
+mod listing;
 pub mod options;
 mod settings;
 
@@ -57,7 +61,7 @@ use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
 pub use gateways::Gateways;
-pub use host::{runtime, Step};
+pub use host::{log_to_stderr, runtime, Step};
 pub use settings::{default_sqlite_path, store_url_or_default, Settings, SetupError};
 
 /// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's
@@ -137,6 +141,7 @@ impl Embedded {
             scope,
             state: Mutex::new(Interceptor::new(self.inner.config.clone())),
             closed: AtomicBool::new(false),
+            listing: AtomicBool::new(false),
             store_io: self.inner.store_io,
         }
     }
@@ -217,6 +222,9 @@ pub struct Connection {
     scope: Scope,
     state: Mutex<Interceptor<RunningClaim>>,
     closed: AtomicBool,
+    /// Set once this connection asked for the server's tools ([`tools_request`](Self::tools_request)):
+    /// their next pages are asked for too.
+    listing: AtomicBool,
     store_io: StoreIo,
 }
 
