@@ -89,7 +89,8 @@ function idempotent(server, options = {}) {
     const given = typeof principal === 'function' ? { ...options, principal: undefined } : options;
     const gateway = openGateway(target.name, optionsJson(given));
     const principalOf = typeof principal === 'function' ? principal : authenticatedClient;
-    target.wire((transport) => carry(transport, (extra) => gateway.connect(principalOf(extra) ?? undefined)));
+    const listsTools = gateway.listsTools;
+    target.wire((transport) => carry(transport, (extra) => gateway.connect(principalOf(extra) ?? undefined), listsTools));
     return server;
 }
 

@@ -8,8 +8,10 @@ const { native } = require('./core.js');
  * `transport`, as the server sees it: every message from the client goes to the connection
  * before the server (in the order it came), every message from the server goes to it before the
  * client. The connection is opened at the first message, whose `extra` names the caller.
+ * `listsTools`: the gateway applies the suggested policies (`gateway.listsTools`), so the library
+ * may list the server's tools before a `tools/call` (below).
  */
-function carry(transport, open) {
+function carry(transport, open, listsTools = false) {
     let connection;
     let serverOnMessage;
     let serverOnClose;
@@ -50,7 +52,7 @@ function carry(transport, open) {
             return;
         }
         const text = JSON.stringify(message);
-        const asked = connection.toolsRequest(text);
+        const asked = listsTools && message?.method === 'tools/call' ? connection.toolsRequest(text) : null;
         if (asked !== null) {
             held = [[message, extra]];
             const request = JSON.parse(asked);

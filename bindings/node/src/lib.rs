@@ -127,6 +127,13 @@ pub fn open(server_name: Option<String>, options: String) -> Either<Gateway, Set
 
 #[napi]
 impl Gateway {
+    /// Whether the suggested policies apply (`tools: 'suggested'`): a connection's
+    /// `toolsRequest` is then asked before each `tools/call`.
+    #[napi(getter)]
+    pub fn lists_tools(&self) -> bool {
+        self.inner.lists_tools()
+    }
+
     /// A new connection (one transport the SDK connected): `principal` overrides the gateway's
     /// for its records.
     #[napi]

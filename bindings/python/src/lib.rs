@@ -232,6 +232,13 @@ impl Gateway {
         }
     }
 
+    /// Whether the suggested policies apply (`tools="suggested"`): `Connection.tools_request`
+    /// is then asked before each `tools/call`.
+    #[getter]
+    fn lists_tools(&self) -> bool {
+        self.inner.lists_tools()
+    }
+
     /// Whether a claimed call runs to its end when the client cancels it (`cancel=absorb`).
     #[getter]
     fn absorbs_cancellations(&self) -> bool {

@@ -35,6 +35,7 @@ class Carrier:
         self.gateway = gateway
         self.principal = principal
         self.absorb_cancel = gateway.absorbs_cancellations
+        self.lists_tools = gateway.lists_tools
 
     async def carry(
         self,
@@ -65,7 +66,7 @@ class Carrier:
         connection = self.gateway.connect(self.principal(context))
         completions = _LoopCompletions.of_running_loop()
         message = dumps(request)
-        if list_tools is not None:
+        if self.lists_tools and list_tools is not None and method == "tools/call":
             await _learn_tools(connection, message, list_tools, completions)
         action, message = await completions.settled(connection.from_client(message, completions.native))
         if action == "respond":

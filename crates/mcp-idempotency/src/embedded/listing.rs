@@ -23,6 +23,9 @@ impl Connection {
     ///
     /// A tool the listing did not name runs as with no policy, and is counted as unprotected.
     pub fn tools_request(&self, message: &str) -> Option<String> {
+        if !self.lists_tools {
+            return None;
+        }
         let mut interceptor = self.lock();
         if !self.listing.load(Ordering::SeqCst) && !interceptor.needs_tools(message) {
             return None;

@@ -142,6 +142,7 @@ impl Embedded {
             state: Mutex::new(Interceptor::new(self.inner.config.clone())),
             closed: AtomicBool::new(false),
             listing: AtomicBool::new(false),
+            lists_tools: self.lists_tools(),
             store_io: self.inner.store_io,
         }
     }
@@ -154,6 +155,13 @@ impl Embedded {
     /// The deduplicator.
     pub fn deduplicator(&self) -> &Deduplicator {
         &self.inner.dedup
+    }
+
+    /// Whether the suggested policies apply (`tools = "suggested"`): a host then asks each
+    /// connection's [`tools_request`](Connection::tools_request) before a `tools/call`; without
+    /// them it need not ask.
+    pub fn lists_tools(&self) -> bool {
+        self.inner.config.policies().is_suggested()
     }
 
     /// What is done with cancellations of claimed calls (the `cancel` option).
@@ -225,6 +233,8 @@ pub struct Connection {
     /// Set once this connection asked for the server's tools ([`tools_request`](Self::tools_request)):
     /// their next pages are asked for too.
     listing: AtomicBool,
+    /// [`Embedded::lists_tools`].
+    lists_tools: bool,
     store_io: StoreIo,
 }
 
