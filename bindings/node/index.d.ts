@@ -47,8 +47,12 @@ export interface IdempotencyOptions {
     namespace?: string;
     /** Scopes records to a caller: a string, or a function of the first message's `extra`. */
     principal?: string | ((extra: { authInfo?: { clientId?: string }; [key: string]: unknown } | undefined) => string | undefined);
-    /** Key policies by tool name (`'*'`: every tool), for calls that carry no SEP key. */
-    tools?: Record<string, ToolPolicy>;
+    /**
+     * Key policies by tool name (`'*'`: every tool), for calls that carry no SEP key; or
+     * `'suggested'`: what `mcp-idem tools` prints for each tool the server lists (the binding lists
+     * them itself before the first call it decides).
+     */
+    tools?: Record<string, ToolPolicy> | 'suggested';
     /** More `params._meta` members a client's key is read from, beside `idempotencyKey`. */
     metaKey?: string | readonly string[];
     retention?: string;

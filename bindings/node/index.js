@@ -63,7 +63,11 @@ process.once('exit', () => native.settleAtExit());
  *   its settings, exactly the config file's `[tools.NAME]` tables (kebab-case or camelCase):
  *   `keyFrom` (JSON Pointers into the arguments: `['/order_id']`), `keyArgument`, `window`
  *   (`'30s'`), `required`, `onError`, `storeDown`, `wait`, as under `mcp-idem wrap --tools`;
- *   e.g. `tools: { charge: { keyFrom: ['/order_id'], required: true } }`.
+ *   e.g. `tools: { charge: { keyFrom: ['/order_id'], required: true } }`. `tools: 'suggested'`
+ *   applies what `mcp-idem tools` prints for each tool the server lists (the binding lists them
+ *   itself before the first call it decides, as `wrap` does). Without any tool policy, the tools
+ *   a key-less retry would run again are logged on stderr at the first `tools/list`
+ *   (`MCP_IDEM_LOG` filters the library's logs, as `wrap`'s).
  * - `metaKey`: more `params._meta` members a client's key is read from (a string or an array of
  *   them), beside `_meta.idempotencyKey`, always read.
  * - every other option of `wrap`, camelCase or kebab-case: `retention: '24h'`, `lease: '5m'`,
@@ -85,7 +89,8 @@ function idempotent(server, options = {}) {
     const given = typeof principal === 'function' ? { ...options, principal: undefined } : options;
     const gateway = openGateway(target.name, optionsJson(given));
     const principalOf = typeof principal === 'function' ? principal : authenticatedClient;
-    target.wire((transport) => carry(transport, (extra) => gateway.connect(principalOf(extra) ?? undefined)));
+    const listsTools = gateway.listsTools;
+    target.wire((transport) => carry(transport, (extra) => gateway.connect(principalOf(extra) ?? undefined), listsTools));
     return server;
 }
 

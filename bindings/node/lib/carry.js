@@ -8,8 +8,10 @@ const { native } = require('./core.js');
  * `transport`, as the server sees it: every message from the client goes to the connection
  * before the server (in the order it came), every message from the server goes to it before the
  * client. The connection is opened at the first message, whose `extra` names the caller.
+ * `listsTools`: the gateway applies the suggested policies (`gateway.listsTools`), so the library
+ * may list the server's tools before a `tools/call` (below).
  */
-function carry(transport, open) {
+function carry(transport, open, listsTools = false) {
     let connection;
     let serverOnMessage;
     let serverOnClose;
@@ -34,9 +36,44 @@ function carry(transport, open) {
         }
     };
 
+    // While the server lists its tools for the library (below): the messages after, in order.
+    let held = null;
+    // The library's own `tools/list` requests still unanswered, by id: what resolves each.
+    const listings = new Map();
+
+    // With `tools: 'suggested'`, before a `tools/call` is decided while the server's tools are
+    // not known, the library lists them itself, as `wrap` does: its `tools/list` goes to the
+    // server, whose answer the library keeps to itself (`send` below). So a key-less retry is
+    // decided as the first call was, whether or not a client listed the tools.
     const onmessage = (message, extra) => {
         connection ??= open(extra);
-        const step = connection.fromClient(JSON.stringify(message));
+        if (held !== null) {
+            held.push([message, extra]);
+            return;
+        }
+        const text = JSON.stringify(message);
+        const asked = listsTools && message?.method === 'tools/call' ? connection.toolsRequest(text) : null;
+        if (asked !== null) {
+            held = [[message, extra]];
+            const request = JSON.parse(asked);
+            new Promise((resolve) => {
+                if (serverOnMessage === undefined) return resolve();
+                listings.set(request.id, resolve);
+                serverOnMessage(request, extra);
+            })
+                .catch(report)
+                .finally(() => {
+                    const backlog = held;
+                    held = null;
+                    for (const [next, nextExtra] of backlog) onmessage(next, nextExtra);
+                });
+            return;
+        }
+        decide(text, message, extra);
+    };
+
+    const decide = (text, message, extra) => {
+        const step = connection.fromClient(text);
         if (step instanceof native.Waiting) {
             // A duplicate that may wait for a running call's outcome (a key the client did not
             // send): delivered after the messages before it, but the messages after it do not wait
@@ -65,6 +102,11 @@ function carry(transport, open) {
         if (connection === undefined) return transport.send(message, options);
         let step = connection.fromServer(JSON.stringify(message));
         if (step instanceof Promise) step = await step;
+        const listed = message.id === undefined ? undefined : listings.get(message.id);
+        if (listed !== undefined) {
+            listings.delete(message.id);
+            listed();
+        }
         if (step.action === 'drop') return;
         return transport.send(step.action === 'rewritten' ? JSON.parse(step.message) : message, options);
     };

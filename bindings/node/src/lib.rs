@@ -98,6 +98,8 @@ pub struct Gateway {
 /// one is used.
 #[napi_derive::module_init]
 fn init() {
+    // The library's logs on stderr, as `wrap`'s (`MCP_IDEM_LOG`).
+    embedded::log_to_stderr();
     if let Ok(runtime) = embedded::runtime() {
         napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
     }
@@ -125,6 +127,13 @@ pub fn open(server_name: Option<String>, options: String) -> Either<Gateway, Set
 
 #[napi]
 impl Gateway {
+    /// Whether the suggested policies apply (`tools: 'suggested'`): a connection's
+    /// `toolsRequest` is then asked before each `tools/call`.
+    #[napi(getter)]
+    pub fn lists_tools(&self) -> bool {
+        self.inner.lists_tools()
+    }
+
     /// A new connection (one transport the SDK connected): `principal` overrides the gateway's
     /// for its records.
     #[napi]
@@ -176,6 +185,15 @@ pub struct Connection {
 #[allow(clippy::wrong_self_convention)]
 #[napi]
 impl Connection {
+    /// Before `message` (from the client) is handed over, with `tools: 'suggested'`: the
+    /// `tools/list` request to run on the server itself, whose answer goes to `fromServer`
+    /// (which drops it), then ask again; `null`: hand `message` over
+    /// (`mcp_idempotency::embedded::Connection::tools_request`).
+    #[napi]
+    pub fn tools_request(&self, message: String) -> Option<String> {
+        self.inner.tools_request(&message)
+    }
+
     /// What to do with a message from the client: the step, or a promise of it, or a decision
     /// that may wait for another call's outcome ([`Waiting`]): the messages after it must not
     /// wait for that one.

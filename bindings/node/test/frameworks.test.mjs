@@ -13,7 +13,8 @@
 // where the framework speaks only the 2025 protocol, as MRTR continuations are for every server),
 // with the charges of a passing run in the ledger; and a server SIGKILLed while a keyed call runs
 // leaves a claim that a restarted server answers `idempotency_outcome_unknown`, the tool never
-// running a second time.
+// running a second time; and with `tools: 'suggested'` a key-less retry is replayed though no client
+// listed the tools.
 import assert from 'node:assert/strict';
 import { dirname, join } from 'node:path';
 import { describe, test } from 'node:test';
@@ -52,6 +53,7 @@ function assertPasses(server, { code, report }, ledger) {
 }
 
 const SLOW_CHARGE = { amount: 100, currency: 'eur', delay_ms: 60_000 };
+const CHARGE = { amount: 7, currency: 'eur' };
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 /**
@@ -112,6 +114,37 @@ for (const server of SERVERS) {
             } finally {
                 await second.close();
             }
+        });
+
+        // `tools: 'suggested'`: the binding lists the server's tools itself before it decides the
+        // first call (these clients never list them), so a key-less retry of the charge with the
+        // same arguments replays it (the suggested window).
+        overStdio("over stdio: tools 'suggested' replays a key-less retry no client listed the tools for", async () => {
+            const ledger = join(sandbox(), 'ledger.jsonl');
+            const [program, ...args] = command(server, ledger, '--store', 'memory', '--tools', '"suggested"');
+            const peer = await Peer.start(program, args);
+            try {
+                const first = await peer.request('tools/call', { name: 'charge_payment', arguments: CHARGE });
+                const retry = await peer.request('tools/call', { name: 'charge_payment', arguments: CHARGE });
+                assert.equal(retry.result?.structuredContent?.chargeId, first.result?.structuredContent?.chargeId, JSON.stringify({ first, retry }));
+            } finally {
+                await peer.close();
+            }
+            assert.equal(ledgerLines(ledger).length, 1);
+        });
+
+        test("over Streamable HTTP: tools 'suggested' replays a key-less retry no client listed the tools for", async () => {
+            const ledger = join(sandbox(), 'ledger.jsonl');
+            const [program, ...args] = command(server, ledger, '--store', 'memory', '--tools', '"suggested"', '--http');
+            const http = await HttpServer.start(program, args);
+            try {
+                const first = await (await HttpPeer.start(http.url)).request('tools/call', { name: 'charge_payment', arguments: CHARGE });
+                const retry = await (await HttpPeer.start(http.url)).request('tools/call', { name: 'charge_payment', arguments: CHARGE });
+                assert.equal(retry.result?.structuredContent?.chargeId, first.result?.structuredContent?.chargeId, `${JSON.stringify({ first, retry })}\n${http.log.join('\n')}`);
+            } finally {
+                await http.stop();
+            }
+            assert.equal(ledgerLines(ledger).length, 1);
         });
 
         test('over Streamable HTTP: a SIGKILL mid-call ends outcome unknown, never a second run', async () => {

@@ -12,7 +12,7 @@ import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 import { McpServer } from '@modelcontextprotocol/server';
 
 import { IdempotencyError, idempotent } from '../index.js';
-import { SERVER, ledgerLines, sandbox } from './support.mjs';
+import { Peer, SERVER, bound, ledgerLines, sandbox } from './support.mjs';
 
 const REPLAYED = 'mcp-idem/replayed';
 const CHARGE = { amount: 5, currency: 'eur' };
@@ -198,6 +198,55 @@ test('a waiting duplicate does not hold up the elicitation answer the running ca
     const [line, ...more] = ledgerLines(ledger);
     assert.deepEqual(more, []);
     assert.equal(line.orderId, 'ord-elicit');
+});
+
+test('suggested policies hold from the first call though no client lists the tools', async () => {
+    // A raw client that never sends tools/list (the SDK's own lists the tools to check results):
+    // the binding lists the server's tools itself before it decides the first call, as `wrap`
+    // does. A key-less retry of the charge with the same arguments is the first call's replay
+    // (the suggested window); the read-only get_balance is left alone and runs each time.
+    const ledger = join(sandbox(), 'ledger.jsonl');
+    const peer = await bound(ledger, '--store', 'memory', '--tools', JSON.stringify('suggested'));
+    const toolsCall = async (name, args) => {
+        const answer = await peer.request('tools/call', { name, arguments: args });
+        assert.ok(answer.result, JSON.stringify(answer));
+        return answer.result;
+    };
+    try {
+        const before = await toolsCall('get_balance', {});
+        const first = await toolsCall('charge_payment', CHARGE);
+        const retry = await toolsCall('charge_payment', CHARGE);
+        const after = await toolsCall('get_balance', {});
+        assert.equal(retry.structuredContent.chargeId, first.structuredContent.chargeId, JSON.stringify(retry));
+        assert.equal(retry._meta?.[REPLAYED], 'window', JSON.stringify(retry));
+        assert.equal(ledgerLines(ledger).length, 1);
+        // The balance ran again: it sees the charge made in between, and is no replay.
+        assert.equal(before.structuredContent.charges, 0, JSON.stringify(before));
+        assert.equal(after.structuredContent.charges, 1, JSON.stringify(after));
+        assert.equal(after._meta?.[REPLAYED], undefined, JSON.stringify(after));
+    } finally {
+        await peer.close();
+    }
+});
+
+test('without a tool policy the tools at risk are logged once at the first tools/list', async () => {
+    // As `wrap` does: on stderr, the tools a key-less retry would run again; not the read-only
+    // get_balance.
+    const ledger = join(sandbox(), 'ledger.jsonl');
+    const peer = await Peer.start('node', [SERVER, '--ledger', ledger, '--store', 'memory'], { stderr: 'pipe' });
+    try {
+        for (let i = 0; i < 2; i++) {
+            const listed = await peer.request('tools/list', {});
+            assert.ok(listed.result.tools.some((tool) => tool.name === 'charge_payment'), JSON.stringify(listed));
+        }
+    } finally {
+        const drained = new Promise((resolve) => peer.process.once('close', resolve));
+        await peer.close();
+        await drained;
+    }
+    const logged = peer.stderr.split('\n').filter((line) => line.includes('no tool policy is set'));
+    assert.equal(logged.length, 1, peer.stderr);
+    assert.ok(logged[0].includes('charge_payment') && !logged[0].includes('get_balance'), peer.stderr);
 });
 
 const BAD_POLICIES = {

@@ -64,7 +64,7 @@ function buildMcpServer() {
         }
     );
 
-    server.registerTool('get_balance', { description: BALANCE_DESCRIPTION }, async () => {
+    server.registerTool('get_balance', { description: BALANCE_DESCRIPTION, annotations: { readOnlyHint: true } }, async () => {
         const balance = ledger.balance();
         return structured(`${balance.charges} charges`, balance);
     });

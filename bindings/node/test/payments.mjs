@@ -7,7 +7,7 @@
 //   appends one JSON line {chargeId, amount, currency, orderId, pid, unixMs, key} to the ledger
 //   (one write on an O_APPEND descriptor, so servers may share it), answers {chargeId, amount,
 //   currency}; with fail_after_charge it charges, then fails naming the charge.
-// - get_balance: the number of charges in the ledger and the sum per currency.
+// - get_balance (readOnlyHint): the number of charges in the ledger and the sum per currency.
 //
 //   node SERVER --ledger FILE [--store S] [--namespace N] [--lease D] [--option NAME=VALUE ...]
 //               [--tools JSON] [--meta-key NAME ...]   key policies (idempotent's `tools`, `metaKey`)
@@ -110,7 +110,7 @@ export const LOWLEVEL_TOOLS = [
             required: ['amount', 'currency']
         }
     },
-    { name: 'get_balance', description: BALANCE_DESCRIPTION, inputSchema: { type: 'object', properties: {} } }
+    { name: 'get_balance', description: BALANCE_DESCRIPTION, inputSchema: { type: 'object', properties: {} }, annotations: { readOnlyHint: true } }
 ];
 
 /**

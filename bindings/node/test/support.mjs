@@ -39,8 +39,9 @@ export function wrapRefusal(...options) {
 
 /** An MCP server over stdio, spoken to with one JSON-RPC message per line (2025-11-25 handshake). */
 export class Peer {
-    static async start(command, args) {
-        const peer = new Peer(command, args);
+    /** `stderr: 'pipe'` keeps the server's stderr in `peer.stderr` (else it is the test's). */
+    static async start(command, args, { stderr = 'inherit' } = {}) {
+        const peer = new Peer(command, args, stderr);
         const answer = await peer.request('initialize', {
             protocolVersion: '2025-11-25',
             capabilities: {},
@@ -51,8 +52,12 @@ export class Peer {
         return peer;
     }
 
-    constructor(command, args) {
-        this.process = spawn(command, args, { stdio: ['pipe', 'pipe', 'inherit'] });
+    constructor(command, args, stderr = 'inherit') {
+        this.process = spawn(command, args, { stdio: ['pipe', 'pipe', stderr] });
+        this.stderr = '';
+        this.process.stderr?.setEncoding('utf8').on('data', (text) => {
+            this.stderr += text;
+        });
         this.nextId = 0;
         this.waiting = new Map();
         createInterface({ input: this.process.stdout }).on('line', (line) => {

@@ -49,7 +49,9 @@ static GATEWAYS: Gateways = Gateways::new();
 fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     RUNTIME
         .get_or_init(|| {
-            // The bindings' one-worker runtime (`mcp_idempotency::embedded::runtime`).
+            // The library's logs on stderr, as `wrap`'s (`MCP_IDEM_LOG`), then the bindings'
+            // one-worker runtime (`mcp_idempotency::embedded::runtime`).
+            embedded::log_to_stderr();
             embedded::runtime().map_err(|err| err.to_string())
         })
         .as_ref()
@@ -230,6 +232,13 @@ impl Gateway {
         }
     }
 
+    /// Whether the suggested policies apply (`tools="suggested"`): `Connection.tools_request`
+    /// is then asked before each `tools/call`.
+    #[getter]
+    fn lists_tools(&self) -> bool {
+        self.inner.lists_tools()
+    }
+
     /// Whether a claimed call runs to its end when the client cancels it (`cancel=absorb`).
     #[getter]
     fn absorbs_cancellations(&self) -> bool {
@@ -274,6 +283,13 @@ struct Connection {
 #[allow(clippy::wrong_self_convention)]
 #[pymethods]
 impl Connection {
+    /// Before `message` (a request from the client) is handed over, with `tools="suggested"`:
+    /// the `tools/list` request to run on the server itself, whose answer goes to `from_server`,
+    /// then ask again; `None`: hand `message` over (`embedded::Connection::tools_request`).
+    fn tools_request(&self, message: &str) -> Option<String> {
+        self.inner.tools_request(message)
+    }
+
     /// What to do with a message from the client: `(action, message)`, or a ticket of
     /// `completions`.
     fn from_client<'py>(

@@ -21,7 +21,7 @@ Tools (as the demo server's):
   with fail_after_charge it charges, then fails with a JSON-RPC internal error naming the charge.
 - confirm_charge {order_id, amount, currency}: asks the client to confirm (MCP elicitation,
   `elicitation/create`), then charges as charge_payment does; declined, it charges nothing.
-- get_balance: the number of charges in the ledger and the sum per currency.
+- get_balance (readOnlyHint): the number of charges in the ledger and the sum per currency.
 - noop, work_1ms: no ledger write; answer at once, or after 1 ms.
 """
 
@@ -39,7 +39,7 @@ from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.shared.exceptions import MCPError
-from mcp.types import INTERNAL_ERROR
+from mcp.types import INTERNAL_ERROR, ToolAnnotations
 from pydantic import BaseModel
 
 from mcp_idempotency import idempotency_key, idempotent
@@ -103,7 +103,7 @@ def build(ledger: str) -> MCPServer:
             raise MCPError(code=INTERNAL_ERROR, message=f"the charge for {order_id} was not confirmed")
         return {"chargeId": charge(amount, currency, order_id, ctx), "amount": amount, "currency": currency}
 
-    @server.tool()
+    @server.tool(annotations=ToolAnnotations(readOnlyHint=True))
     def get_balance() -> dict[str, Any]:
         """Number of charges in the ledger and the sum per currency."""
         sums: dict[str, float] = {}

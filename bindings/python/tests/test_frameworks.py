@@ -335,6 +335,25 @@ def test_key_policies_and_meta_keys_hold(framework, tmp_path):
 
 
 @pytest.mark.parametrize("framework", MATRIX)
+def test_suggested_policies_hold_though_no_client_lists_the_tools(framework, tmp_path):
+    """`tools="suggested"` on every framework: the binding runs the server's own `tools/list`
+    before it decides the first call (no client here lists the tools), so a key-less retry of the
+    charge with the same arguments replays it (the suggested window)."""
+    environment, server, _ = MATRIX[framework]
+    ledger = tmp_path / "ledger.jsonl"
+    command = [python_of(environment), str(server), "--ledger", str(ledger), "--store", "memory",
+               "--tools", json.dumps("suggested")]
+    peer = Peer(command, tmp_path / "server.stderr")
+    try:
+        call = {"name": "charge_payment", "arguments": {"amount": 7, "currency": "eur"}}
+        first, retry = peer.request("tools/call", call), peer.request("tools/call", call)
+    finally:
+        peer.close()
+    [charged] = ledger_lines(ledger)
+    assert charged["chargeId"] in json.dumps(first) and charged["chargeId"] in json.dumps(retry), (first, retry)
+
+
+@pytest.mark.parametrize("framework", MATRIX)
 def test_a_second_idempotent_on_one_server_raises_and_the_first_still_serves(framework, tmp_path):
     """`idempotent(server)` a second time raises `TypeError`, naming that the server is already
     wired, and leaves the first wiring as it was: a call keyed in `_meta.idempotencyKey` (and one

@@ -169,6 +169,46 @@ def test_a_window_merges_identical_calls_and_runs_them_again_after_it(tmp_path):
     run(scenario)
 
 
+def test_suggested_policies_hold_from_the_first_call_though_no_client_lists_the_tools(bound, tmp_path):
+    """`tools="suggested"` with a client that never sends `tools/list` (a raw client: the SDK's
+    own lists the tools to check results): the binding lists the server's tools itself before it
+    decides the first call, as `wrap` does. A key-less retry of the charge with the same
+    arguments is the first call's replay (the suggested window); the read-only `get_balance` is
+    left alone and runs each time."""
+    ledger = tmp_path / "ledger.jsonl"
+    peer = bound("--store", "memory", "--tools", json.dumps("suggested"), ledger=ledger)
+
+    def tools_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        answer = peer.request("tools/call", {"name": name, "arguments": arguments})
+        assert "result" in answer, answer
+        return answer["result"]
+
+    before = tools_call("get_balance", {})
+    first = tools_call("charge_payment", CHARGE)
+    retry = tools_call("charge_payment", CHARGE)
+    after = tools_call("get_balance", {})
+    assert retry["structuredContent"]["chargeId"] == first["structuredContent"]["chargeId"], retry
+    assert retry["_meta"][REPLAYED] == "window", retry
+    assert len(ledger_lines(ledger)) == 1
+    # The balance ran again: it sees the charge made in between, and is no replay.
+    assert before["structuredContent"]["charges"] == 0, before
+    assert after["structuredContent"]["charges"] == 1, after
+    assert REPLAYED not in after.get("_meta", {}), after
+
+
+def test_without_a_tool_policy_the_tools_at_risk_are_logged_once_at_the_first_tools_list(bound, tmp_path):
+    """As `wrap` does: no `tools=`, the first `tools/list` logs (on stderr) the tools a key-less
+    retry would run again; the read-only `get_balance` is not one of them."""
+    peer = bound("--store", "memory")
+    for _ in range(2):
+        listed = peer.request("tools/list", {})
+        assert "charge_payment" in [tool["name"] for tool in listed["result"]["tools"]], listed
+    stderr = (tmp_path / "bound.stderr").read_text()
+    logged = [line for line in stderr.splitlines() if "no tool policy is set" in line]
+    assert len(logged) == 1, stderr
+    assert "charge_payment" in logged[0] and "get_balance" not in logged[0], stderr
+
+
 class _Watched:
     """The client's write stream, calling `on_send` with each message handed to the transport."""
 

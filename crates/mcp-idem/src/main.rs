@@ -38,21 +38,8 @@ fn main() -> ExitCode {
 
 /// Logs go to stderr: on stdio transports stdout carries the protocol. `MCP_IDEM_LOG` filters
 /// them: a level (`debug`) or comma-separated `TARGET=LEVEL` directives
-/// (`warn,mcp_idempotency::interceptor=debug`); unset or unreadable, `warn`.
+/// (`warn,mcp_idempotency::interceptor=debug`); unset or unreadable, `warn`. The bindings log
+/// the same way (`embedded::log_to_stderr`).
 fn init_logging() {
-    use tracing_subscriber::layer::{Layer, SubscriberExt};
-    use tracing_subscriber::util::SubscriberInitExt;
-    let filter = std::env::var("MCP_IDEM_LOG")
-        .ok()
-        .and_then(|directives| directives.parse().ok())
-        .unwrap_or_else(|| {
-            tracing_subscriber::filter::Targets::new()
-                .with_default(tracing_subscriber::filter::LevelFilter::WARN)
-        });
-    let output = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    tracing_subscriber::registry()
-        .with(output.with_filter(filter))
-        .init();
+    mcp_idempotency::embedded::log_to_stderr();
 }

@@ -58,7 +58,7 @@ def idempotent(
     store: str | None = None,
     namespace: str | None = None,
     principal: str | Callable[[Any], str | None] | None = None,
-    tools: Mapping[str, Mapping[str, Any]] | None = None,
+    tools: Mapping[str, Mapping[str, Any]] | str | None = None,
     meta_key: str | Sequence[str] | None = None,
     **options: Any,
 ) -> Server:
@@ -84,6 +84,12 @@ def idempotent(
     or a list of them), beside `_meta.idempotencyKey`, always read:
 
         idempotent(server, tools={"charge": {"key_from": ["/order_id"], "required": True}})
+
+    `tools="suggested"` applies what `mcp-idem tools` prints for each tool the server lists (the
+    binding lists them itself, on the server's own `tools/list` handler, before the first call it
+    decides, as `wrap` does). Without any tool policy, the tools a key-less retry would run again
+    are logged on stderr at the first `tools/list` (`MCP_IDEM_LOG` filters the library's logs, as
+    `wrap`'s).
 
     Call it once per server: a server already wired (or the low-level server beneath one that
     is) raises `TypeError`. The store is opened here, once per namespace and options (servers

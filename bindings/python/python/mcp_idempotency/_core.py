@@ -35,6 +35,7 @@ class Carrier:
         self.gateway = gateway
         self.principal = principal
         self.absorb_cancel = gateway.absorbs_cancellations
+        self.lists_tools = gateway.lists_tools
 
     async def carry(
         self,
@@ -43,10 +44,14 @@ class Carrier:
         method: str,
         params: Any,
         run: Callable[[Any], Awaitable[Outcome]],
+        list_tools: Callable[[Any], Awaitable[Outcome]] | None = None,
     ) -> Outcome:
         """Carries one request (`params`: its JSON params or None) and its answer through the
         gateway. `run(params)` runs the handler with the params the gateway forwards (rewritten
         or not) and returns its outcome; the answer is the outcome the client is to be sent.
+        `list_tools(params)` runs the server's own `tools/list` handler: with
+        `tools="suggested"`, the gateway lists the tools itself before it decides the first
+        call, as `wrap` does, whether or not a client listed them.
 
         Each request is a connection of its own to the library: its claim lives in the store, so
         duplicates on other requests, sessions or processes sharing the store see it. The SDKs
@@ -60,7 +65,10 @@ class Carrier:
             request["params"] = params
         connection = self.gateway.connect(self.principal(context))
         completions = _LoopCompletions.of_running_loop()
-        action, message = await completions.settled(connection.from_client(dumps(request), completions.native))
+        message = dumps(request)
+        if self.lists_tools and list_tools is not None and method == "tools/call":
+            await _learn_tools(connection, message, list_tools, completions)
+        action, message = await completions.settled(connection.from_client(message, completions.native))
         if action == "respond":
             answer = json.loads(message)
             return answer.get("result"), answer.get("error")
@@ -111,6 +119,22 @@ class Carrier:
         if action == "rewritten":
             return json.loads(message)["result"]["capabilities"]
         return dict(capabilities)
+
+
+async def _learn_tools(
+    connection: Any, message: str, list_tools: Callable[[Any], Awaitable[Outcome]], completions: _LoopCompletions
+) -> None:
+    """Runs the `tools/list` requests the gateway asks for before `message` on the server's own
+    handler (every page), and hands it the answers, which it keeps to itself."""
+    while (asked := connection.tools_request(message)) is not None:
+        request = json.loads(asked)
+        result, error = await list_tools(request.get("params"))
+        answer: dict[str, Any] = {"jsonrpc": "2.0", "id": request["id"]}
+        if error is not None:
+            answer["error"] = error
+        else:
+            answer["result"] = result
+        await completions.settled(connection.from_server(dumps(answer), completions.native))
 
 
 def _wait(native: Completions, step: Any) -> Any:

@@ -75,10 +75,18 @@ class _Handlers(dict):
             self[request_type] = handler
 
     def __setitem__(self, request_type: type, handler: Callable[..., Any]) -> None:
-        super().__setitem__(request_type, _carried(self.carrier, handler))
+        super().__setitem__(request_type, _carried(self.carrier, handler, self))
+
+    async def list_tools(self, params: Any) -> Outcome:
+        """The server's own `tools/list` handler, run for the gateway (not carried)."""
+        handler = self.get(types.ListToolsRequest)
+        if handler is None:
+            return None, {"code": types.METHOD_NOT_FOUND, "message": "Method not found"}
+        request = types.ListToolsRequest.model_validate({"method": "tools/list", "params": params})
+        return await _outcome(getattr(handler, "__wrapped__", handler), request)
 
 
-def _carried(carrier: Carrier, handler: Callable[..., Any]) -> Callable[..., Any]:
+def _carried(carrier: Carrier, handler: Callable[..., Any], handlers: _Handlers) -> Callable[..., Any]:
     if getattr(handler, "__mcp_idempotency__", False):
         return handler
 
@@ -102,7 +110,9 @@ def _carried(carrier: Carrier, handler: Callable[..., Any]) -> Callable[..., Any
             finally:
                 request_ctx.reset(token)
 
-        result, error = await carrier.carry(context, context.request_id, request.method, wire.get("params"), run)
+        result, error = await carrier.carry(
+            context, context.request_id, request.method, wire.get("params"), run, handlers.list_tools
+        )
         # A call the client cancelled ran to its end (`cancel=absorb`) and is recorded; the SDK
         # answered the cancellation itself and must not answer twice: the cancellation goes on
         # from here, as the SDK expects it.
@@ -112,6 +122,7 @@ def _carried(carrier: Carrier, handler: Callable[..., Any]) -> Callable[..., Any
         return types.ServerResult.model_validate(result)
 
     carried.__mcp_idempotency__ = True  # type: ignore[attr-defined]
+    carried.__wrapped__ = handler  # type: ignore[attr-defined]
     return carried
 
 

@@ -60,7 +60,12 @@ class IdempotencyMiddleware:
             forwarded = ctx if params is ctx.params else dataclasses.replace(ctx, params=params, meta=_meta_of(params))
             return await _outcome(call_next, forwarded)
 
-        result, error = await self.carrier.carry(ctx, ctx.request_id, ctx.method, ctx.params, run)
+        async def list_tools(params: Any) -> Outcome:
+            # The server's own `tools/list`, through the middleware after this one.
+            listing = dataclasses.replace(ctx, method="tools/list", params=params, meta=_meta_of(params))
+            return await _outcome(call_next, listing)
+
+        result, error = await self.carrier.carry(ctx, ctx.request_id, ctx.method, ctx.params, run, list_tools)
         if error is not None:
             raise MCPError(code=error.get("code", INTERNAL_ERROR), message=error.get("message", ""), data=error.get("data"))
         return result

@@ -4,13 +4,16 @@
 //! through one `mcp-idem wrap` process, then its retry through a new one (a new connection and a
 //! new process, as after a client restart) on the same SQLite file, with every combination of
 //! no handshake, `server/discover` and `initialize` on either side, for every key source; the
-//! demo server's ledger counts what ran.
+//! demo server's ledger counts what ran. A server moved from `wrap` into a binding keeps its
+//! records too.
 
 use std::ffi::OsString;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::binding_scenarios::Binding;
 use crate::support::common::{ledger_lines, StdioPeer};
 use crate::support::wrap::{
     assert_rejected, call, charge_id, discover, legacy_initialize, sh_join, Sandbox,
@@ -238,6 +241,49 @@ fn a_server_that_does_not_name_itself_gets_keyed_calls_refused_until_initialize(
     )));
     assert_eq!(wrap.finish().code(), Some(0));
     assert_eq!(ledger_lines(&ledger).len(), 1);
+}
+
+/// A server moved from `wrap` (no handshake yet) into the binding keeps its records: process 1 is
+/// `wrap` around the plain payments server of `binding`, whose client sends a SEP-keyed call and
+/// nothing before it; process 2 is the same server with the binding in process, on the same SQLite
+/// file, and the same call's retry is the first call's replay: one charge. Both keep the record
+/// under `mcp-server:payments` for the local user.
+fn a_server_moved_from_wrap_into_the_binding_keeps_its_records(binding: Binding) {
+    if !binding.require() {
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let ledger = sandbox.ledger();
+    let store = sandbox.store();
+    let arguments = json!({"amount": 21, "currency": "EUR"});
+    let keyed = call(2, "charge_payment", arguments, Some(json!("k1")));
+
+    let mut wrapped = sandbox.wrap(&[], &binding.stdio_command(&ledger, &["--plain"]));
+    let executed = charge_id(&wrapped.request(keyed.clone()));
+    assert_eq!(wrapped.finish().code(), Some(0));
+
+    let argv = binding.stdio_command(&ledger, &["--store", &store]);
+    let mut command = Command::new(&argv[0]);
+    command
+        .args(&argv[1..])
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env_remove("MCP_IDEM_NAMESPACE")
+        .env_remove("MCP_IDEM_PRINCIPAL");
+    let mut bound = StdioPeer::spawn(command, &sandbox.path("bound.stderr"));
+    let retry = bound.request(keyed);
+    assert_eq!(charge_id(&retry), executed, "{retry}\n{}", bound.stderr());
+    assert_eq!(bound.finish().code(), Some(0));
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+}
+
+#[test]
+fn a_python_server_moved_from_wrap_into_the_binding_keeps_its_records() {
+    a_server_moved_from_wrap_into_the_binding_keeps_its_records(Binding::Python);
+}
+
+#[test]
+fn a_node_server_moved_from_wrap_into_the_binding_keeps_its_records() {
+    a_server_moved_from_wrap_into_the_binding_keeps_its_records(Binding::Node);
 }
 
 /// A stdio filter in front of a server command (its argument, run by `sh -c`): answers

@@ -1,6 +1,7 @@
 //! What the Python and TypeScript bindings share beyond the gateway itself: their options read
 //! from JSON in the host language's spelling ([`Settings::from_json`]), a decision as they hand it
-//! back ([`Step`]), and the one runtime their store I/O runs on ([`runtime`]).
+//! back ([`Step`]), the one runtime their store I/O runs on ([`runtime`]), and their logs
+//! ([`log_to_stderr`]).
 
 use serde_json::Value;
 
@@ -240,6 +241,30 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .thread_name("mcp-idempotency")
         .enable_all()
         .build()
+}
+
+/// Sends the library's logs to stderr, as `mcp-idem` does, filtered by `MCP_IDEM_LOG`: a level
+/// (`debug`) or comma-separated `TARGET=LEVEL` directives
+/// (`warn,mcp_idempotency::interceptor=debug`); unset or unreadable, `warn`. On stdio transports
+/// stdout carries the protocol. A binding calls it once, as its runtime starts; `false` when the
+/// process already has a `tracing` subscriber (left as it is).
+pub fn log_to_stderr() -> bool {
+    use tracing_subscriber::layer::{Layer, SubscriberExt};
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = std::env::var("MCP_IDEM_LOG")
+        .ok()
+        .and_then(|directives| directives.parse().ok())
+        .unwrap_or_else(|| {
+            tracing_subscriber::filter::Targets::new()
+                .with_default(tracing_subscriber::filter::LevelFilter::WARN)
+        });
+    let output = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    tracing_subscriber::registry()
+        .with(output.with_filter(filter))
+        .try_init()
+        .is_ok()
 }
 
 #[cfg(test)]

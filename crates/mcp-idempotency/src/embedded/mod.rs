@@ -32,12 +32,16 @@
 //! # }
 //! ```
 //!
+//! With `tools = "suggested"`, the host first asks [`Connection::tools_request`] whether to run
+//! a `tools/list` on its own server before a `tools/call`, as `wrap` lists the tools itself.
+//!
 //! Ending a connection ([`Connection::close`]) records the claimed calls still running as
 //! outcome-unknown, answers them `idempotency_outcome_unknown`, and refuses later keyed calls with
 //! `idempotency_shutting_down`, as `wrap` does when its server exits.
 
 mod gateways;
 mod host;
+mod listing;
 pub mod options;
 mod settings;
 
@@ -57,7 +61,7 @@ use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
 pub use gateways::Gateways;
-pub use host::{runtime, Step};
+pub use host::{log_to_stderr, runtime, Step};
 pub use settings::{default_sqlite_path, store_url_or_default, Settings, SetupError};
 
 /// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's
@@ -137,6 +141,8 @@ impl Embedded {
             scope,
             state: Mutex::new(Interceptor::new(self.inner.config.clone())),
             closed: AtomicBool::new(false),
+            listing: AtomicBool::new(false),
+            lists_tools: self.lists_tools(),
             store_io: self.inner.store_io,
         }
     }
@@ -149,6 +155,13 @@ impl Embedded {
     /// The deduplicator.
     pub fn deduplicator(&self) -> &Deduplicator {
         &self.inner.dedup
+    }
+
+    /// Whether the suggested policies apply (`tools = "suggested"`): a host then asks each
+    /// connection's [`tools_request`](Connection::tools_request) before a `tools/call`; without
+    /// them it need not ask.
+    pub fn lists_tools(&self) -> bool {
+        self.inner.config.policies().is_suggested()
     }
 
     /// What is done with cancellations of claimed calls (the `cancel` option).
@@ -217,6 +230,11 @@ pub struct Connection {
     scope: Scope,
     state: Mutex<Interceptor<RunningClaim>>,
     closed: AtomicBool,
+    /// Set once this connection asked for the server's tools ([`tools_request`](Self::tools_request)):
+    /// their next pages are asked for too.
+    listing: AtomicBool,
+    /// [`Embedded::lists_tools`].
+    lists_tools: bool,
     store_io: StoreIo,
 }
 

@@ -291,3 +291,78 @@ async fn inline_store_io_is_refused_for_a_network_store() {
     let mut settings = Settings::new("embedded:test");
     assert!(settings.set("store-io", "elsewhere").is_err());
 }
+
+/// With `tools = "suggested"`, a connection asks the host to list the server's tools (every page)
+/// before it decides a `tools/call`, and keeps the answers to itself; a key-less retry of a tool
+/// that may change things is then replayed on a new connection, a read-only tool left alone.
+#[tokio::test]
+async fn suggested_policies_need_no_client_to_list_the_tools() {
+    let gateway = gateway(&[("tools", "suggested")]).await;
+    let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {}, "progressToken": 1});
+    let keyless = |id: u64, name: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"_meta": meta, "name": name, "arguments": {"amount": 5}}})
+        .to_string()
+    };
+    let pages = [
+        json!({"tools": [{"name": "charge", "inputSchema": {"type": "object"}}],
+               "nextCursor": "page-2"}),
+        json!({"tools": [{"name": "balance", "annotations": {"readOnlyHint": true}}]}),
+    ];
+    let first = gateway.connect(None);
+    let message = keyless(1, "charge");
+    for (page, result) in pages.iter().enumerate() {
+        let asked = parse(&first.tools_request(&message).expect("a tools/list to run"));
+        assert_eq!(asked["method"], "tools/list");
+        // The protocol members of the call's `_meta`, and no other.
+        assert_eq!(
+            asked["params"]["_meta"],
+            json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                   "io.modelcontextprotocol/clientCapabilities": {}})
+        );
+        let cursor = asked["params"].get("cursor").cloned();
+        assert_eq!(cursor, (page == 1).then(|| json!("page-2")), "{asked}");
+        let listed = json!({"jsonrpc": "2.0", "id": asked["id"], "result": result});
+        assert_eq!(
+            first.from_server(&listed.to_string()).await,
+            FromServer::Drop
+        );
+    }
+    assert_eq!(first.tools_request(&message), None);
+    assert!(matches!(
+        first.from_client(&message).await,
+        FromClient::ForwardRewritten(_)
+    ));
+    assert_eq!(
+        first.from_server(&answer(1, "ch_1")).await,
+        FromServer::Forward
+    );
+
+    // Known now: a new connection asks for nothing, and the retry is the first call's replay.
+    let retry = gateway.connect(None);
+    assert_eq!(retry.tools_request(&keyless(2, "charge")), None);
+    let replay = responded(retry.from_client(&keyless(2, "charge")).await);
+    assert_eq!(replay["result"]["content"][0]["text"], "ch_1");
+    assert_eq!(replay["result"]["_meta"]["mcp-idem/replayed"], "window");
+    for id in [3, 4] {
+        assert_eq!(
+            retry.from_client(&keyless(id, "balance")).await,
+            FromClient::Forward
+        );
+        assert_eq!(
+            retry.from_server(&answer(id, "0")).await,
+            FromServer::Forward
+        );
+    }
+}
+
+/// Without `tools = "suggested"`, or for what is not a `tools/call`, nothing is listed.
+#[tokio::test]
+async fn without_the_suggestion_nothing_is_listed() {
+    let plain = gateway(&[]).await.connect(None);
+    assert_eq!(plain.tools_request(&call(1, "k", 5)), None);
+    let suggested = gateway(&[("tools", "suggested")]).await.connect(None);
+    let ping = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+    assert_eq!(suggested.tools_request(&ping), None);
+}
