@@ -257,6 +257,11 @@ pub(crate) fn on_unprotected(tool: String) {
     counter!(UNPROTECTED_CALLS_TOTAL, "tool" => tool).increment(1);
 }
 
+/// [`on_unprotected`] for a tool the server did not list: a static label, no allocation.
+pub(crate) fn on_unprotected_unlisted(label: &'static str) {
+    counter!(UNPROTECTED_CALLS_TOTAL, "tool" => label).increment(1);
+}
+
 /// Counts a `tools/call` its tool's policy wanted an identifier for and that had none.
 pub(crate) fn on_missing_identifier() {
     counter!(BYPASSES_TOTAL, "reason" => "missing_identifier").increment(1);

@@ -142,7 +142,11 @@ impl SharedListing {
         let label = match tool.and_then(|tool| listing.tools.get(tool)) {
             Some(report) if report.suggestion.is_left_out() => return,
             Some(report) => report.name.clone(),
-            None => UNLISTED.to_owned(),
+            None => {
+                drop(listing);
+                crate::metrics::on_unprotected_unlisted(UNLISTED);
+                return;
+            }
         };
         drop(listing);
         crate::metrics::on_unprotected(label);

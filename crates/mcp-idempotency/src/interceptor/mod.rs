@@ -262,8 +262,16 @@ const MAX_PENDING: usize = 65_536;
 
 impl<C> Default for Interceptor<C> {
     fn default() -> Self {
+        Self::with_config(InterceptorConfig::default())
+    }
+}
+
+impl<C> Interceptor<C> {
+    /// An interceptor with `config` and nothing in flight (the HTTP layer makes one per request:
+    /// no default configuration is built only to be dropped).
+    fn with_config(config: InterceptorConfig) -> Self {
         Self {
-            config: InterceptorConfig::default(),
+            config,
             in_flight: HashMap::new(),
             discovery: Discovery::default(),
             pending: HashSet::new(),
@@ -277,10 +285,7 @@ impl<C> Default for Interceptor<C> {
 impl<C: AsRef<Claim>> Interceptor<C> {
     /// An interceptor with the given settings.
     pub fn new(config: InterceptorConfig) -> Self {
-        Self {
-            config,
-            ..Self::default()
-        }
+        Self::with_config(config)
     }
 
     /// Classifies a message from the client.
