@@ -35,7 +35,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, SharedString,
+};
 
 use crate::engine::{BypassReason, Decision, Replay};
 use crate::policy::KeySource;
@@ -251,15 +253,10 @@ pub(crate) fn on_keyed_decision<C>(decision: &Decision<C>, source: KeySource) {
     on_decision(decision);
 }
 
-/// Counts a key-less `tools/call` that no policy protected, by its tool (a listed name, or
-/// `(unlisted)`).
-pub(crate) fn on_unprotected(tool: String) {
-    counter!(UNPROTECTED_CALLS_TOTAL, "tool" => tool).increment(1);
-}
-
-/// [`on_unprotected`] for a tool the server did not list: a static label, no allocation.
-pub(crate) fn on_unprotected_unlisted(label: &'static str) {
-    counter!(UNPROTECTED_CALLS_TOTAL, "tool" => label).increment(1);
+/// The counter of key-less `tools/call`s that no policy protected, for `tool` (a listed name, or
+/// `(unlisted)`): made once per label by the listing, then only incremented.
+pub(crate) fn unprotected_calls(tool: SharedString) -> metrics::Counter {
+    counter!(UNPROTECTED_CALLS_TOTAL, "tool" => tool)
 }
 
 /// Counts a `tools/call` its tool's policy wanted an identifier for and that had none.

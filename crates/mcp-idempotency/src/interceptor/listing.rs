@@ -44,6 +44,12 @@ struct Listing {
     logged: bool,
     /// The command that prints a policy for this server, named in that log.
     command: Option<String>,
+    /// The counters of unprotected calls to listed tools, by tool, made at their first call.
+    #[cfg(feature = "metrics")]
+    counters: BTreeMap<String, metrics::Counter>,
+    /// The counter of unprotected calls to tools the server did not list.
+    #[cfg(feature = "metrics")]
+    unlisted: Option<metrics::Counter>,
 }
 
 #[cfg(feature = "metrics")]
@@ -138,18 +144,29 @@ impl SharedListing {
     /// counted.
     #[cfg(feature = "metrics")]
     pub(super) fn on_unprotected(&self, tool: Option<&str>) {
-        let listing = self.lock();
-        let label = match tool.and_then(|tool| listing.tools.get(tool)) {
-            Some(report) if report.suggestion.is_left_out() => return,
-            Some(report) => report.name.clone(),
-            None => {
-                drop(listing);
-                crate::metrics::on_unprotected_unlisted(UNLISTED);
-                return;
-            }
-        };
-        drop(listing);
-        crate::metrics::on_unprotected(label);
+        let mut listing = self.lock();
+        let Listing {
+            tools,
+            counters,
+            unlisted,
+            ..
+        } = &mut *listing;
+        // Each label's counter is made once (its key built and hashed then), so that a call
+        // passing through costs an atomic increment, not an allocation.
+        match tool.and_then(|tool| tools.get_key_value(tool)) {
+            Some((_, report)) if report.suggestion.is_left_out() => {}
+            Some((name, _)) => match counters.get(name) {
+                Some(counter) => counter.increment(1),
+                None => {
+                    let counter = crate::metrics::unprotected_calls(name.clone().into());
+                    counter.increment(1);
+                    counters.insert(name.clone(), counter);
+                }
+            },
+            None => unlisted
+                .get_or_insert_with(|| crate::metrics::unprotected_calls(UNLISTED.into()))
+                .increment(1),
+        }
     }
 }
 
@@ -168,14 +185,16 @@ pub(super) fn entries(envelope: &RawObject<'_>) -> Option<(Vec<Value>, Option<St
 /// The tool a `tools/call`'s params name, when they can be read: off their text when the name
 /// leads (as clients write it), else parsed.
 #[cfg(feature = "metrics")]
-pub(super) fn tool_name(params: Option<&serde_json::value::RawValue>) -> Option<String> {
+pub(super) fn tool_name(
+    params: Option<&serde_json::value::RawValue>,
+) -> Option<std::borrow::Cow<'_, str>> {
     let params = params?.get();
     if !params.contains("\\u") {
         if let Some(name) = crate::policy::prefilter::leading_name(params) {
-            return Some(name.to_owned());
+            return Some(name.into());
         }
     }
-    RawObject::parse(params)?.get_str("name")
+    RawObject::parse(params)?.get_str("name").map(Into::into)
 }
 
 /// What a driver that decides key-less calls under the suggested policy does before deciding a
