@@ -77,9 +77,10 @@ wheel() {
     # after the program that runs it (wrappers/<crc of its path>/), and cargo fingerprints the
     # linker: with maturin's own wrappers, every crate the wheel built counted as dirty for the
     # addon's and the binary's cargo-zigbuild, which built it again in place, and the next wheel
-    # build again (154 units each way). cargo-zigbuild's CARGO_BIN_EXE_cargo-zigbuild (the program
+    # build again (112 of the 154 units of the addon). CARGO_BIN_EXE_cargo-zigbuild (the program
     # its wrappers run, honoured by the cargo-zigbuild 0.24.0 inside maturin 1.16.0) names the
-    # venv's cargo-zigbuild: the same wrapper files as the other two builds, same content.
+    # venv's cargo-zigbuild: the same wrapper files as the other two builds, same content. It is a
+    # hook of cargo-zigbuild's own tests: a version that drops it only stops the sharing.
     (cd bindings/python && env "CARGO_BIN_EXE_cargo-zigbuild=$tools/bin/cargo-zigbuild" \
         maturin build --release --quiet --target "$target" ${options[@]+"${options[@]}"} --out "$dist")
     local built
