@@ -39,8 +39,10 @@ esac
 
 # The build tools, from PyPI, in a venv of their own; `zig` is ziglang's (`python -m ziglang`),
 # which cargo-zigbuild and maturin find through the venv's python on PATH. cargo-zigbuild is the
-# version maturin embeds: both then hand cargo the same zig wrappers, so the wheel, the addon and
-# the binary share the crates they have in common instead of building them once per tool.
+# version maturin embeds, and the wheel's build names cargo-zigbuild as the program of its zig
+# wrappers (see wheel()): the three builds then hand cargo the same linker and C compiler, so the
+# wheel, the addon and the binary share the crates they build alike (same features) in
+# target/<target>/release instead of building them once per tool.
 tools=${DIST_TOOLS:-$root/target/dist-tools}
 pins="maturin[zig]==1.16.0 ziglang==0.17.1 cargo-zigbuild==0.24.0 auditwheel==6.8.2"
 if [ "$(cat "$tools/pins" 2>/dev/null)" != "$pins" ]; then
@@ -71,8 +73,16 @@ wheel() {
     *-linux-gnu) options=(--zig --compatibility manylinux2014) ;;
     *-linux-*) options=(--zig) ;;
     esac
-    (cd bindings/python && maturin build --release --quiet --target "$target" ${options[@]+"${options[@]}"} \
-        --out "$dist")
+    # cargo-zigbuild writes its zig wrappers (cargo's linker, CC_<target>...) into a folder named
+    # after the program that runs it (wrappers/<crc of its path>/), and cargo fingerprints the
+    # linker: with maturin's own wrappers, every crate the wheel built counted as dirty for the
+    # addon's and the binary's cargo-zigbuild, which built it again in place, and the next wheel
+    # build again (112 of the 154 units of the addon). CARGO_BIN_EXE_cargo-zigbuild (the program
+    # its wrappers run, honoured by the cargo-zigbuild 0.24.0 inside maturin 1.16.0) names the
+    # venv's cargo-zigbuild: the same wrapper files as the other two builds, same content. It is a
+    # hook of cargo-zigbuild's own tests: a version that drops it only stops the sharing.
+    (cd bindings/python && env "CARGO_BIN_EXE_cargo-zigbuild=$tools/bin/cargo-zigbuild" \
+        maturin build --release --quiet --target "$target" ${options[@]+"${options[@]}"} --out "$dist")
     local built
     built=$(ls "$dist"/mcp_idempotency-*.whl)
     case $target in

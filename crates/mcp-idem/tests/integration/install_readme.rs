@@ -7,9 +7,12 @@
 //! snippet: the capability is advertised, and two calls with one key charge once.
 //!
 //! Both commands build the binding from source (maturin from PyPI, napi-rs's CLI from the npm
-//! registry, the Rust toolchain): to keep CI time sane, they build into this checkout's target
-//! directory (`$CARGO_TARGET_DIR`, else `target/`, its `release/` part), so they reuse the crates
-//! compiled there before; a cold run builds the library twice over (once per binding).
+//! registry, the Rust toolchain): to keep CI time sane, they build into `readme-install/` in this
+//! checkout's target directory (`$CARGO_TARGET_DIR`, else `target/`), kept between runs, so a later
+//! run builds again only the clone's own crates; a cold run builds the library twice over (once per
+//! binding: maturin builds into `release/`, napi-rs into `<host triple>/release/`). Not in the
+//! target directory itself, where napi-rs's build would replace the crates `scripts/dist.sh` built
+//! with zig's linker (same names, another linker), and the next `dist.sh` build them all again.
 //! Needs git, Python >= 3.10, Node.js >= 20, npm, and a Rust toolchain: without them the tests
 //! print a note and pass, except under `CI=true`, where they fail.
 

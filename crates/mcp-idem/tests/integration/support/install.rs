@@ -57,10 +57,15 @@ pub(crate) fn path_without_rust() -> OsString {
     path
 }
 
-/// This checkout's target directory (`$CARGO_TARGET_DIR`, else `target/`): what a command run
-/// here builds goes there, so that it reuses the crates compiled there before.
+/// `readme-install/` in this checkout's target directory (`$CARGO_TARGET_DIR`, else `target/`):
+/// what a command run here builds goes there, kept between runs, so that it reuses the crates it
+/// compiled there before. Not the target directory itself: the README's npm install builds with
+/// `--target <host>` and the system linker the crates `scripts/dist.sh` builds with zig, in the same
+/// folder under the same names, so each would build the other's again.
 fn shared_target() -> OsString {
-    std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| repo().join("target").into())
+    let root =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo().join("target"), PathBuf::from);
+    root.join("readme-install").into()
 }
 
 /// Runs `command` with `sh -c` in `dir`, with `path` as `PATH` and builds in this checkout's target
