@@ -71,7 +71,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             #[cfg(feature = "metrics")]
             self.config
                 .listing
-                .on_unprotected(super::listing::tool_name(envelope.get("params")).as_deref());
+                .on_unprotected(|| super::listing::tool_name(envelope.get("params")));
             return unkeyed(None);
         };
         let tool = params.get_str("name").unwrap_or_default();
@@ -80,7 +80,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             Chosen::Unkeyed { missing } => {
                 #[cfg(feature = "metrics")]
                 if missing.is_none() {
-                    self.config.listing.on_unprotected(Some(&tool));
+                    self.config
+                        .listing
+                        .on_unprotected(|| Some(tool.as_str().into()));
                 }
                 return unkeyed(missing.map(|m| (tool, m)));
             }

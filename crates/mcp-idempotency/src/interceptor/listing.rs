@@ -141,10 +141,20 @@ impl SharedListing {
 
     /// Counts a `tools/call` that carries no key and that no policy protects, by its tool when
     /// the server listed it and it may change things; a read-only or idempotent tool is not
-    /// counted.
+    /// counted. `tool` reads the call's tool name, only once some tool is listed (before, every
+    /// call is `(unlisted)`).
     #[cfg(feature = "metrics")]
-    pub(super) fn on_unprotected(&self, tool: Option<&str>) {
+    pub(super) fn on_unprotected<'a>(
+        &self,
+        tool: impl FnOnce() -> Option<std::borrow::Cow<'a, str>>,
+    ) {
         let mut listing = self.lock();
+        let tool = if listing.tools.is_empty() {
+            None
+        } else {
+            tool()
+        };
+        let tool = tool.as_deref();
         let Listing {
             tools,
             counters,
