@@ -30,6 +30,7 @@ mod model;
 mod properties;
 mod report;
 mod state;
+mod steps;
 mod store;
 #[cfg(test)]
 mod tests;
