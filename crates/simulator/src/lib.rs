@@ -7,4 +7,5 @@
 //! is drawn from one seed, and every history is checked against the invariants of at-most-once
 //! execution. The same seed gives the same history, byte for byte.
 
+pub mod model_check;
 pub mod store;
