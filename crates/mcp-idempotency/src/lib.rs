@@ -98,6 +98,8 @@ mod raw_object;
 mod record;
 mod rejection;
 // Public only to the fuzz targets (`cargo fuzz` builds with `--cfg fuzzing`).
+#[cfg(feature = "simulation")]
+pub mod simulation;
 #[cfg(fuzzing)]
 pub mod sse;
 #[cfg(not(fuzzing))]

@@ -180,7 +180,12 @@ impl Deduplicator {
             crate::metrics::on_decision(&refusal);
             return refusal;
         }
-        match self.begin(scope, call).await {
+        // A duplicate waiting for a running call's outcome stops waiting when the stop comes.
+        let decision = self.decide_while(scope, call, || !gate.stopped()).await;
+        let decision = decision.map_claim(|claim| {
+            RunningClaim::start(self.writes.clone(), Arc::clone(&self.renewals), claim)
+        });
+        match decision {
             Decision::Execute(claim) if gate.stopped() => {
                 claim.release(gate.release_reason()).await;
                 shutting_down()
@@ -240,6 +245,16 @@ impl Deduplicator {
     /// `idempotency_key_in_progress` as before. A client's own key is answered at once, as the
     /// SEP says.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
+        self.decide_while(scope, call, || true).await
+    }
+
+    /// [`decide`](Self::decide), whose duplicate waits only while `keep_waiting` holds.
+    async fn decide_while(
+        &self,
+        scope: &Scope,
+        call: &ToolCall<'_>,
+        keep_waiting: impl Fn() -> bool,
+    ) -> Decision {
         let wait = call.terms.wait;
         let mut decision = self.decide_once(scope, call).await;
         if let Some(wait) = wait {
@@ -253,7 +268,7 @@ impl Deduplicator {
                 let pause = backoff(looks, WAIT_MIN_PAUSE, WAIT_MAX_PAUSE);
                 // At least the pauses slept: a wall clock set back does not stretch the wait.
                 let waited = clock.now().saturating_since(start).max(slept);
-                if waited + pause > wait {
+                if waited + pause > wait || !keep_waiting() {
                     break;
                 }
                 clock.sleep(pause).await;
@@ -276,6 +291,10 @@ impl Deduplicator {
                 Step::ReadClientKey(req) => {
                     let answer = self.store().get(&req.id, req.now).await;
                     pending.on_client_key(req, answer)
+                }
+                Step::ReadIdentifier(req) => {
+                    let answer = self.store().get(&req.id, req.now).await;
+                    pending.on_identifier(req, answer)
                 }
                 Step::TryClaim(req) => {
                     let answer = self.writes.claim(&req).await;

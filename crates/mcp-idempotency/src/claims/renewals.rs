@@ -12,7 +12,7 @@
 //! worker of the runtime, twice per call (spawn and abort). The task ends at the first tick that
 //! finds no claim, and the next registration starts it again.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ pub(super) struct Renewals {
 
 #[derive(Debug, Default)]
 struct State {
-    claims: HashMap<u64, Entry>,
+    claims: BTreeMap<u64, Entry>,
     next_id: u64,
     /// Whether the renewing task runs.
     task: bool,

@@ -207,15 +207,20 @@ fn lost(req: &CompleteRequest, why: &'static str, error: &str) {
 /// One task does both, one write at a time: a renewal never races the completion.
 /// Records the client's own key beside a business identifier's record, with the same outcome
 /// (see [`PendingDecision`](crate::PendingDecision)). It serves the SEP's rules
-/// for that key; failing to write it is logged, never the call's error.
+/// for that key; failing to write it is logged, never the call's error. Once the key is claimed,
+/// its completion is sent again until the store takes it, as every completion is: a claim left
+/// in progress would answer a retry with that key `idempotency_outcome_unknown`, or with
+/// `after-crash = reexecute` run the call again, although it has an outcome (found by the
+/// simulator, issue 40).
 async fn record_beside(writes: &StoreWrites, companion: Companion, outcome: Outcome) {
     let req = writes.engine.beside(companion, writes.clock.now());
     let key = req.id.key.for_tool().to_owned();
     let answer = writes.claim(&req).await;
     match writes.engine.record_beside(req, answer, outcome) {
-        Some(done) => {
+        Some((claim, done)) => {
             if let Err(error) = writes.send_completion(&done).await {
-                tracing::warn!(key, %error, "cannot record the client's key beside its business identifier");
+                tracing::warn!(key, %error, "the client's key is not recorded beside its business identifier yet");
+                complete_later(writes.clone(), claim, done, &error);
             }
         }
         None => tracing::debug!(key, "the client's key was recorded already"),

@@ -184,6 +184,11 @@ pub enum Step {
     /// call that a business identifier decides and that carries a key of its client's: the SEP's
     /// rules hold for that key, so its record is looked at first.
     ReadClientKey(ClaimRequest),
+    /// Read the record of the business identifier (`store.get(&req.id, req.now)`), then pass the
+    /// answer to [`PendingDecision::on_identifier`](crate::PendingDecision::on_identifier). The
+    /// client's key holds a claim whose owner stopped before recording an outcome; the
+    /// identifier's record may hold that outcome.
+    ReadIdentifier(ClaimRequest),
     /// Run this claim against the store, then pass the answer to
     /// [`PendingDecision::on_claim`](crate::PendingDecision::on_claim).
     TryClaim(ClaimRequest),

@@ -115,7 +115,7 @@ impl Engine {
         let retention = terms.retention.unwrap_or(self.config.retention);
         Ok(ClaimRequest {
             id: RecordId {
-                scope: scope.clone(),
+                scope: mutated_scope(scope),
                 key,
             },
             fingerprint,
@@ -267,6 +267,10 @@ impl Engine {
     /// When the owner should renew its lease: once a third of it has passed.
     pub fn renewal_due(&self, claim: &Claim) -> Timestamp {
         let early = self.config.lease - self.config.lease / 3;
+        #[cfg(feature = "simulation")]
+        if crate::simulation::is_on(crate::simulation::Mutant::RenewalAfterExpiry) {
+            return claim.lease_expires_at.saturating_add(self.config.lease / 2);
+        }
         Timestamp::from_millis(
             claim
                 .lease_expires_at
@@ -293,18 +297,23 @@ impl Engine {
         req
     }
 
-    /// The store's answer to the claim [`beside`](Self::beside) made: the completion that records
-    /// `outcome` under the client's key, or `None` when that key has a record already (or the
-    /// store did not take the claim), which is left as it is.
+    /// The store's answer to the claim [`beside`](Self::beside) made: the claim of the client's
+    /// key and the completion that records `outcome` under it (sent again like any completion
+    /// until the store takes it, so that the record never stays in progress), or `None` when
+    /// that key has a record already (or the store did not take the claim), which is left as it
+    /// is.
     pub(crate) fn record_beside(
         &self,
         req: ClaimRequest,
         answer: Result<ClaimOutcome, StoreError>,
         outcome: Outcome,
-    ) -> Option<CompleteRequest> {
+    ) -> Option<(Claim, CompleteRequest)> {
         let now = req.now;
         match self.on_claim(req, answer) {
-            Step::Done(Decision::Execute(claim)) => Some(self.completion(&claim, outcome, now)),
+            Step::Done(Decision::Execute(claim)) => {
+                let done = self.completion(&claim, outcome, now);
+                Some((claim, done))
+            }
             _ => None,
         }
     }
@@ -351,4 +360,20 @@ fn store_unavailable(err: &StoreError, key: &str) -> Rejection {
     )
     .with_key(key)
     .with_retry_after(Duration::from_secs(1))
+}
+
+/// The scope a claim's record is kept under: `scope`, unless the simulator's
+/// [`ReplayAcrossPrincipals`](crate::simulation::Mutant::ReplayAcrossPrincipals) leaves the
+/// principal out.
+#[cfg(feature = "simulation")]
+fn mutated_scope(scope: &Scope) -> Scope {
+    if crate::simulation::is_on(crate::simulation::Mutant::ReplayAcrossPrincipals) {
+        return Scope::new(scope.namespace(), "");
+    }
+    scope.clone()
+}
+
+#[cfg(not(feature = "simulation"))]
+fn mutated_scope(scope: &Scope) -> Scope {
+    scope.clone()
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::{BypassReason, Claim, Companion, Decision, Engine, Replay, Step, ToolCall};
 use crate::policy::{KeySource, KeyTerms};
 use crate::raw_object::{json_string, RawObject};
-use crate::record::{FencingToken, Record, Scope};
+use crate::record::{FencingToken, Record, RecordState, Scope};
 use crate::rejection::RejectionKind;
 use crate::store::{ClaimOutcome, ClaimRequest, Fenced, StoreError, TakeOverRequest};
 use crate::time::Timestamp;
@@ -47,6 +47,9 @@ pub struct PendingDecision<'a> {
     client_key: Option<KeyTerms>,
     /// The claim of the client's key, found free: recorded beside the call's outcome.
     companion: Option<ClaimRequest>,
+    /// The record of the client's key, found in progress with its lease run out, while the
+    /// business identifier's record is read ([`Step::ReadIdentifier`]).
+    stale_client_key: Option<(ClaimRequest, Record)>,
 }
 
 impl<'a> PendingDecision<'a> {
@@ -66,8 +69,14 @@ impl<'a> PendingDecision<'a> {
             now,
             client_key: None,
             companion: None,
+            stale_client_key: None,
         };
-        let step = match call.terms.of_client_key() {
+        let client_key = call.terms.of_client_key();
+        #[cfg(feature = "simulation")]
+        let client_key = client_key.filter(|_| {
+            !crate::simulation::is_on(crate::simulation::Mutant::ClaimForgetsClientKey)
+        });
+        let step = match client_key {
             Some((terms, key)) => {
                 let own = ToolCall {
                     idempotency_key: Some(key),
@@ -98,6 +107,23 @@ impl<'a> PendingDecision<'a> {
         answer: Result<Option<Record>, StoreError>,
     ) -> Step {
         let step = match answer {
+            // The client's key holds a claim whose owner stopped before recording an outcome:
+            // most often the record beside this identifier, whose completion never landed (its
+            // gateway died after recording the identifier's outcome). Taking it over or answering
+            // `idempotency_outcome_unknown` would ignore an outcome the identifier's record may
+            // hold: that record is read first (found by the simulator, issue 40).
+            Ok(Some(record)) if stale(&record, &req) => {
+                match self
+                    .engine
+                    .claim_request(self.scope, &self.call, self.owner, self.now)
+                {
+                    Ok(identifier) => {
+                        self.stale_client_key = Some((req, record));
+                        Step::ReadIdentifier(identifier)
+                    }
+                    Err(decision) => Step::Done(decision),
+                }
+            }
             Ok(Some(record)) => self.engine.on_existing(req, record),
             Ok(None) => {
                 self.client_key = None;
@@ -108,6 +134,31 @@ impl<'a> PendingDecision<'a> {
                 self.client_key = None;
                 self.engine.on_claim(req, Err(err))
             }
+        };
+        self.settled(step)
+    }
+
+    /// The answer to [`Step::ReadIdentifier`]: an outcome recorded under the business identifier
+    /// answers the call (a replay, or a conflict); otherwise the client's key's record decides,
+    /// as the SEP says of a claim whose owner stopped (`after-crash`).
+    pub fn on_identifier(
+        &mut self,
+        req: ClaimRequest,
+        answer: Result<Option<Record>, StoreError>,
+    ) -> Step {
+        let step = match (answer, self.stale_client_key.take()) {
+            (Ok(Some(record)), _) if matches!(record.state, RecordState::Completed { .. }) => {
+                self.client_key = None;
+                self.engine.on_existing(req, record)
+            }
+            (_, Some((client_req, client_record))) => {
+                self.engine.on_existing(client_req, client_record)
+            }
+            // Never read without a stale record of the client's key: decide by the identifier.
+            (answer, None) => match answer {
+                Ok(Some(record)) => self.engine.on_existing(req, record),
+                _ => self.begin_own_key(),
+            },
         };
         self.settled(step)
     }
@@ -236,6 +287,14 @@ fn mark_replayed(result: &str, source: KeySource) -> String {
     object.to_string_with("_meta", &meta)
 }
 
+/// Whether `record`, found under the key `req` claims, is a claim whose owner stopped renewing
+/// its lease before recording an outcome (with the same call: another call is a conflict).
+fn stale(record: &Record, req: &ClaimRequest) -> bool {
+    record.fingerprint == req.fingerprint
+        && matches!(record.state, RecordState::InProgress { lease_expires_at, .. }
+            if lease_expires_at <= req.now)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -323,7 +382,7 @@ mod tests {
         // The client's key is recorded beside it, with the same outcome.
         let beside = engine.beside(claim.take_companion().expect("a companion"), own.now);
         assert_eq!(beside.id, own.id);
-        let done = engine
+        let (_, done) = engine
             .record_beside(
                 beside,
                 Ok(ClaimOutcome::Claimed),

@@ -388,10 +388,20 @@ impl StdioProxy {
             match read {
                 Line::Eof => {
                     stopping.client_ended.notify_one();
-                    tokio::select! {
-                        () = &mut server_gone => return Ok(()),
-                        () = &mut drained => break,
+                    // The calls still being decided are decided (and sent) during the drain.
+                    loop {
+                        tokio::select! {
+                            biased;
+                            () = &mut server_gone => return Ok(()),
+                            () = &mut drained => break,
+                            Some((call, decision, deciding)) = waiting.next(), if !waiting.is_empty() => {
+                                let decided = lock(state).on_decision(call, decision);
+                                drop(deciding);
+                                self.send_decided(decided, &mut server_in, to_client).await?;
+                            }
+                        }
                     }
+                    break;
                 }
                 Line::Whole => {}
                 Line::TooLong => {
@@ -461,6 +471,14 @@ impl StdioProxy {
                     write_line(&mut server_in, &mut line).await?;
                 }
             }
+        }
+        // The drain is over: a call still being decided is refused, and a claim it got released
+        // (its future, dropped, would leave the key in progress with no call behind it).
+        while let Some((call, decision, deciding)) = waiting.next().await {
+            let decided = lock(state).on_decision(call, decision);
+            drop(deciding);
+            self.send_decided(decided, &mut server_in, to_client)
+                .await?;
         }
         server_in.shutdown().await
     }

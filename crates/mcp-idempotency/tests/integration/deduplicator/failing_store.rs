@@ -19,12 +19,21 @@ pub(crate) struct FlakyStore {
     pub(super) hang_renewals_of: std::sync::Mutex<Option<String>>,
     pub(super) fail_release: AtomicBool,
     pub(super) fail_complete: AtomicBool,
+    /// Completions of this key (as stored) fail.
+    pub(super) fail_completions_of: std::sync::Mutex<Option<String>>,
     /// Completions sent, applied or not.
     pub(super) completions_sent: AtomicUsize,
     /// Releases sent, applied or not.
     pub(super) releases_sent: AtomicUsize,
     /// The next claim is applied, and then its answer is lost.
     pub(super) lose_claim_answer: AtomicBool,
+    /// Claims are applied, then answered only after `claim_answer_go` (having told
+    /// `claim_applied`).
+    pub(crate) hold_claim_answers: AtomicBool,
+    /// A claim was applied and its answer is held.
+    pub(crate) claim_applied: tokio::sync::Notify,
+    /// Lets a held claim answer through.
+    pub(crate) claim_answer_go: tokio::sync::Notify,
     /// The next claim reads the store, then answers only after a release was applied: its answer
     /// is older than the release.
     stale_claim_answer: AtomicBool,
@@ -61,6 +70,14 @@ impl Store for FlakyStore {
                 })
             });
         }
+        if self.hold_claim_answers.load(Ordering::SeqCst) {
+            return Box::pin(async move {
+                let applied = self.inner.claim(req).await;
+                self.claim_applied.notify_one();
+                self.claim_answer_go.notified().await;
+                applied
+            });
+        }
         if self.stale_claim_answer.swap(false, Ordering::SeqCst) {
             return Box::pin(async move {
                 let read = self.inner.claim(req).await;
@@ -73,7 +90,10 @@ impl Store for FlakyStore {
 
     fn complete(&self, req: CompleteRequest) -> StoreFuture<'_, Fenced> {
         self.completions_sent.fetch_add(1, Ordering::SeqCst);
-        if self.fail_complete.load(Ordering::SeqCst) {
+        let failing = self.fail_completions_of.lock().unwrap().clone();
+        if self.fail_complete.load(Ordering::SeqCst)
+            || failing.as_deref() == Some(req.id.key.as_str())
+        {
             return failure("complete");
         }
         if self.hold_completions.load(Ordering::SeqCst) {

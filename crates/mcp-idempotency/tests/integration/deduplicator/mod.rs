@@ -209,6 +209,7 @@ async fn with_a_failed_completion(
     (flaky, clock, d)
 }
 
+mod found_by_simulation;
 mod leases;
 mod lost_completions;
 mod manual_time;

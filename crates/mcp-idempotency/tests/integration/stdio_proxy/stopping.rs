@@ -2,6 +2,7 @@
 //! calls without claiming them, waits for the call in flight, and cuts off (outcome-unknown) what is
 //! still running when the grace ends, even if the server exits meanwhile.
 
+use mcp_idempotency::policy::ToolPolicies;
 use tokio::sync::oneshot;
 
 use crate::deduplicator::failing_store::FlakyStore;
@@ -172,4 +173,46 @@ async fn a_server_exit_while_the_grace_cuts_calls_off_still_lets_them_be_recorde
         }
     );
     assert_recorded_unknown(&*store, "slow").await;
+}
+
+/// Found by the simulator (issue 40, seeds 1290 and 1516 of its first version): a call whose
+/// key its client did not send (here a key argument) is decided beside the client's reads. When
+/// the client closed its input while that call's claim was on its way, the run stopped waiting
+/// for the decision, and the drain ended with it dropped: the claim, applied by the store, was
+/// never released, so the key stayed in progress with no call behind it
+/// (`idempotency_outcome_unknown` for a call that never ran, once the lease ran out). The
+/// decisions still under way are now seen through the drain, and a claim that comes back after
+/// it ended is released.
+#[tokio::test]
+async fn a_claim_on_its_way_when_the_client_leaves_is_released_not_left_in_progress() {
+    let held = Arc::new(FlakyStore::default());
+    held.hold_claim_answers.store(true, Ordering::SeqCst);
+    let store: Arc<dyn Store> = held.clone();
+    let dedup = Deduplicator::new(EngineConfig::default(), Arc::clone(&store));
+    let policies =
+        ToolPolicies::from_json(&json!({"transfer": {"key-argument": "request_id"}})).unwrap();
+    let proxy = StdioProxy::new(dedup, scope())
+        .interceptor_config(InterceptorConfig::default().tool_policies(policies))
+        .shutdown_grace(Duration::from_millis(50));
+    let (mut client, server, run) = start_proxy(proxy);
+    let transfer = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "transfer", "arguments": {"request_id": "r-1", "amount": 5}}});
+    client.send(&transfer.to_string()).await;
+    timeout(PATIENCE, held.claim_applied.notified())
+        .await
+        .expect("the claim was not sent");
+    // The client leaves while the claim's answer is on its way; the grace ends meanwhile.
+    client.close().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    held.claim_answer_go.notify_one();
+    let ServerEnds { requests, to_proxy } = server;
+    drop(to_proxy);
+    drop(requests);
+    finished(run).await;
+
+    let stats = store.stats(Timestamp::now()).await.unwrap();
+    assert_eq!(
+        stats.in_progress, 0,
+        "a claim was left in progress: {stats:?}"
+    );
 }
