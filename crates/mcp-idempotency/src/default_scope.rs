@@ -173,19 +173,19 @@ pub struct LegacyNamespaceReads {
 
 impl LegacyNamespaceReads {
     /// Wraps `inner` for records kept under `legacy_namespace`, of `principal` (or of any, for
-    /// a gateway that scopes by caller); looks once whether the store holds a live one (a store
-    /// that cannot answer is assumed to).
+    /// a gateway that scopes by caller); looks once whether the store holds one live at `now`
+    /// (the deduplicator's clock; a store that cannot answer is assumed to).
     pub async fn open(
         inner: Arc<dyn Store>,
         legacy_namespace: &str,
         principal: Option<&str>,
+        now: Timestamp,
     ) -> Self {
         let filter = ListFilter {
             namespace: Some(legacy_namespace.to_owned()),
             principal: principal.map(str::to_owned),
             ..ListFilter::default()
         };
-        let now = Timestamp::now();
         // Latest `expires_at` first: if the first one is expired, all are.
         let active = match inner.list(&filter, now, 1).await {
             Ok(records) => records.iter().any(|record| !record.is_expired(now)),
@@ -400,7 +400,13 @@ mod tests {
         assert_eq!(memory.claim(&old).await.unwrap(), ClaimOutcome::Claimed);
         assert_eq!(complete(&*memory, &old, "\"done\"").await, Fenced::Applied);
 
-        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, Some("alice")).await;
+        let store = LegacyNamespaceReads::open(
+            Arc::clone(&memory),
+            LEGACY,
+            Some("alice"),
+            Timestamp::now(),
+        )
+        .await;
         assert!(store.reads_legacy());
         let new = claim("mcp-server:payments", "k", "{}", now);
         let ClaimOutcome::Existing(record) = store.claim(&new).await.unwrap() else {
@@ -417,7 +423,13 @@ mod tests {
     #[tokio::test]
     async fn without_legacy_records_claims_go_straight_to_the_store_until_one_is_made() {
         let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
-        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, Some("alice")).await;
+        let store = LegacyNamespaceReads::open(
+            Arc::clone(&memory),
+            LEGACY,
+            Some("alice"),
+            Timestamp::now(),
+        )
+        .await;
         assert!(!store.reads_legacy());
         let now = Timestamp::now();
         let early = claim(LEGACY, "early", "{}", now);
@@ -437,7 +449,8 @@ mod tests {
         let old = claim(LEGACY, "k", "{}", long_ago);
         assert_eq!(memory.claim(&old).await.unwrap(), ClaimOutcome::Claimed);
         assert_eq!(complete(&*memory, &old, "1").await, Fenced::Applied);
-        let store = LegacyNamespaceReads::open(memory, LEGACY, Some("alice")).await;
+        let store =
+            LegacyNamespaceReads::open(memory, LEGACY, Some("alice"), Timestamp::now()).await;
         assert!(!store.reads_legacy());
     }
 
@@ -448,7 +461,13 @@ mod tests {
         let mut old = claim(LEGACY, "k", "{}", now);
         old.lease_expires_at = now;
         assert_eq!(memory.claim(&old).await.unwrap(), ClaimOutcome::Claimed);
-        let store = LegacyNamespaceReads::open(Arc::clone(&memory), LEGACY, Some("alice")).await;
+        let store = LegacyNamespaceReads::open(
+            Arc::clone(&memory),
+            LEGACY,
+            Some("alice"),
+            Timestamp::now(),
+        )
+        .await;
         let later = now.saturating_add(Duration::from_secs(1));
         let new = claim("mcp-server:payments", "k", "{}", later);
         assert!(matches!(

@@ -65,7 +65,7 @@ use crate::jsonrpc::{
 use crate::lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
-use crate::{Deduplicator, EngineConfig, RunningClaim};
+use crate::{Deduplicator, EngineConfig, RunningClaim, Timestamp};
 use futures_util::StreamExt;
 use stopping::Stopping;
 
@@ -609,7 +609,13 @@ pub async fn idempotent_stdio(
 ) -> Result<(ReadHalf<DuplexStream>, WriteHalf<DuplexStream>), StoreError> {
     let store = store::open(&store_url.parse::<StoreUrl>()?).await?;
     let scope = Scope::new(embedded_legacy_namespace(), local_user());
-    let store = LegacyNamespaceReads::open(store, scope.namespace(), Some(scope.principal())).await;
+    let store = LegacyNamespaceReads::open(
+        store,
+        scope.namespace(),
+        Some(scope.principal()),
+        Timestamp::now(),
+    )
+    .await;
     let dedup = Deduplicator::new(EngineConfig::default(), Arc::new(store));
     let proxy = StdioProxy::new(dedup, scope).namespace_from_server(true);
     Ok(proxy.spawn_in_process(tokio::io::stdin(), tokio::io::stdout()))

@@ -5,6 +5,7 @@
 //! counters: a claim counts the records held when it needs to (the whole map for the store, one
 //! range of it for a scope), so undoing a write can never leave a count behind.
 
+use mcp_idempotency::simulation::{is_on, Mutant};
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 
@@ -199,7 +200,12 @@ impl Tx<'_> {
         if sent_again {
             return Fenced::Applied;
         }
-        let Some(record) = self.owned(&req.id, req.owner) else {
+        let owned = if is_on(Mutant::CompleteUnfenced) {
+            self.held(&req.id)
+        } else {
+            self.owned(&req.id, req.owner)
+        };
+        let Some(record) = owned else {
             return Fenced::NotOwner;
         };
         let completed = Record {

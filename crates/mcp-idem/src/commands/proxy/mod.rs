@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use mcp_idempotency::default_scope::{upstream_namespace, LearnedNamespace, LegacyNamespaceReads};
 use mcp_idempotency::http::{IdempotencyLayer, IdempotencyService};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
-use mcp_idempotency::Deduplicator;
+use mcp_idempotency::{Deduplicator, Timestamp};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -156,7 +156,8 @@ impl ProxyArgs {
         let mut store = self.ops.start(self.engine.open_store().await?).await?;
         let legacy = upstream_namespace(&upstream_url.to_string());
         if self.namespace.is_none() {
-            store = Arc::new(LegacyNamespaceReads::open(store, &legacy, None).await);
+            store =
+                Arc::new(LegacyNamespaceReads::open(store, &legacy, None, Timestamp::now()).await);
         }
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
         let namespace = match &self.namespace {

@@ -19,7 +19,7 @@ use mcp_idempotency::default_scope::{wrap_legacy_namespace, LegacyNamespaceReads
 use mcp_idempotency::embedded::options::{self, CANCEL, FORWARD_KEY, NAMESPACE, PRINCIPAL};
 use mcp_idempotency::interceptor::{CancelPolicy, InterceptorConfig};
 use mcp_idempotency::stdio::StdioProxy;
-use mcp_idempotency::{Deduplicator, Scope};
+use mcp_idempotency::{Deduplicator, Scope, Timestamp};
 
 use super::engine_args::EngineArgs;
 use crate::ops::OpsArgs;
@@ -134,7 +134,9 @@ impl WrapArgs {
         let learn_namespace = self.namespace.is_none();
         if learn_namespace {
             let legacy = (scope.namespace(), scope.principal());
-            store = Arc::new(LegacyNamespaceReads::open(store, legacy.0, Some(legacy.1)).await);
+            store = Arc::new(
+                LegacyNamespaceReads::open(store, legacy.0, Some(legacy.1), Timestamp::now()).await,
+            );
         }
         let dedup = Deduplicator::new(self.engine.engine_config(), store);
         tracing::info!(
