@@ -202,9 +202,12 @@ fn at_most_once(
             Some(&mut counted.run_unprotected)
         } else if group.keying.windowed()
             && earlier.iter().any(|e| {
-                // A window's record may end, by the fastest clock, a window after the claim was
-                // sent (its owner died, or a clock ahead by more than the window read it).
-                run.started + spread >= claim_sent(world, group, e) + WINDOW
+                // A window's record may end, by the fastest clock, a window after it was claimed
+                // (its owner died, or a clock ahead by more than the window read it): the later
+                // of the two claims came after the earlier one's window (runs may start in
+                // another order than their claims were made).
+                let (a, b) = (claim_sent(world, group, e), claim_sent(world, group, run));
+                a.max(b) + spread >= a.min(b) + WINDOW
             })
         {
             Some(&mut counted.window_expired)
@@ -498,6 +501,17 @@ fn client_key_left_out(world: &World, group: &Group, run: &Execution) -> Option<
     run.ended?;
     if run.claimed_key.as_deref() == Some(key) {
         // The client's key itself was claimed (taken over): its record is the call's.
+        return None;
+    }
+    let taken_over = lock(&world.take_overs).iter().any(|t| {
+        t.process == run.process
+            && t.principal == group.principal
+            && Some(&t.key) == run.claimed_key.as_ref()
+            && t.at <= run.started
+    });
+    if taken_over {
+        // A take-over of the identifier's record (the client's key held a stale claim, left as
+        // it is: the identifier's record answers the calls that find it).
         return None;
     }
     let claimed = lock(&world.claims_sent)

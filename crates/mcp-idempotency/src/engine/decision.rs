@@ -187,7 +187,7 @@ pub enum Step {
     /// Read the record of the business identifier (`store.get(&req.id, req.now)`), then pass the
     /// answer to [`PendingDecision::on_identifier`](crate::PendingDecision::on_identifier). The
     /// client's key holds a claim whose owner stopped before recording an outcome; the
-    /// identifier's record may hold that outcome.
+    /// identifier's record, if there is one, decides the call.
     ReadIdentifier(ClaimRequest),
     /// Run this claim against the store, then pass the answer to
     /// [`PendingDecision::on_claim`](crate::PendingDecision::on_claim).

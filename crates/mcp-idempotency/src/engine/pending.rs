@@ -109,9 +109,10 @@ impl<'a> PendingDecision<'a> {
         let step = match answer {
             // The client's key holds a claim whose owner stopped before recording an outcome:
             // most often the record beside this identifier, whose completion never landed (its
-            // gateway died after recording the identifier's outcome). Taking it over or answering
-            // `idempotency_outcome_unknown` would ignore an outcome the identifier's record may
-            // hold: that record is read first (found by the simulator, issue 40).
+            // gateway died after recording the identifier's outcome, or before). Taking it over
+            // or answering `idempotency_outcome_unknown` would ignore the identifier's record,
+            // which may hold the outcome, or stay in progress to be taken over by the next call:
+            // that record is read first and decides (found by the simulator, issue 40).
             Ok(Some(record)) if stale(&record, &req) => {
                 match self
                     .engine
@@ -138,16 +139,18 @@ impl<'a> PendingDecision<'a> {
         self.settled(step)
     }
 
-    /// The answer to [`Step::ReadIdentifier`]: an outcome recorded under the business identifier
-    /// answers the call (a replay, or a conflict); otherwise the client's key's record decides,
-    /// as the SEP says of a claim whose owner stopped (`after-crash`).
+    /// The answer to [`Step::ReadIdentifier`]: a record of the business identifier decides the
+    /// call (its outcome replayed; a running call in progress; a call whose owner stopped taken
+    /// over or refused by `after-crash`, under the identifier, so that a later call by the
+    /// identifier finds the outcome); with none, the client's key's record decides, as the SEP
+    /// says of a claim whose owner stopped.
     pub fn on_identifier(
         &mut self,
         req: ClaimRequest,
         answer: Result<Option<Record>, StoreError>,
     ) -> Step {
         let step = match (answer, self.stale_client_key.take()) {
-            (Ok(Some(record)), _) if matches!(record.state, RecordState::Completed { .. }) => {
+            (Ok(Some(record)), _) => {
                 self.client_key = None;
                 self.engine.on_existing(req, record)
             }
@@ -155,10 +158,7 @@ impl<'a> PendingDecision<'a> {
                 self.engine.on_existing(client_req, client_record)
             }
             // Never read without a stale record of the client's key: decide by the identifier.
-            (answer, None) => match answer {
-                Ok(Some(record)) => self.engine.on_existing(req, record),
-                _ => self.begin_own_key(),
-            },
+            (_, None) => self.begin_own_key(),
         };
         self.settled(step)
     }

@@ -252,6 +252,7 @@ impl StoreLink {
                     principal,
                     key,
                     previous_owner: req.previous_owner,
+                    process: self.process,
                     at,
                 });
             }

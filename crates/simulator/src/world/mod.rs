@@ -75,6 +75,8 @@ pub struct TakeOver {
     pub key: String,
     /// The owner whose lease ran out.
     pub previous_owner: mcp_idempotency::FencingToken,
+    /// The process that took it over.
+    pub process: u64,
     /// When.
     pub at: Duration,
 }
