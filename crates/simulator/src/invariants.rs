@@ -203,11 +203,15 @@ fn at_most_once(
         } else if group.keying.windowed()
             && earlier.iter().any(|e| {
                 // A window's record may end, by the fastest clock, a window after it was claimed
-                // (its owner died, or a clock ahead by more than the window read it): the later
-                // of the two claims came after the earlier one's window (runs may start in
-                // another order than their claims were made).
-                let (a, b) = (claim_sent(world, group, e), claim_sent(world, group, run));
-                a.max(b) + spread >= a.min(b) + WINDOW
+                // (its owner died, or a clock ahead by more than the window read it): one run's
+                // claim reached the store after the other's window ended (runs may start in
+                // another order than their claims were made, and a claim may reach the store
+                // long after its `now`, once a purge has removed the record).
+                let ended = |first: &Execution, then: &Execution| {
+                    claim_applied(world, group, then) + spread
+                        >= claim_sent(world, group, first) + WINDOW
+                };
+                ended(e, run) || ended(run, e)
             })
         {
             Some(&mut counted.window_expired)
@@ -346,6 +350,24 @@ fn claim_sent(world: &World, group: &Group, run: &Execution) -> Duration {
         .map(|&(_, _, _, at)| at)
         .next()
         .unwrap_or(run.started)
+}
+
+/// When the claim `run` ran under was applied by the store (a claim or a take-over by its
+/// process): the last one of its key before it started.
+fn claim_applied(world: &World, group: &Group, run: &Execution) -> Duration {
+    let Some(key) = run.claimed_key.as_deref() else {
+        return run.started;
+    };
+    lock(&world.claimants)
+        .iter()
+        .rev()
+        .find(|c| {
+            c.process == run.process
+                && c.principal == group.principal
+                && c.key == key
+                && c.at <= run.started
+        })
+        .map_or(run.started, |c| c.at)
 }
 
 /// Whether the store took the outcome of `run` (a completion of its record by its process)
