@@ -47,7 +47,8 @@ done
 status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
 cat "$out"/*.txt | grep -v -e '^[0-9]* seeds, ' || true
-awk '/^[0-9]+ seeds, / { n += $1; v += $3 } END { printf "%d seeds, %d violations", n, v }' "$out"/*.txt
-awk -v start="$start" -v end="$EPOCHREALTIME" -v jobs="$jobs" 'BEGIN { printf " (%.0f s on %d processes)\n", end - start, jobs }'
+awk '/^[0-9]+ seeds, / { n += $1; v += $3; gsub(/[(,]/, ""); c += $5; e += $7; f += $9 }
+     END { printf "%d seeds, %d violations (%d calls, %d executions, %d faults,", n, v, c, e, f }' "$out"/*.txt
+awk -v start="$start" -v end="$EPOCHREALTIME" -v jobs="$jobs" 'BEGIN { printf " %.0f s on %d processes)\n", end - start, jobs }'
 rm -r "$out"
 exit $status

@@ -58,16 +58,18 @@ use tokio::io::{
 };
 
 use crate::default_scope::{embedded_legacy_namespace, local_user, LegacyNamespaceReads};
-use crate::interceptor::{ClientAction, Decided, Interceptor, InterceptorConfig, ServerAction};
+use crate::interceptor::{
+    ClientAction, Decided, Interceptor, InterceptorConfig, KeyedCall, ServerAction,
+};
 use crate::jsonrpc::{
     error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
 };
 use crate::lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
 use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
-use crate::{Deduplicator, EngineConfig, RunningClaim, Timestamp};
+use crate::{Decision, Deduplicator, EngineConfig, RunningClaim, Timestamp};
 use futures_util::StreamExt;
-use stopping::Stopping;
+use stopping::{Deciding, Stopping};
 
 /// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
 /// input, waits 2 s, sends SIGTERM, waits 2 s more and sends SIGKILL; a grace counted from the
@@ -375,10 +377,8 @@ impl StdioProxy {
                 () = &mut server_gone => return Ok(()),
                 // The drain is over: nothing more goes to the server.
                 () = &mut drained => break,
-                Some((call, decision, deciding)) = waiting.next(), if !waiting.is_empty() => {
-                    let decided = lock(state).on_decision(call, decision);
-                    drop(deciding);
-                    self.send_decided(decided, &mut server_in, to_client).await?;
+                Some(decided) = waiting.next(), if !waiting.is_empty() => {
+                    self.deliver(state, decided, &mut server_in, to_client).await?;
                     // The read this interrupted goes on with what it had read.
                     resumed = true;
                     continue;
@@ -394,10 +394,8 @@ impl StdioProxy {
                             biased;
                             () = &mut server_gone => return Ok(()),
                             () = &mut drained => break,
-                            Some((call, decision, deciding)) = waiting.next(), if !waiting.is_empty() => {
-                                let decided = lock(state).on_decision(call, decision);
-                                drop(deciding);
-                                self.send_decided(decided, &mut server_in, to_client).await?;
+                            Some(decided) = waiting.next(), if !waiting.is_empty() => {
+                                self.deliver(state, decided, &mut server_in, to_client).await?;
                             }
                         }
                     }
@@ -452,9 +450,7 @@ impl StdioProxy {
                             .dedup
                             .begin_guarded(&scope, &call.tool_call(), &deciding)
                             .await;
-                        let decided = lock(state).on_decision(call, decision);
-                        drop(deciding);
-                        self.send_decided(decided, &mut server_in, to_client)
+                        self.deliver(state, (call, decision, deciding), &mut server_in, to_client)
                             .await?;
                         continue;
                     }
@@ -474,13 +470,25 @@ impl StdioProxy {
         }
         // The drain is over: a call still being decided is refused, and a claim it got released
         // (its future, dropped, would leave the key in progress with no call behind it).
-        while let Some((call, decision, deciding)) = waiting.next().await {
-            let decided = lock(state).on_decision(call, decision);
-            drop(deciding);
-            self.send_decided(decided, &mut server_in, to_client)
+        while let Some(decided) = waiting.next().await {
+            self.deliver(state, decided, &mut server_in, to_client)
                 .await?;
         }
         server_in.shutdown().await
+    }
+
+    /// Hands a decided call to the interceptor (the decision is over: its `Deciding` ends) and
+    /// sends it where it goes.
+    async fn deliver<SW: AsyncWrite + Unpin>(
+        &self,
+        state: &Mutex<Interceptor<RunningClaim>>,
+        (call, decision, deciding): (KeyedCall, Decision<RunningClaim>, Deciding<'_>),
+        server_in: &mut SW,
+        to_client: &ToClient,
+    ) -> io::Result<()> {
+        let decided = lock(state).on_decision(call, decision);
+        drop(deciding);
+        self.send_decided(decided, server_in, to_client).await
     }
 
     /// Sends a decided call where it goes: to the server, or (answered) to the client.

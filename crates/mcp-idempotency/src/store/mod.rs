@@ -100,7 +100,10 @@ impl ClaimOutcome {
     ///
     /// A lease that ran out is not recognised: another instance may be taking the record over,
     /// and the claimant would run the call on a lease the store no longer grants.
-    pub(crate) fn found(req: &ClaimRequest, record: Record) -> Self {
+    ///
+    /// Public for stores implemented outside this crate (the simulator's model store), so that
+    /// every store answers a claim sent twice by this one rule.
+    pub fn found(req: &ClaimRequest, record: Record) -> Self {
         match record.state {
             RecordState::InProgress {
                 owner,

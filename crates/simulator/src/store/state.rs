@@ -136,7 +136,9 @@ impl Tx<'_> {
 
     fn claim(&mut self, req: &ClaimRequest) -> ClaimOutcome {
         match self.held(&req.id) {
-            Some(record) if !record.is_expired(req.now) => return found(req, record),
+            Some(record) if !record.is_expired(req.now) => {
+                return ClaimOutcome::found(req, record.clone())
+            }
             // An expired record is replaced in place and keeps its place in the quotas (as in
             // the memory, SQLite and PostgreSQL stores).
             Some(_) => {}
@@ -306,23 +308,5 @@ impl Tx<'_> {
         records.sort_by_key(|record| std::cmp::Reverse(record.expires_at));
         records.truncate(limit);
         records
-    }
-}
-
-/// What a claim answers when a live record holds its key: `ClaimOutcome::found` of the library
-/// (crate-private there), restated. The claimant's own in-progress record, with its fingerprint
-/// and a lease that has not run out, is this claim sent again: claimed, and nothing changes.
-fn found(req: &ClaimRequest, record: &Record) -> ClaimOutcome {
-    match record.state {
-        RecordState::InProgress {
-            owner,
-            lease_expires_at,
-        } if owner == req.owner
-            && record.fingerprint == req.fingerprint
-            && lease_expires_at > req.now =>
-        {
-            ClaimOutcome::Claimed
-        }
-        _ => ClaimOutcome::Existing(record.clone()),
     }
 }
