@@ -1,30 +1,15 @@
 //! The invariants every history is checked against, and the documented exceptions they count
 //! rather than hide.
 
-use std::fmt;
 use std::time::Duration;
 
 use mcp_idempotency::{AfterCrash, RecordState, REPLAYED_META};
 use serde_json::Value;
 
 use crate::faults::FaultKind;
-use crate::world::client::{Group, Keying, Reply};
+pub use crate::violation::Violation;
+use crate::world::calls::{Group, Keying, Reply};
 use crate::world::{lock, Execution, TakeOver, World};
-
-/// An invariant a history broke.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Violation {
-    /// Which invariant.
-    pub invariant: &'static str,
-    /// What happened.
-    pub detail: String,
-}
-
-impl fmt::Display for Violation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.invariant, self.detail)
-    }
-}
 
 /// Second executions the documentation allows, counted by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

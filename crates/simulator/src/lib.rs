@@ -15,6 +15,7 @@ pub mod invariants;
 pub mod model_check;
 pub mod run;
 pub mod store;
+mod violation;
 pub mod world;
 
 pub use run::{run_seed, Options, SeedReport};

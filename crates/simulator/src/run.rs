@@ -267,7 +267,7 @@ fn keep_legacy_records(world: &World) {
     use mcp_idempotency::{Clock, FencingToken, IdempotencyKey, Outcome, RecordId, Scope};
 
     use crate::store::Op;
-    use crate::world::process::COMMAND_NAMESPACE;
+    use crate::world::COMMAND_NAMESPACE;
 
     let now = world.hosts[0].clock.now();
     let limits = world.gateway.engine.record_limits();

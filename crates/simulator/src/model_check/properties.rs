@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use mcp_idempotency::AfterCrash;
 
 use super::state::{refusal, KeyLog, Slot, SlotState, State};
-use super::world::World;
+use super::world::{World, COUNT};
 use super::{Config, Expectation};
 
 /// Names of the properties, as the report shows them.
@@ -72,9 +72,6 @@ const fn sometimes(
         tallies: false,
     }
 }
-
-/// How many properties [`SPECS`] declares.
-pub(crate) const COUNT: usize = 15;
 
 /// Every property; [`World::properties`](stateright::Model::properties) keeps those that apply.
 pub(crate) const SPECS: [Spec; COUNT] = [

@@ -16,6 +16,9 @@ use serde_json::Value;
 use super::state::{Call, CallId, Phase, Slot, SlotState};
 use super::Config;
 
+/// How many properties [`SPECS`](super::properties::SPECS) declares.
+pub(crate) const COUNT: usize = 15;
+
 /// The one tool of the world.
 pub(crate) const TOOL: &str = "charge";
 /// The two argument values: a call with the other one under the same key is a conflict.
@@ -54,7 +57,7 @@ pub(crate) struct World {
     /// States in which some key ran more than once.
     pub(crate) rerun_states: AtomicUsize,
     /// Which properties ([`SPECS`](super::properties::SPECS)) were discovered already.
-    pub(crate) discovered: [AtomicBool; super::properties::COUNT],
+    pub(crate) discovered: [AtomicBool; COUNT],
 }
 
 /// A step's narration, for rendering a path; nothing is formatted while the checker runs.

@@ -18,8 +18,8 @@ use mcp_idempotency::store::{
 use mcp_idempotency::{FencingToken, Outcome, Record, RecordId, RecordState, Timestamp};
 
 use super::{lock, Claimant, TakeOver, World};
-use crate::invariants::Violation;
 use crate::store::{Answer, Op};
+use crate::violation::Violation;
 
 /// How long a network store's client waits for an answer before giving up (the real stores' 10 s).
 pub const OP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -292,7 +292,7 @@ fn completed_outcome(world: &World, id: &RecordId) -> Option<Outcome> {
 fn describe(op: &Op) -> String {
     let id = |id: &RecordId| {
         // Records an earlier release kept under the command's namespace show as such.
-        let legacy = if id.scope.namespace() == super::process::COMMAND_NAMESPACE {
+        let legacy = if id.scope.namespace() == super::COMMAND_NAMESPACE {
             "legacy:"
         } else {
             ""

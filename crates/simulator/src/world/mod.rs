@@ -2,6 +2,7 @@
 //! count their executions. Everything runs on one current-thread tokio runtime whose clock is
 //! paused, so the only order of events is the one the seed's draws give.
 
+pub mod calls;
 pub mod client;
 pub mod clock;
 pub mod link;
@@ -23,8 +24,12 @@ use tokio::time::Instant;
 use crate::faults::FaultState;
 use crate::history::History;
 use crate::store::ModelStore;
-use client::{ClientAnswer, Group};
+use calls::{ClientAnswer, Group};
 use clock::HostClock;
+
+/// The namespace a process is started with, before the server names itself (`wrap`'s default
+/// from its command line).
+pub const COMMAND_NAMESPACE: &str = "wrap:payments-server";
 
 /// Locks a mutex of the world; a panic elsewhere is reported by the run, not here.
 pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -167,7 +172,7 @@ pub struct World {
     /// The faults injected so far.
     pub injected: Mutex<Vec<crate::faults::FaultEvent>>,
     /// What the store link saw break (a completed record overwritten).
-    pub violations: Mutex<Vec<crate::invariants::Violation>>,
+    pub violations: Mutex<Vec<crate::violation::Violation>>,
     /// When acknowledged writes were lost (the opt-in fault).
     pub acknowledged_lost_at: Mutex<Vec<Duration>>,
     /// Every group of calls the clients made.

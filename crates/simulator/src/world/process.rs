@@ -16,11 +16,7 @@ use tokio::io::{DuplexStream, ReadHalf, WriteHalf};
 
 use super::link::StoreLink;
 use super::tool::{self, ServerOf};
-use super::World;
-
-/// The namespace a process is started with, before the server names itself (`wrap`'s default
-/// from its command line).
-pub const COMMAND_NAMESPACE: &str = "wrap:payments-server";
+use super::{World, COMMAND_NAMESPACE};
 
 /// Bytes each pipe holds.
 const PIPE: usize = 64 * 1024;
