@@ -52,6 +52,7 @@ fn claim_complete_on(
         let start = Instant::now();
         for key in keys {
             let req = ClaimRequest {
+                trace: None,
                 id: RecordId {
                     scope: scope.clone(),
                     key,

@@ -365,6 +365,7 @@ mod tests {
 
     fn claim(namespace: &str, key: &str, arguments: &str, now: Timestamp) -> ClaimRequest {
         ClaimRequest {
+            trace: None,
             id: RecordId {
                 scope: Scope::new(namespace, "alice"),
                 key: IdempotencyKey::from_json(&key.into(), 255).unwrap(),
@@ -475,6 +476,7 @@ mod tests {
             ClaimOutcome::Existing(_)
         ));
         let take_over = TakeOverRequest {
+            trace: None,
             id: new.id.clone(),
             previous_owner: old.owner,
             new_owner: new.owner,

@@ -94,6 +94,7 @@ impl Keyed {
 
     fn call(&self) -> ToolCall<'_> {
         ToolCall {
+            trace: None,
             tool_name: &self.tool,
             arguments: self.arguments.as_deref(),
             idempotency_key: self.value.as_ref(),

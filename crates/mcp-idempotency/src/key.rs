@@ -131,6 +131,23 @@ impl IdempotencyKey {
         }
     }
 
+    /// The key's digest, the one name under which telemetry shows a key (keys may be secrets:
+    /// spans never carry the key itself) and `mcp-idem inspect` shows and finds it: the first 16
+    /// bytes of the SHA-256 of the key as the store holds it ([`as_str`](Self::as_str)), as 32
+    /// lowercase hex digits.
+    ///
+    /// ```
+    /// use mcp_idempotency::IdempotencyKey;
+    ///
+    /// let key = IdempotencyKey::new("order-42", 255).unwrap();
+    /// assert_eq!(key.digest(), "3bf8b157c4238eefe5ae4a66eca81c6b");
+    /// ```
+    pub fn digest(&self) -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.0.as_bytes());
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// Where the key came from, read off the key itself.
     pub fn source(&self) -> KeySource {
         self.0

@@ -127,7 +127,7 @@ pub use policy::source::KeySource;
 pub use policy::terms::KeyTerms;
 pub use record::{
     CorruptRecord, FencingToken, FencingTokens, Outcome, OutcomeKind, Record, RecordId,
-    RecordState, Scope,
+    RecordState, Scope, TraceLink,
 };
 pub use rejection::{Rejection, RejectionKind, UnknownRejectionKind, SHUTTING_DOWN_RETRY_AFTER};
 pub use time::{backoff, Clock, ManualClock, Sleep, SystemClock, Timestamp};

@@ -278,6 +278,9 @@ pub struct Record {
     pub created_at: Timestamp,
     /// End of the retention window: from then on the record counts as absent.
     pub expires_at: Timestamp,
+    /// The trace of the call that claimed the key (the one that ran, or runs), when tracing was on
+    /// ([`TraceLink`]); a replay links to it.
+    pub trace: Option<TraceLink>,
 }
 
 impl Record {
@@ -287,9 +290,159 @@ impl Record {
     }
 }
 
+/// Where the call that claimed a key is in its trace: the W3C Trace Context ids and flags of its
+/// span, never `tracestate` or `baggage`. A record keeps it so that a replay, a waiting duplicate
+/// or an `idempotency_key_in_progress` rejection can link to the execution, across instances
+/// sharing a store and across restarts.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TraceLink {
+    trace_id: [u8; 16],
+    span_id: [u8; 8],
+    flags: u8,
+}
+
+impl TraceLink {
+    /// A link to the span `span_id` of trace `trace_id`; `None` if either id is all zeros (the
+    /// W3C invalid ids).
+    pub fn new(trace_id: [u8; 16], span_id: [u8; 8], flags: u8) -> Option<Self> {
+        (trace_id != [0; 16] && span_id != [0; 8]).then_some(Self {
+            trace_id,
+            span_id,
+            flags,
+        })
+    }
+
+    /// The trace id.
+    pub fn trace_id(&self) -> [u8; 16] {
+        self.trace_id
+    }
+
+    /// The span id.
+    pub fn span_id(&self) -> [u8; 8] {
+        self.span_id
+    }
+
+    /// The trace flags (bit 0: sampled).
+    pub fn flags(&self) -> u8 {
+        self.flags
+    }
+
+    /// The trace id as 32 lowercase hex digits, as `inspect` shows it and trace back-ends search
+    /// by it.
+    pub fn trace_id_hex(&self) -> String {
+        hex(&self.trace_id)
+    }
+
+    /// The link as a W3C `traceparent` value (`00-{trace id}-{span id}-{flags}`).
+    pub fn to_traceparent(&self) -> String {
+        format!(
+            "00-{}-{}-{:02x}",
+            hex(&self.trace_id),
+            hex(&self.span_id),
+            self.flags
+        )
+    }
+
+    /// Reads a version-`00` W3C `traceparent` value; `None` if it is malformed (a malformed
+    /// `traceparent` is ignored, never an error).
+    pub fn from_traceparent(text: &str) -> Option<Self> {
+        let mut parts = text.trim().split('-');
+        let (version, trace_id, span_id, flags) =
+            (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+        // Version 00 has four parts; a later version may append more, and its first four are read
+        // as 00's (W3C Trace Context, "Versioning of traceparent").
+        if version.len() != 2 || version == "ff" || (version == "00" && parts.next().is_some()) {
+            return None;
+        }
+        unhex::<1>(version)?;
+        Self::new(unhex(trace_id)?, unhex(span_id)?, unhex::<1>(flags)?[0])
+    }
+
+    /// What a store keeps: the `traceparent` value and, after a space, the record's creation time
+    /// in milliseconds, so that a link left behind by a release that does not know this field (it
+    /// rewrote the record's other fields for a new claim) is not taken for the new call's.
+    pub fn stored(&self, created_at: Timestamp) -> String {
+        format!("{} {}", self.to_traceparent(), created_at.as_millis())
+    }
+
+    /// Reads what [`stored`](Self::stored) wrote for a record created at `created_at`; `None` when
+    /// it is absent, malformed or another record's: telemetry never makes a record unreadable.
+    pub fn from_stored(stored: Option<&str>, created_at: Timestamp) -> Option<Self> {
+        let (traceparent, created) = stored?.split_once(' ')?;
+        (created.parse::<u64>().ok()? == created_at.as_millis())
+            .then(|| Self::from_traceparent(traceparent))
+            .flatten()
+    }
+}
+
+impl fmt::Debug for TraceLink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TraceLink({})", self.to_traceparent())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// `N` bytes from `2 * N` lowercase hex digits (W3C Trace Context allows no uppercase).
+fn unhex<const N: usize>(text: &str) -> Option<[u8; N]> {
+    let digits = text.as_bytes();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let digit = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'a'..=b'f' => Some(d - b'a' + 10),
+        _ => None,
+    };
+    let mut bytes = [0; N];
+    for (byte, pair) in bytes.iter_mut().zip(digits.chunks_exact(2)) {
+        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trace_links_round_trip_and_malformed_ones_are_ignored() {
+        let text = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let link = TraceLink::from_traceparent(text).unwrap();
+        assert_eq!(link.to_traceparent(), text);
+        assert_eq!(link.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(link.flags(), 1);
+        let created = Timestamp::from_millis(1_700_000_000_123);
+        let stored = link.stored(created);
+        assert_eq!(TraceLink::from_stored(Some(&stored), created), Some(link));
+        // Another record's link (same key, claimed again by a release that kept the field).
+        let later = Timestamp::from_millis(1_700_000_000_124);
+        assert_eq!(TraceLink::from_stored(Some(&stored), later), None);
+        assert_eq!(TraceLink::from_stored(None, created), None);
+        assert_eq!(TraceLink::from_stored(Some("garbage"), created), None);
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473é-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(TraceLink::from_traceparent(bad), None, "{bad:?}");
+        }
+        // A later version's extra parts are ignored.
+        assert_eq!(
+            TraceLink::from_traceparent(
+                "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what"
+            ),
+            Some(link)
+        );
+    }
 
     #[test]
     fn outcome_round_trips_through_parts() {

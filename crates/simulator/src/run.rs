@@ -285,6 +285,7 @@ fn keep_legacy_records(world: &World) {
         let owner = FencingToken::from_u64(index as u64 + 1);
         let expires_at = now.saturating_add(Duration::from_secs(24 * 3600));
         let claim = ClaimRequest {
+            trace: None,
             id: id.clone(),
             fingerprint,
             tool_name: "charge".into(),

@@ -188,6 +188,28 @@ fn inspect_lists_shows_counts_purges_and_deletes_what_wrap_recorded() {
     assert_eq!(record["outcome_kind"], "error");
     assert_eq!(record["owner"], Value::Null);
     assert_eq!(record["fingerprint"].as_str().unwrap().len(), 64);
+    // The key's digest: SHA-256 of the stored key, its first 16 bytes; no trace (tracing off).
+    assert_eq!(record["key_digest"], "3d5e3106cd72ba03fededf6dbb9fc336");
+    assert_eq!(record["trace_id"], Value::Null);
+    let by_digest = inspect(
+        &sandbox,
+        &[
+            "list",
+            "--json",
+            "--key-digest",
+            "3D5E3106CD72BA03FEDEDF6DBB9FC336",
+        ],
+    )
+    .ok()
+    .json();
+    assert_eq!(keys(&by_digest), ["order-2"]);
+    let by_trace = inspect(
+        &sandbox,
+        &["list", "--json", "--trace-id", &"ab".repeat(16)],
+    )
+    .ok()
+    .json();
+    assert!(keys(&by_trace).is_empty());
     for time in ["created_at", "expires_at", "completed_at"] {
         let text = record[time].as_str().unwrap();
         assert!(humantime::parse_rfc3339(text).is_ok(), "{time}: {text}");

@@ -51,6 +51,7 @@ async fn inspect_lists_shows_counts_and_deletes_across_the_primaries() {
     let now = Timestamp::now();
     for n in 0..PRINCIPALS {
         let req = ClaimRequest {
+            trace: None,
             id: RecordId {
                 scope: Scope::new(namespace.as_str(), format!("principal-{n}")),
                 key: IdempotencyKey::new(&format!("order-{n}"), 255).unwrap(),

@@ -277,6 +277,7 @@ mod tests {
 
     fn record(key: &str, state: RecordState) -> Record {
         Record {
+            trace: None,
             id: id(key),
             fingerprint: fingerprint("t", None).unwrap(),
             tool_name: "t".into(),

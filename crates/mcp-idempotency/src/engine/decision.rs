@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use crate::jsonrpc;
 use crate::policy::KeyTerms;
-use crate::record::{FencingToken, RecordId};
+use crate::record::{FencingToken, RecordId, TraceLink};
 use crate::rejection::Rejection;
 use crate::store::{ClaimRequest, TakeOverRequest};
 use crate::time::Timestamp;
@@ -28,6 +28,9 @@ pub struct ToolCall<'a> {
     /// Which source the key comes from, and the terms the call is decided on: the tool policy's
     /// choice, or [`KeyTerms::sep`] for a SEP key with no tool policy (the default).
     pub terms: &'a KeyTerms,
+    /// The call's own span, when tracing is on: kept in the record it claims
+    /// ([`Record::trace`](crate::Record::trace)), so that a replay can link to it.
+    pub trace: Option<TraceLink>,
 }
 
 impl Default for ToolCall<'_> {
@@ -38,6 +41,7 @@ impl Default for ToolCall<'_> {
             idempotency_key: None,
             mrtr_continuation: false,
             terms: KeyTerms::sep(),
+            trace: None,
         }
     }
 }

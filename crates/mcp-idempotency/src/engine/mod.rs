@@ -128,6 +128,7 @@ impl Engine {
             // claim the key again and execute a second time.
             expires_at: now.saturating_add(retention.max(self.config.lease)),
             limits: self.config.limits,
+            trace: call.trace,
         })
     }
 
@@ -197,6 +198,7 @@ impl Engine {
                     now: req.now,
                     lease_expires_at: req.lease_expires_at,
                     expires_at: req.expires_at,
+                    trace: req.trace,
                     id: req.id,
                 }),
             },

@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::{BypassReason, Claim, Companion, Decision, Engine, Replay, Step, ToolCall};
 use crate::policy::{KeySource, KeyTerms};
 use crate::raw_object::{json_string, RawObject};
-use crate::record::{FencingToken, Record, RecordState, Scope};
+use crate::record::{FencingToken, Record, RecordState, Scope, TraceLink};
 use crate::rejection::RejectionKind;
 use crate::store::{ClaimOutcome, ClaimRequest, Fenced, StoreError, TakeOverRequest};
 use crate::time::Timestamp;
@@ -50,6 +50,8 @@ pub struct PendingDecision<'a> {
     /// The record of the client's key, found in progress with its lease run out, while the
     /// business identifier's record is read ([`Step::ReadIdentifier`]).
     stale_client_key: Option<(ClaimRequest, Record)>,
+    /// The trace of the last record found under a key of the call.
+    linked: Option<TraceLink>,
 }
 
 impl<'a> PendingDecision<'a> {
@@ -70,6 +72,7 @@ impl<'a> PendingDecision<'a> {
             client_key: None,
             companion: None,
             stale_client_key: None,
+            linked: None,
         };
         let client_key = call.terms.of_client_key();
         #[cfg(feature = "simulation")]
@@ -125,7 +128,10 @@ impl<'a> PendingDecision<'a> {
                     Err(decision) => Step::Done(decision),
                 }
             }
-            Ok(Some(record)) => self.engine.on_existing(req, record),
+            Ok(Some(record)) => {
+                self.linked = record.trace;
+                self.engine.on_existing(req, record)
+            }
             Ok(None) => {
                 self.client_key = None;
                 self.companion = Some(req);
@@ -152,9 +158,11 @@ impl<'a> PendingDecision<'a> {
         let step = match (answer, self.stale_client_key.take()) {
             (Ok(Some(record)), _) => {
                 self.client_key = None;
+                self.linked = record.trace;
                 self.engine.on_existing(req, record)
             }
             (_, Some((client_req, client_record))) => {
+                self.linked = client_record.trace;
                 self.engine.on_existing(client_req, client_record)
             }
             // Never read without a stale record of the client's key: decide by the identifier.
@@ -169,6 +177,9 @@ impl<'a> PendingDecision<'a> {
         req: ClaimRequest,
         answer: Result<ClaimOutcome, StoreError>,
     ) -> Step {
+        if let Ok(ClaimOutcome::Existing(record)) = &answer {
+            self.linked = record.trace;
+        }
         let step = self.engine.on_claim(req, answer);
         self.settled(step)
     }
@@ -181,6 +192,13 @@ impl<'a> PendingDecision<'a> {
     ) -> Step {
         let step = self.engine.on_take_over(req, answer);
         self.settled(step)
+    }
+
+    /// The trace of the call whose record decided this one ([`Record::trace`]), when that call
+    /// was traced: the execution a replay replays, the running call a duplicate found in
+    /// progress, the call a conflict's key belongs to. Telemetry links the call's span to it.
+    pub fn linked(&self) -> Option<TraceLink> {
+        self.linked
     }
 
     fn begin_own_key(&self) -> Step {
@@ -332,6 +350,7 @@ mod tests {
 
     fn completed(req: &ClaimRequest, fingerprint_of: &ClaimRequest, result: &str) -> Record {
         Record {
+            trace: None,
             id: req.id.clone(),
             fingerprint: fingerprint_of.fingerprint,
             tool_name: "charge".into(),

@@ -34,6 +34,7 @@ impl KeyedCall {
     /// The facts the engine decides on.
     pub fn tool_call(&self) -> ToolCall<'_> {
         ToolCall {
+            trace: None,
             tool_name: &self.tool_name,
             arguments: self.arguments.as_deref(),
             idempotency_key: self.key.as_ref(),

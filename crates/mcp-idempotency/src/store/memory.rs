@@ -8,7 +8,7 @@ use super::{
     Store, StoreFuture, StoreStats, TakeOverRequest,
 };
 use crate::fingerprint::Fingerprint;
-use crate::record::{FencingToken, Record, RecordId, RecordState, Scope};
+use crate::record::{FencingToken, Record, RecordId, RecordState, Scope, TraceLink};
 use crate::time::Timestamp;
 
 /// foldhash with a per-store random seed: fast, and resistant to precomputed collisions.
@@ -44,6 +44,7 @@ struct Entry {
     state: RecordState,
     created_at: Timestamp,
     expires_at: Timestamp,
+    trace: Option<TraceLink>,
 }
 
 impl Entry {
@@ -59,6 +60,7 @@ impl Entry {
             state: self.state.clone(),
             created_at: self.created_at,
             expires_at: self.expires_at,
+            trace: self.trace,
         }
     }
 }
@@ -104,6 +106,7 @@ impl MemoryStore {
             },
             created_at: req.now,
             expires_at: req.expires_at,
+            trace: req.trace,
         };
         match shard.records.entry(req.id.clone()) {
             MapEntry::Occupied(existing) if !existing.get().is_expired(req.now) => {
@@ -292,6 +295,7 @@ impl Store for MemoryStore {
                         lease_expires_at: req.lease_expires_at,
                     };
                     record.expires_at = req.expires_at;
+                    record.trace = req.trace;
                 })
             })
             .flatten();

@@ -51,7 +51,7 @@ use crate::fingerprint::Fingerprint;
 #[cfg(doc)]
 use crate::key::IdempotencyKey;
 use crate::policy::KeySource;
-use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState};
+use crate::record::{FencingToken, Outcome, Record, RecordId, RecordState, TraceLink};
 use crate::time::Timestamp;
 
 /// The future every store operation returns: boxed so that `dyn Store` works, since the store is
@@ -77,6 +77,8 @@ pub struct ClaimRequest {
     pub expires_at: Timestamp,
     /// Quotas to enforce if this claim creates a record.
     pub limits: RecordLimits,
+    /// The claiming call's trace, kept in the record ([`Record::trace`]) when tracing is on.
+    pub trace: Option<TraceLink>,
 }
 
 /// What a claim found.
@@ -164,6 +166,9 @@ pub struct TakeOverRequest {
     pub lease_expires_at: Timestamp,
     /// New end of the retention window.
     pub expires_at: Timestamp,
+    /// The new owner's trace, which replaces the record's ([`Record::trace`]); `None` keeps
+    /// none.
+    pub trace: Option<TraceLink>,
 }
 
 /// Whether a fenced write (complete, renew, release, take-over) happened.

@@ -13,10 +13,13 @@
 //! | `owner`, `lease_expires_at` | the fencing token (the `u64` bit for bit as a signed integer) and lease deadline, while in progress; `NULL` once completed |
 //! | `outcome_kind`, `outcome_body`, `completed_at` | the outcome, byte for byte, once completed; `NULL` while in progress |
 //! | `created_at`, `expires_at` | the caller's milliseconds since the epoch, never a database clock |
+//! | `trace` | the claiming call's trace ([`TraceLink::stored`]), or `NULL`; a value that cannot be read is ignored, never corrupt |
 
 use crate::fingerprint::Fingerprint;
 use crate::key::IdempotencyKey;
-use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope};
+use crate::record::{
+    CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, Scope, TraceLink,
+};
 use crate::store::ClaimRequest;
 use crate::time::Timestamp;
 
@@ -25,7 +28,7 @@ use crate::time::Timestamp;
 macro_rules! record_columns {
     () => {
         "fingerprint, tool_name, owner, lease_expires_at, outcome_kind, outcome_body, \
-         completed_at, created_at, expires_at"
+         completed_at, created_at, expires_at, trace"
     };
 }
 #[cfg(feature = "sqlite")]
@@ -66,7 +69,7 @@ fn token_from_sql(owner: i64) -> FencingToken {
 
 /// The values of the columns a claim writes, in the order of parameters 1 to 9 of both stores'
 /// claim statements: namespace, principal, key, fingerprint, tool name, owner, lease deadline,
-/// `now` (the creation time) and expiry.
+/// `now` (the creation time) and expiry; and the trace, parameter 10.
 pub(crate) struct ClaimColumns<'a> {
     pub(crate) namespace: &'a str,
     pub(crate) principal: &'a str,
@@ -77,6 +80,7 @@ pub(crate) struct ClaimColumns<'a> {
     pub(crate) lease_expires_at: i64,
     pub(crate) now: i64,
     pub(crate) expires_at: i64,
+    pub(crate) trace: Option<String>,
 }
 
 impl<'a> ClaimColumns<'a> {
@@ -91,6 +95,7 @@ impl<'a> ClaimColumns<'a> {
             lease_expires_at: sql_time(req.lease_expires_at),
             now: sql_time(req.now),
             expires_at: sql_time(req.expires_at),
+            trace: req.trace.map(|trace| trace.stored(req.now)),
         }
     }
 }
@@ -121,7 +126,7 @@ pub(crate) fn decode_listed(row: &impl SqlRow) -> Result<Record, CorruptRecord> 
     decode(&id, row, 3)
 }
 
-/// Reads the record `id` from `row`'s columns `at..at + 9` ([`RECORD_COLUMNS`]).
+/// Reads the record `id` from `row`'s columns `at..at + 10` ([`RECORD_COLUMNS`]).
 pub(crate) fn decode(id: &RecordId, row: &impl SqlRow, at: usize) -> Result<Record, CorruptRecord> {
     let corrupt = |what: &str| CorruptRecord(format!("{what} of {:?}", id.key));
     let unreadable = |name: &str, why: String| corrupt(&format!("unreadable {name} ({why})"));
@@ -156,13 +161,15 @@ pub(crate) fn decode(id: &RecordId, row: &impl SqlRow, at: usize) -> Result<Reco
         (Some(_), Some(_)) => return Err(corrupt("both an owner and an outcome")),
         (None, None) => return Err(corrupt("neither an owner nor an outcome")),
     };
+    let created_at = time(7, "creation time")?;
     Ok(Record {
         id: id.clone(),
         fingerprint: Fingerprint::from_bytes(fingerprint),
         tool_name: text(1, "tool name")?.ok_or_else(|| missing("tool name"))?,
         state,
-        created_at: time(7, "creation time")?,
+        created_at,
         expires_at: time(8, "expiry")?,
+        trace: TraceLink::from_stored(row.text(at + 9).ok().flatten().as_deref(), created_at),
     })
 }
 

@@ -14,6 +14,7 @@ use mcp_idempotency::{FencingToken, IdempotencyKey, RecordId, Scope, Timestamp};
 fn claim_request(key: &str) -> ClaimRequest {
     let now = Timestamp::now();
     ClaimRequest {
+        trace: None,
         id: RecordId {
             scope: Scope::new("ns", "alice"),
             key: IdempotencyKey::new(key, 255).unwrap(),

@@ -85,6 +85,7 @@ fn record_id(namespace: &str, principal: &str, key: &str) -> RecordId {
 
 fn claim_req(id: &RecordId, now: Timestamp, expires_in: Duration) -> ClaimRequest {
     ClaimRequest {
+        trace: None,
         id: id.clone(),
         fingerprint: fingerprint("charge", Some(r#"{"amount":1}"#)).expect("valid arguments"),
         tool_name: "charge".into(),

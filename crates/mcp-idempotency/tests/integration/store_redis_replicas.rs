@@ -249,6 +249,7 @@ async fn primary_of_principals(prefix: &str) -> BTreeMap<String, u16> {
 
 fn claim_req(principal: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
+        trace: None,
         id: RecordId {
             scope: Scope::new("ns", principal),
             key: IdempotencyKey::new(key, 255).unwrap(),

@@ -198,6 +198,7 @@ impl World {
     /// The slot as the engine reads it: a real [`Record`].
     pub(super) fn record(&self, key: u8, slot: &Slot) -> Record {
         Record {
+            trace: None,
             id: self.ids[usize::from(key)].clone(),
             fingerprint: slot.fingerprint,
             tool_name: TOOL.into(),

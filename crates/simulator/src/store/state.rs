@@ -155,6 +155,7 @@ impl Tx<'_> {
             }
         }
         self.put(Record {
+            trace: req.trace,
             id: req.id.clone(),
             fingerprint: req.fingerprint,
             tool_name: req.tool_name.to_string(),
@@ -239,6 +240,7 @@ impl Tx<'_> {
                         lease_expires_at: req.lease_expires_at,
                     },
                     expires_at: req.expires_at,
+                    trace: req.trace,
                     ..record.clone()
                 };
                 self.put(taken);

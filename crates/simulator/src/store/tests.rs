@@ -33,6 +33,7 @@ fn id(principal: &str, key: &str) -> RecordId {
 /// A claim of `id` at `T0` by the token `owner`, retained 100 s, leased 30 s.
 fn claim_req(id: &RecordId, owner: u64) -> ClaimRequest {
     ClaimRequest {
+        trace: None,
         id: id.clone(),
         fingerprint: fingerprint("charge", Some(r#"{"amount":1}"#)).expect("valid arguments"),
         tool_name: "charge".into(),
@@ -320,6 +321,7 @@ fn seeded_mix(seed: u64, ops: usize) -> Vec<String> {
                 expires_at: now.saturating_add(Duration::from_secs(100)),
             }),
             4 => Op::TakeOver(mcp_idempotency::store::TakeOverRequest {
+                trace: None,
                 id,
                 previous_owner: owner,
                 new_owner: FencingToken::from_u64(rng.random_range(1..4)),

@@ -76,6 +76,17 @@ struct ListArgs {
     #[arg(long)]
     key: Option<String>,
 
+    /// Only the record whose key has this digest (32 hex digits), as spans carry it
+    /// (`mcp_idem.key.digest`) and `show` prints it. Looks through at most the 100,000 records
+    /// the other options select.
+    #[arg(long, value_name = "HEX")]
+    key_digest: Option<String>,
+
+    /// Only records claimed by a call of this trace (32 hex digits), as `show` prints it.
+    /// Looks through at most the 100,000 records the other options select.
+    #[arg(long, value_name = "HEX")]
+    trace_id: Option<String>,
+
     #[command(flatten)]
     sources: SourceFilter,
 
@@ -316,6 +327,9 @@ async fn matching(
     Ok(records)
 }
 
+/// Most records `list --key-digest` and `--trace-id` look through (no store indexes either).
+const SEARCHED_RECORDS: usize = 100_000;
+
 async fn list(
     store: &dyn Store,
     args: &ListArgs,
@@ -331,16 +345,25 @@ async fn list(
         created_at_or_before: args.older_than.map(|d| ago(now, d)),
         created_after: args.newer_than.map(|d| ago(now, d)),
     };
+    let digest = args.key_digest.as_deref().map(str::to_ascii_lowercase);
+    let trace_id = args.trace_id.as_deref().map(str::to_ascii_lowercase);
+    let searched = digest.is_some() || trace_id.is_some();
     // One more than asked for tells whether the list was cut short.
-    let mut records = matching(
-        store,
-        filter,
-        args.key.as_deref(),
-        now,
-        args.limit.saturating_add(1),
-    )
-    .await
-    .context("cannot list records")?;
+    let wanted = match searched {
+        true => SEARCHED_RECORDS,
+        false => args.limit.saturating_add(1),
+    };
+    let mut records = matching(store, filter, args.key.as_deref(), now, wanted)
+        .await
+        .context("cannot list records")?;
+    if searched {
+        records.retain(|record| {
+            digest.as_ref().is_none_or(|d| record.id.key.digest() == *d)
+                && trace_id
+                    .as_ref()
+                    .is_none_or(|t| record.trace.is_some_and(|trace| trace.trace_id_hex() == *t))
+        });
+    }
     let truncated = records.len() > args.limit;
     records.truncate(args.limit);
     if truncated && !out.json {

@@ -16,6 +16,7 @@ struct RecordJson<'a> {
     namespace: &'a str,
     principal: &'a str,
     key: &'a str,
+    key_digest: String,
     key_source: &'static str,
     state: &'static str,
     tool: &'a str,
@@ -26,6 +27,7 @@ struct RecordJson<'a> {
     lease_expires_at: Option<String>,
     completed_at: Option<String>,
     outcome_kind: Option<&'static str>,
+    trace_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     outcome: Option<OutcomeJson<'a>>,
 }
@@ -82,6 +84,7 @@ fn record_json(record: &Record, now: Timestamp, with_outcome: bool) -> RecordJso
         namespace: record.id.scope.namespace(),
         principal: record.id.scope.principal(),
         key: record.id.key.for_tool(),
+        key_digest: record.id.key.digest(),
         key_source: record.id.key.source().as_str(),
         state: state_name(record, now),
         tool: &record.tool_name,
@@ -92,6 +95,7 @@ fn record_json(record: &Record, now: Timestamp, with_outcome: bool) -> RecordJso
         lease_expires_at: lease,
         completed_at: completed,
         outcome_kind: outcome.map(|o| o.kind().as_str()),
+        trace_id: record.trace.map(|trace| trace.trace_id_hex()),
         outcome: outcome
             .filter(|_| with_outcome)
             .map(|outcome| match outcome {
@@ -253,6 +257,7 @@ pub(super) fn show(record: &Record, now: Timestamp, as_json: bool) -> String {
         let _ = writeln!(text, "{name:<14} {value}");
     };
     field("key", &escape_controls(record.id.key.for_tool()));
+    field("key digest", &record.id.key.digest());
     field("source", record.id.key.source().as_str());
     field("namespace", &escape_controls(record.id.scope.namespace()));
     field("principal", &escape_controls(record.id.scope.principal()));
@@ -261,6 +266,9 @@ pub(super) fn show(record: &Record, now: Timestamp, as_json: bool) -> String {
     field("fingerprint", &record.fingerprint.to_hex());
     field("created", &time_from_now(record.created_at, now));
     field("expires", &time_from_now(record.expires_at, now));
+    if let Some(trace) = record.trace {
+        field("trace", &trace.to_traceparent());
+    }
     let body = match &record.state {
         RecordState::InProgress {
             owner,

@@ -79,6 +79,7 @@ impl PostgresStore {
             .map(|req| sql_limit(req.limits.max_records_total))
             .collect();
         let c_shard: Vec<i16> = claims.iter().map(|req| shard_of(&req.id)).collect();
+        let c_trace: Vec<Option<&str>> = c.iter().map(|c| c.trace.as_deref()).collect();
         let bodies: Vec<_> = completions.iter().map(|req| req.outcome.body()).collect();
         let d_namespace: Vec<&str> = completions.iter().map(|r| r.id.scope.namespace()).collect();
         let d_principal: Vec<&str> = completions.iter().map(|r| r.id.scope.principal()).collect();
@@ -112,6 +113,7 @@ impl PostgresStore {
                             c_scope_limit,
                             c_total_limit,
                             c_shard,
+                            c_trace,
                             d_namespace,
                             d_principal,
                             d_key,

@@ -230,6 +230,7 @@ impl Store for PostgresStore {
                         sql_time(req.lease_expires_at),
                         sql_time(req.expires_at),
                         sql_time(req.now),
+                        req.trace.map(|trace| trace.to_traceparent()),
                     ],
                 )
                 .await

@@ -59,6 +59,14 @@ impl Param for Vec<&[u8]> {
     const TYPE: Type = Type::BYTEA_ARRAY;
 }
 
+impl Param for Option<String> {
+    const TYPE: Type = Type::TEXT;
+}
+
+impl Param for Vec<Option<&str>> {
+    const TYPE: Type = Type::TEXT_ARRAY;
+}
+
 /// A parameter as `query_typed` takes it.
 pub(super) type Typed<'a> = (&'a (dyn ToSql + Sync), Type);
 

@@ -238,7 +238,7 @@ async fn claim_once(
         sql_limit(req.limits.max_records_total),
     );
     let mut params = claim_params(&record);
-    params.extend(params![limits.0, limits.1, shard]);
+    params.extend(params![limits.0, limits.1, shard, record.trace]);
     let rows = match client.query_typed(&sql.claim, &params).await {
         Ok(rows) => rows,
         Err(err) => {
@@ -275,6 +275,7 @@ async fn claim_exact(
     let record = ClaimColumns::of(req);
     let mut params = claim_params(&record);
     params.push(typed(&shard));
+    params.push(typed(&record.trace));
     let Some(row) = tx.query_typed_opt(&sql.insert_record, &params).await? else {
         // A live record holds the key: the one-statement claim returns it.
         tx.rollback().await?;

@@ -10,7 +10,9 @@
 //!   keys compare byte for byte), with the fingerprint (`bytea`, 32 bytes), the owner token
 //!   (`bigint`, the `u64` cast bitwise) and lease while in progress, or the outcome kind and body
 //!   (`text`, kept byte for byte) once completed, and the counter shard the record is counted in
-//!   (`shard`, `0..16`). Times are the caller's milliseconds since the epoch (`bigint`), never the
+//!   (`shard`, `0..16`), and the claiming call's trace (`trace`, `text`, see
+//!   [`TraceLink::stored`](crate::TraceLink::stored); added in place to version 2 tables, with no
+//!   version change). Times are the caller's milliseconds since the epoch (`bigint`), never the
 //!   database clock. An index on `expires_at` serves purges.
 //! * `idem_scope_shards` and `idem_total_shards`: how many records (live or expired but not yet
 //!   purged) each scope and the whole store hold, split over 16 counter rows ("shards") per scope
@@ -24,7 +26,7 @@
 //!
 //! Three PL/pgSQL functions run the statements of every executed call, so that the server plans
 //! them once per connection (see [`CLAIM_FUNCTION`](super::sql::CLAIM_FUNCTION)):
-//! `idem_claim_v1` and `idem_complete_v1`, and `idem_batch_v1`, which runs several of both in one
+//! `idem_claim_v2` and `idem_complete_v1`, and `idem_batch_v2`, which runs several of both in one
 //! statement (see the `batch` module). Opening the store creates them when they are missing,
 //! whatever the version; their names carry their own version, so builds with other bodies keep
 //! calling theirs. A role that may not create them in the schema cannot open it until they exist.
@@ -105,6 +107,7 @@ fn schema_ddl(s: &str) -> String {
             created_at       bigint NOT NULL,
             expires_at       bigint NOT NULL,
             shard            smallint NOT NULL DEFAULT 0,
+            trace            text,
             PRIMARY KEY (namespace, principal, key),
             CHECK ((owner IS NULL) = (outcome_kind IS NOT NULL))
         );
@@ -243,6 +246,22 @@ async fn migrate(
             ),
             &params![SCHEMA_VERSION],
         )
+        .await?;
+    }
+    // The `trace` column came without a version change (a release that does not know it names
+    // its columns, and reads and writes as before); a table made before it gets it here.
+    let has_trace: bool = tx
+        .query_typed_one(
+            "SELECT EXISTS (SELECT 1 FROM information_schema.columns
+                WHERE table_schema = $1 AND table_name = 'idem_records' AND column_name = 'trace')",
+            &params![schema],
+        )
+        .await?
+        .try_get(0)?;
+    if !has_trace {
+        tx.batch_execute(&format!(
+            "ALTER TABLE {quoted}.idem_records ADD COLUMN IF NOT EXISTS trace text"
+        ))
         .await?;
     }
     // The functions are looked for by name and argument types, so a schema whose tables are up

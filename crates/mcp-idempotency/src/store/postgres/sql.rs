@@ -65,22 +65,23 @@ pub(super) struct Sql {
 /// in transaction mode too (the plans belong to the server connection, not to the client). The
 /// statements inside are the same, run the same way (one statement, READ COMMITTED, a fresh
 /// snapshot): only where they are planned changes. Names carry a version, so that builds with
-/// different bodies sharing one schema each call their own.
-pub(super) const CLAIM_FUNCTION: &str = "idem_claim_v1";
+/// different bodies sharing one schema each call their own (version 2 writes the `trace` column;
+/// a release calling version 1 still finds its own).
+pub(super) const CLAIM_FUNCTION: &str = "idem_claim_v2";
 /// The server-side function that runs the completion (see [`CLAIM_FUNCTION`]).
 pub(super) const COMPLETE_FUNCTION: &str = "idem_complete_v1";
 /// The argument types of the functions, as `to_regprocedure` reads them.
 pub(super) const CLAIM_ARGS: &str =
-    "text, text, text, bytea, text, bigint, bigint, bigint, bigint, bigint, bigint, smallint";
+    "text, text, text, bytea, text, bigint, bigint, bigint, bigint, bigint, bigint, smallint, text";
 pub(super) const COMPLETE_ARGS: &str = "text, text, text, bigint, text, text, bigint, bigint";
 
 /// The server-side function that runs several claims and completions in one statement, and so
 /// in one transaction with one commit (see the `batch` module), with the parameters of
 /// [`Sql::batch`]: one array per column, claims first, then completions.
-pub(super) const BATCH_FUNCTION: &str = "idem_batch_v1";
+pub(super) const BATCH_FUNCTION: &str = "idem_batch_v2";
 /// The arguments of [`BATCH_FUNCTION`], named: the claims' columns (`c_…`, as the claim
-/// function's first twelve), then the completions' (`d_…`, as the completion function's).
-const BATCH_PARAMS: [(&str, &str); 20] = [
+/// function's thirteen), then the completions' (`d_…`, as the completion function's).
+const BATCH_PARAMS: [(&str, &str); 21] = [
     ("c_namespace", "text[]"),
     ("c_principal", "text[]"),
     ("c_key", "text[]"),
@@ -93,6 +94,7 @@ const BATCH_PARAMS: [(&str, &str); 20] = [
     ("c_scope_limit", "bigint[]"),
     ("c_total_limit", "bigint[]"),
     ("c_shard", "smallint[]"),
+    ("c_trace", "text[]"),
     ("d_namespace", "text[]"),
     ("d_principal", "text[]"),
     ("d_key", "text[]"),
@@ -109,7 +111,7 @@ pub(super) fn batch_args() -> String {
 }
 
 /// The claim's columns as the parameters `$1` to `$9` of the claim statements (the order of
-/// [`ClaimColumns`](crate::store::sql_row::ClaimColumns)).
+/// [`ClaimColumns`](crate::store::sql_row::ClaimColumns)); the trace is another parameter.
 const CLAIM_PARAMS: [&str; 9] = ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$8", "$9"];
 
 /// The completion's values as the parameters `$1` to `$8` of [`COMPLETE_FUNCTION`]: the record
@@ -118,20 +120,21 @@ const COMPLETE_PARAMS: [&str; 8] = ["$1", "$2", "$3", "$4", "$5", "$6", "$7", "$
 
 /// Inserts a record, or replaces an expired one (keeping its shard), returning whether it was a
 /// fresh insert; returns nothing when a live record holds the key. `v` holds the claim's values
-/// in the order of [`CLAIM_PARAMS`], `shard` the record's shard.
-fn insert_record(s: &str, v: [&str; 9], shard: &str) -> String {
+/// in the order of [`CLAIM_PARAMS`], `shard` the record's shard, `trace` its trace column.
+fn insert_record(s: &str, v: [&str; 9], shard: &str, trace: &str) -> String {
     let [namespace, principal, key, fingerprint, tool, owner, lease, now, expires] = v;
     format!(
         "INSERT INTO {s}.idem_records AS r (namespace, principal, key, fingerprint, tool_name,
             owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at,
-            expires_at, shard)
+            expires_at, shard, trace)
         VALUES ({namespace}, {principal}, {key}, {fingerprint}, {tool}, {owner}, {lease}, NULL,
-            NULL, NULL, {now}, {expires}, {shard})
+            NULL, NULL, {now}, {expires}, {shard}, {trace})
         ON CONFLICT (namespace, principal, key) DO UPDATE SET
             fingerprint = EXCLUDED.fingerprint, tool_name = EXCLUDED.tool_name,
             owner = EXCLUDED.owner, lease_expires_at = EXCLUDED.lease_expires_at,
             outcome_kind = NULL, outcome_body = NULL, completed_at = NULL,
-            created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at
+            created_at = EXCLUDED.created_at, expires_at = EXCLUDED.expires_at,
+            trace = EXCLUDED.trace
         WHERE r.expires_at <= {now}
         RETURNING (r.xmax = 0) AS created"
     )
@@ -169,17 +172,17 @@ impl Sql {
         Self {
             // $1 namespace, $2 principal, $3 key, $4 fingerprint, $5 tool, $6 owner,
             // $7 lease_expires_at, $8 now, $9 expires_at, $10 scope limit, $11 total limit,
-            // $12 shard. The total update reads `scope_count` so that it runs (and locks) after
-            // it, and only when the scope had room.
-            claim: format!("SELECT * FROM {s}.{CLAIM_FUNCTION}({})", placeholders(12)),
+            // $12 shard, $13 trace. The total update reads `scope_count` so that it runs (and
+            // locks) after it, and only when the scope had room.
+            claim: format!("SELECT * FROM {s}.{CLAIM_FUNCTION}({})", placeholders(13)),
             batch: format!(
                 "SELECT * FROM {s}.{BATCH_FUNCTION}({})",
                 placeholders(BATCH_PARAMS.len())
             ),
             functions: functions(s),
             // The exact path, statement by statement in one transaction. $1 to $9 as for
-            // `claim`, $10 shard.
-            insert_record: insert_record(s, CLAIM_PARAMS, "$10"),
+            // `claim`, $10 shard, $11 trace.
+            insert_record: insert_record(s, CLAIM_PARAMS, "$10", "$11"),
 
             // $1 namespace, $2 principal, $3 shard, $4 limit.
             bump_scope: format!(
@@ -231,7 +234,8 @@ impl Sql {
             take_over: format!(
                 "UPDATE {s}.idem_records SET owner = $5,
                     lease_expires_at = CASE WHEN owner = $5 THEN lease_expires_at ELSE $6 END,
-                    expires_at = CASE WHEN owner = $5 THEN expires_at ELSE $7 END
+                    expires_at = CASE WHEN owner = $5 THEN expires_at ELSE $7 END,
+                    trace = CASE WHEN owner = $5 THEN trace ELSE $9 || ' ' || created_at END
                  WHERE {key} AND expires_at > $8
                     AND ((owner = $4 AND lease_expires_at <= $8) OR owner = $5)"
             ),
@@ -326,7 +330,8 @@ impl Sql {
 
 /// The one-statement claim (see the `quota` module), the body of [`CLAIM_FUNCTION`].
 /// $1 namespace, $2 principal, $3 key, $4 fingerprint, $5 tool, $6 owner, $7 lease_expires_at,
-/// $8 now, $9 expires_at, $10 scope limit, $11 total limit, $12 shard. The total update reads
+/// $8 now, $9 expires_at, $10 scope limit, $11 total limit, $12 shard, $13 trace. The total
+/// update reads
 /// `scope_count` so that it runs (and locks) after it, and only when the scope had room.
 fn claim_statement(s: &str) -> String {
     let key = "namespace = $1 AND principal = $2 AND key = $3";
@@ -353,12 +358,12 @@ fn claim_statement(s: &str) -> String {
             FROM ins WHERE ins.created AND NOT EXISTS (SELECT 1 FROM total_count)
         )
         SELECT true AS claimed, NULL::bytea, NULL::text, NULL::int8, NULL::int8,
-            NULL::text, NULL::text, NULL::int8, NULL::int8, NULL::int8
+            NULL::text, NULL::text, NULL::int8, NULL::int8, NULL::int8, NULL::text
         FROM ins
         UNION ALL
         SELECT false, {RECORD_COLUMNS} FROM {s}.idem_records
         WHERE {key} AND expires_at > $8 AND NOT EXISTS (SELECT 1 FROM ins)",
-        insert_record(s, CLAIM_PARAMS, "$12")
+        insert_record(s, CLAIM_PARAMS, "$12", "$13")
     )
 }
 
@@ -389,7 +394,7 @@ fn functions(s: &str) -> String {
         RETURNS TABLE (out_claimed boolean, out_fingerprint bytea, out_tool_name text,
             out_owner bigint, out_lease_expires_at bigint, out_outcome_kind text,
             out_outcome_body text, out_completed_at bigint, out_created_at bigint,
-            out_expires_at bigint)
+            out_expires_at bigint, out_trace text)
         LANGUAGE plpgsql VOLATILE AS $idem$
         #variable_conflict use_column
         BEGIN
@@ -442,6 +447,7 @@ fn batch_function(s: &str) -> String {
             "c_expires_at[item]",
         ],
         "c_shard[item]",
+        "c_trace[item]",
     );
     let complete = complete_statement(
         s,
@@ -459,9 +465,11 @@ fn batch_function(s: &str) -> String {
     // Clears the record columns of the result row once a found record was returned.
     let clear = "out_fingerprint := NULL; out_tool_name := NULL; out_owner := NULL;
         out_lease_expires_at := NULL; out_outcome_kind := NULL; out_outcome_body := NULL;
-        out_completed_at := NULL; out_created_at := NULL; out_expires_at := NULL;";
+        out_completed_at := NULL; out_created_at := NULL; out_expires_at := NULL;
+        out_trace := NULL;";
     let record_into = "out_fingerprint, out_tool_name, out_owner, out_lease_expires_at,
-        out_outcome_kind, out_outcome_body, out_completed_at, out_created_at, out_expires_at";
+        out_outcome_kind, out_outcome_body, out_completed_at, out_created_at, out_expires_at,
+        out_trace";
     // Every statement run per batch costs the server its executor start-up, so the fixed part
     // is a few statements, and what can be a plain PL/pgSQL expression is one.
     format!(
@@ -469,7 +477,7 @@ fn batch_function(s: &str) -> String {
         RETURNS TABLE (out_item integer, out_state smallint, out_fingerprint bytea,
             out_tool_name text, out_owner bigint, out_lease_expires_at bigint,
             out_outcome_kind text, out_outcome_body text, out_completed_at bigint,
-            out_created_at bigint, out_expires_at bigint)
+            out_created_at bigint, out_expires_at bigint, out_trace text)
         LANGUAGE plpgsql VOLATILE AS $idem$
         #variable_conflict use_column
         DECLARE

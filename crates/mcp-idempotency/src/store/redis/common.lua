@@ -6,7 +6,7 @@
 -- (records in progress) and PREFIX .. 's:<namespace>:<principal>' (its scope). Times are the
 -- caller's milliseconds, passed as arguments: these scripts never read the server's clock.
 
-local FIELDS = {'fp', 'tool', 'owner', 'lease', 'kind', 'body', 'done', 'created', 'expires'}
+local FIELDS = {'fp', 'tool', 'owner', 'lease', 'kind', 'body', 'done', 'created', 'expires', 'trace'}
 
 -- Redis drops a record key this long after its retention window ends by the writer's clock, so
 -- that readers whose clocks lag a little still find it while they consider it live.

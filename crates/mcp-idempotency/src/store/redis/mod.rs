@@ -377,7 +377,8 @@ impl RedisStore {
             .arg(req.limits.max_records_per_scope)
             .arg(self.total_share(req.limits.max_records_total))
             .arg(&shard.tag)
-            .arg(PURGE_BATCH);
+            .arg(PURGE_BATCH)
+            .arg(stored_trace(req).as_deref().unwrap_or(""));
     }
 
     /// A completion's arguments after its member (`complete` in `writes.lua`).
@@ -390,9 +391,18 @@ impl RedisStore {
     }
 }
 
-/// The bytes of [`RedisStore::claim_args`] beyond [`ARG_ROOM`](server::ARG_ROOM): the tool's name.
+/// The bytes of [`RedisStore::claim_args`] beyond [`ARG_ROOM`](server::ARG_ROOM): the tool's name
+/// and the trace.
 fn claim_bytes(req: &ClaimRequest) -> usize {
-    req.tool_name.len()
+    req.tool_name.len() + req.trace.map_or(0, |_| TRACE_BYTES)
+}
+
+/// The length of a stored trace: a `traceparent` (55 bytes), a space and a time of up to 20 digits.
+const TRACE_BYTES: usize = 76;
+
+/// The trace a claim writes ([`TraceLink::stored`](crate::TraceLink::stored)).
+fn stored_trace(req: &ClaimRequest) -> Option<String> {
+    req.trace.map(|trace| trace.stored(req.now))
 }
 
 /// The bytes of [`RedisStore::complete_args`] beyond [`ARG_ROOM`](server::ARG_ROOM): the outcome's body.
@@ -456,7 +466,12 @@ impl Store for RedisStore {
                 .arg(req.new_owner.as_u64())
                 .arg(req.now.as_millis())
                 .arg(req.lease_expires_at.as_millis())
-                .arg(req.expires_at.as_millis());
+                .arg(req.expires_at.as_millis())
+                .arg(
+                    req.trace
+                        .map(|trace| trace.to_traceparent())
+                        .unwrap_or_default(),
+                );
             self.fenced("take-over", shard, &call).await
         })
     }

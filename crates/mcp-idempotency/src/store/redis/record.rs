@@ -2,12 +2,14 @@
 //! scripts write them).
 
 use crate::fingerprint::Fingerprint;
-use crate::record::{CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState};
+use crate::record::{
+    CorruptRecord, FencingToken, Outcome, Record, RecordId, RecordState, TraceLink,
+};
 use crate::time::Timestamp;
 
 /// The fields of a record hash, in the order the scripts and `get` return them.
-pub(super) const FIELDS: [&str; 9] = [
-    "fp", "tool", "owner", "lease", "kind", "body", "done", "created", "expires",
+pub(super) const FIELDS: [&str; 10] = [
+    "fp", "tool", "owner", "lease", "kind", "body", "done", "created", "expires", "trace",
 ];
 
 /// Rebuilds a record from its hash fields, in [`FIELDS`] order. `None` if the record does not
@@ -20,7 +22,7 @@ pub(super) fn decode(
         return Ok(None);
     }
     let corrupt = |what: &str| CorruptRecord(format!("{what} of Redis record {:?}", id.key));
-    let Ok([fp, tool, owner, lease, kind, body, done, created, expires]) =
+    let Ok([fp, tool, owner, lease, kind, body, done, created, expires, trace]) =
         <[Option<Vec<u8>>; FIELDS.len()]>::try_from(fields)
     else {
         return Err(corrupt("field count"));
@@ -51,13 +53,16 @@ pub(super) fn decode(
         },
         _ => return Err(corrupt("state fields")),
     };
+    let created_at = time(created, "creation time")?;
+    let trace = trace.and_then(|bytes| String::from_utf8(bytes).ok());
     Ok(Some(Record {
         id: id.clone(),
         fingerprint,
         tool_name: text(tool, "tool")?,
         state,
-        created_at: time(created, "creation time")?,
+        created_at,
         expires_at: time(expires, "expiry")?,
+        trace: TraceLink::from_stored(trace.as_deref(), created_at),
     }))
 }
 
@@ -88,6 +93,7 @@ mod tests {
             field("5"),
             field("1"),
             field("9"),
+            None,
         ];
         let record = decode(&id, fields.clone()).unwrap().unwrap();
         assert_eq!(
@@ -97,7 +103,7 @@ mod tests {
                 completed_at: Timestamp::from_millis(5)
             }
         );
-        assert_eq!(decode(&id, vec![None; 9]).unwrap(), None);
+        assert_eq!(decode(&id, vec![None; 10]).unwrap(), None);
         fields[2] = field("3");
         assert!(decode(&id, fields.clone()).is_err(), "owner and outcome");
         fields[2] = None;

@@ -93,8 +93,8 @@ pub(super) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 /// numbers (at most 20 bytes each), its fingerprint and the store's tag come to about 200.
 pub(super) const ARG_ROOM: usize = 256;
 
-/// The arguments a script call has room for (a claim has the most: 11).
-const ARGS: usize = 12;
+/// The arguments a script call has room for (a claim has the most: 12).
+const ARGS: usize = 13;
 
 /// One run of a script: `EVALSHA` with the script's keys and arguments, written straight into
 /// the command (a `redis::ScriptInvocation` holds each argument apart, then copies it in).

@@ -4,7 +4,7 @@
 
 -- claim: keys = record, scope index, all index, running index
 -- A = member, now, fingerprint, tool name, owner, lease_expires_at, expires_at,
---     max records per scope, max records total, key prefix, purge batch size
+--     max records per scope, max records total, key prefix, purge batch size, trace ('' for none)
 -- Returns {'claimed'}, {'scope'} or {'total'} (quota exceeded), or {'existing', <FIELDS...>}.
 -- A live record is returned as it is, also when it is the caller's own (this claim sent again):
 -- the caller recognises its owner token (ClaimOutcome::found), so nothing is counted twice.
@@ -48,6 +48,9 @@ local function claim(record, scope_index, all, running, A, o)
   local expires_at = A[o + 7]
   redis.call('HSET', record, 'fp', A[o + 3], 'tool', A[o + 4], 'owner', A[o + 5],
     'lease', A[o + 6], 'created', now_arg, 'expires', expires_at)
+  if A[o + 12] ~= '' then
+    redis.call('HSET', record, 'trace', A[o + 12])
+  end
   local ttl = expire_in(record, tonumber(expires_at) - now)
   index(ttl, member, expires_at, {scope_index, all, running})
   return {'claimed'}

@@ -241,7 +241,8 @@ impl Store for SqliteStore {
                 // The second branch finds this take-over sent again, and changes nothing.
                 "UPDATE idem_records SET owner = ?5, \
                  lease_expires_at = CASE WHEN owner = ?5 THEN lease_expires_at ELSE ?6 END, \
-                 expires_at = CASE WHEN owner = ?5 THEN expires_at ELSE ?7 END \
+                 expires_at = CASE WHEN owner = ?5 THEN expires_at ELSE ?7 END, \
+                 trace = CASE WHEN owner = ?5 THEN trace ELSE ?9 || ' ' || created_at END \
                  WHERE namespace = ?1 AND principal = ?2 AND key = ?3 AND expires_at > ?8 \
                  AND ((owner = ?4 AND lease_expires_at <= ?8) OR owner = ?5)",
                 params![
@@ -253,6 +254,7 @@ impl Store for SqliteStore {
                     sql_time(req.lease_expires_at),
                     sql_time(req.expires_at),
                     sql_time(req.now),
+                    req.trace.map(|trace| trace.to_traceparent()),
                 ],
             )
         })

@@ -33,8 +33,8 @@ pub(super) fn claim(tx: &Connection, req: &ClaimRequest) -> Result<ClaimOutcome,
     }
     tx.prepare_cached(
         "INSERT OR REPLACE INTO idem_records (namespace, principal, key, fingerprint, tool_name, \
-         owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at, expires_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, ?8, ?9)",
+         owner, lease_expires_at, outcome_kind, outcome_body, completed_at, created_at, expires_at, \
+         trace) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, NULL, ?8, ?9, ?10)",
     )
     .and_then(|mut stmt| {
         let c = ClaimColumns::of(req);
@@ -48,6 +48,7 @@ pub(super) fn claim(tx: &Connection, req: &ClaimRequest) -> Result<ClaimOutcome,
             c.lease_expires_at,
             c.now,
             c.expires_at,
+            c.trace,
         ])
     })
     .map_err(sql_error)?;

@@ -199,6 +199,7 @@ pub async fn take_over_only_after_the_lease_ran_out(store: Arc<dyn Store>) {
     claim(&*store, &req).await;
     let new_owner = FencingToken::random();
     let take_over = |now: Timestamp, previous_owner: FencingToken| TakeOverRequest {
+        trace: None,
         id: id.clone(),
         previous_owner,
         new_owner,

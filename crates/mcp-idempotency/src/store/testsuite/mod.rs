@@ -50,7 +50,10 @@ pub use resend::{
     release_sent_twice_changes_nothing, renew_sent_twice_is_applied_twice,
     take_over_sent_twice_is_applied_once,
 };
-pub use round_trip::{awkward_keys_are_kept_exactly, every_outcome_kind_round_trips};
+pub use round_trip::{
+    awkward_keys_are_kept_exactly, every_outcome_kind_round_trips,
+    traces_are_kept_with_their_record,
+};
 
 pub(crate) const T0: Timestamp = Timestamp::from_millis(1_800_000_000_000);
 pub(crate) const LEASE: Duration = Duration::from_secs(30);
@@ -88,6 +91,7 @@ macro_rules! store_test_suite {
             racing_distinct_keys_all_win,
             every_outcome_kind_round_trips,
             awkward_keys_are_kept_exactly,
+            traces_are_kept_with_their_record,
             stats_count_states,
             list_filters_by_scope_key_state_and_age,
             list_orders_by_expiry_and_honours_the_limit,
@@ -168,6 +172,7 @@ fn id(scope: &Scope, key: &str) -> RecordId {
 
 fn claim_req(id: &RecordId, now: Timestamp) -> ClaimRequest {
     ClaimRequest {
+        trace: None,
         id: id.clone(),
         fingerprint: fingerprint("charge", Some(r#"{"amount":1}"#)).expect("valid arguments"),
         tool_name: "charge".into(),

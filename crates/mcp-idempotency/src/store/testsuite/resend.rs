@@ -191,6 +191,7 @@ pub async fn take_over_sent_twice_is_applied_once(store: Arc<dyn Store>) {
     assert_eq!(claim(&*store, &req).await, ClaimOutcome::Claimed);
     let now = req.lease_expires_at;
     let take_over = TakeOverRequest {
+        trace: None,
         id: id.clone(),
         previous_owner: req.owner,
         new_owner: FencingToken::random(),

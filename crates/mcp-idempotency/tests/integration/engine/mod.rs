@@ -84,6 +84,7 @@ fn default_request(engine: &Engine, owner: FencingToken) -> ClaimRequest {
 /// A record as a store would return it for `req.id`.
 fn record(req: &ClaimRequest, fingerprint: Fingerprint, state: RecordState) -> Record {
     Record {
+        trace: None,
         id: req.id.clone(),
         fingerprint,
         tool_name: TOOL.into(),

@@ -102,6 +102,7 @@ impl Harness {
         let call = self.keyed(line);
         let decision = self.decision(&call, |req| {
             Ok(ClaimOutcome::Existing(Record {
+                trace: None,
                 id: req.id.clone(),
                 fingerprint: req.fingerprint,
                 tool_name: req.tool_name.to_string(),

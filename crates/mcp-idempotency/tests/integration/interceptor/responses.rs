@@ -206,6 +206,7 @@ fn rejections_are_json_rpc_errors() {
     let call = h.keyed(&call_line(r#""c""#, "k-conflict"));
     let decision = h.decision(&call, |req| {
         Ok(ClaimOutcome::Existing(Record {
+            trace: None,
             id: req.id.clone(),
             fingerprint: Fingerprint::from_hex(&"ab".repeat(32)).unwrap(),
             tool_name: "charge".into(),

@@ -203,7 +203,7 @@ async fn a_failed_batch_runs_each_operation_alone() {
     let store = Arc::new(TestStore::open(&url).await);
     admin(&url)
         .await
-        .batch_execute(&format!("DROP FUNCTION \"{}\".idem_batch_v1", store.schema))
+        .batch_execute(&format!("DROP FUNCTION \"{}\".idem_batch_v2", store.schema))
         .await
         .unwrap();
     let scope = scope();

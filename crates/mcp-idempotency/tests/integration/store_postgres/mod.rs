@@ -231,6 +231,7 @@ fn record_id(scope: &Scope, key: &str) -> RecordId {
 
 fn claim_req(id: &RecordId, now: Timestamp, limits: RecordLimits) -> ClaimRequest {
     ClaimRequest {
+        trace: None,
         id: id.clone(),
         fingerprint: fingerprint("charge", Some(r#"{"amount":1}"#)).expect("valid arguments"),
         tool_name: "charge".into(),

@@ -272,6 +272,48 @@ async fn concurrent_opens_of_a_new_schema() {
     assert!(owner.get(&req.id, T0).await.unwrap().is_some());
 }
 
+/// A version 2 table made before the `trace` column (by the previous release) gets the column
+/// when a store opens it, with no version change, so that the previous release still opens the
+/// schema; the records it holds stay readable, without a trace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_without_the_trace_column_gets_it_in_place() {
+    let Some(url) = reachable_url().await else {
+        return;
+    };
+    let store = TestStore::open(&url).await;
+    let req = claim_req(&record_id(&scope(), "k"), T0, RecordLimits::UNLIMITED);
+    assert_eq!(store.claim(&req).await.unwrap(), ClaimOutcome::Claimed);
+    let client = admin(&url).await;
+    let s = format!("\"{}\"", store.schema);
+    client
+        .batch_execute(&format!(
+            "ALTER TABLE {s}.idem_records DROP COLUMN trace CASCADE"
+        ))
+        .await
+        .unwrap();
+    let reopened = PostgresStore::open_in_schema(&url, &store.schema)
+        .await
+        .unwrap();
+    let record = reopened.get(&req.id, T0).await.unwrap().expect("kept");
+    assert_eq!(record.trace, None);
+    let version = format!("SELECT version::int8 FROM {s}.idem_schema_version");
+    assert_eq!(count(&client, &version).await, 2, "no version change");
+    let traced = ClaimRequest {
+        trace: mcp_idempotency::TraceLink::new([7; 16], [7; 8], 1),
+        ..claim_req(&record_id(&scope(), "traced"), T0, RecordLimits::UNLIMITED)
+    };
+    assert_eq!(
+        reopened.claim(&traced).await.unwrap(),
+        ClaimOutcome::Claimed
+    );
+    let record = reopened
+        .get(&traced.id, T0)
+        .await
+        .unwrap()
+        .expect("claimed");
+    assert_eq!(record.trace, traced.trace);
+}
+
 /// A schema written by a newer build is refused with a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn newer_schema_version_is_refused() {
@@ -309,12 +351,12 @@ async fn missing_functions_are_created_and_a_restricted_role_uses_them() {
     let s = format!("\"{}\"", store.schema);
     let functions = format!(
         "SELECT count(*) FROM pg_proc WHERE pronamespace = '{s}'::regnamespace \
-         AND proname IN ('idem_claim_v1', 'idem_complete_v1', 'idem_batch_v1')"
+         AND proname IN ('idem_claim_v2', 'idem_complete_v1', 'idem_batch_v2')"
     );
     assert_eq!(count(&client, &functions).await, 3);
     client
         .batch_execute(&format!(
-            "DROP FUNCTION {s}.idem_claim_v1, {s}.idem_complete_v1, {s}.idem_batch_v1"
+            "DROP FUNCTION {s}.idem_claim_v2, {s}.idem_complete_v1, {s}.idem_batch_v2"
         ))
         .await
         .unwrap();

@@ -78,6 +78,7 @@ fn record_id(namespace: &str, principal: &str, key: &str) -> RecordId {
 
 fn claim_req(id: &RecordId, now: Timestamp) -> ClaimRequest {
     ClaimRequest {
+        trace: None,
         id: id.clone(),
         fingerprint: fingerprint("charge", Some(r#"{"amount":1}"#)).expect("valid arguments"),
         tool_name: "charge".into(),
