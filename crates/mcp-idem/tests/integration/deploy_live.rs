@@ -116,12 +116,30 @@ impl Prometheus {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Waits until Prometheus is ready: it listens before its storage is open, and answers 503
+    /// until then.
+    async fn ready(&self) {
+        let deadline = Instant::now() + SEE_TIMEOUT;
+        loop {
+            let (status, body) = self.get("/-/ready").await;
+            if status.is_success() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus is not ready: HTTP {status}: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The series `expr` returns now (an instant query).
     async fn query(&self, expr: &str) -> Vec<Value> {
         let (status, body) = self
             .get(&format!("/api/v1/query?query={}", encode(expr)))
             .await;
-        let answer: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{body}"));
+        let answer: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|_| panic!("query {expr}: HTTP {status}: {body}"));
         assert!(
             status.is_success() && answer["status"] == "success",
             "query {expr}: HTTP {status}: {body}"
@@ -210,6 +228,7 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
         .map(|proxy| after(&proxy.args, "--metrics-listen").to_owned())
         .collect();
     let prom = Prometheus::start(&prometheus, dir.path(), &targets);
+    prom.ready().await;
     prom.until(r#"up{job="mcp-idem"} == 1"#, 2).await;
     let store_alert = alert_expr(&python, "McpIdemStoreUnavailable");
     assert!(
@@ -240,8 +259,10 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
         let keyless = a.call(charge(next(), 1, None)).await;
         assert!(keyless.charge_id().is_some(), "{}", keyless.body);
     }
-    // A duplicate of a call still running: sent again while the slow call has not answered.
+    // A duplicate of a call still running: sent on the other instance until the slow call
+    // answers. Whichever reaches the store second is refused (the duplicate may overtake it).
     let mut in_progress = 0;
+    let mut answers = Vec::new();
     for attempt in 0..3 {
         let key = format!("live-slow-{attempt}");
         let slow = tokio::spawn({
@@ -250,17 +271,25 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
         });
         while !slow.is_finished() {
             let duplicate = b.call(slow_charge(next(), 5, 2_000, Some(&key))).await;
+            answers.push(duplicate.body.clone());
             if duplicate.error_type().as_deref() == Some("idempotency_key_in_progress") {
                 in_progress += 1;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        slow.await.unwrap();
+        let slow = slow.await.unwrap();
+        answers.push(slow.body.clone());
+        if slow.error_type().as_deref() == Some("idempotency_key_in_progress") {
+            in_progress += 1;
+        }
         if in_progress > 0 {
             break;
         }
     }
-    assert!(in_progress > 0, "no duplicate found its call in progress");
+    assert!(
+        in_progress > 0,
+        "no duplicate found its call in progress: {answers:#?}"
+    );
 
     // The outage: the store stops; keyed calls are refused on both instances until the store
     // alert's expression holds for both.
