@@ -39,6 +39,7 @@ use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, SharedString,
 };
 
+use crate::config::RecordLimits;
 use crate::engine::{BypassReason, Decision, Replay};
 use crate::policy::KeySource;
 use crate::record::{FencingToken, OutcomeKind, Record, RecordId};
@@ -101,6 +102,11 @@ pub const COMPLETIONS_LOST_TOTAL: &str = "mcp_idem_completions_lost_total";
 /// or `(unlisted)` (a tool not listed yet, or a name the server never listed). Counter.
 pub const UNPROTECTED_CALLS_TOTAL: &str = "mcp_idem_unprotected_calls_total";
 
+/// The record limits in force, by `limit`: `per_scope` (`--max-records-per-scope`), `total`
+/// (`--max-records-total`); `u64::MAX` when unlimited. Set by
+/// [`Deduplicator::new`](crate::Deduplicator::new) (see [`set_record_limits`]). Gauge.
+pub const RECORD_LIMIT: &str = "mcp_idem_record_limit";
+
 /// The store operations [`MeteredStore`] measures, as their `operation` label.
 pub const STORE_OPERATIONS: [&str; 10] = [
     "claim",
@@ -161,6 +167,7 @@ pub fn describe() {
         "Time each store operation took"
     );
     describe_gauge!(RECORDS, "Records in the store, by state");
+    describe_gauge!(RECORD_LIMIT, "Record limits in force, by limit");
     describe_counter!(
         AMBIGUOUS_CLAIMS_TOTAL,
         "Claims whose store answer was lost, so that they may hold their key"
@@ -238,6 +245,13 @@ pub fn set_record_counts(stats: &StoreStats) {
     gauge!(RECORDS, "state" => "in_progress").set(stats.in_progress as f64);
     gauge!(RECORDS, "state" => "completed").set(stats.completed as f64);
     gauge!(RECORDS, "state" => "expired").set(stats.expired as f64);
+}
+
+/// Publishes `limits` as the [`RECORD_LIMIT`] gauge, so that alerts can compare [`RECORDS`] with
+/// them.
+pub fn set_record_limits(limits: &RecordLimits) {
+    gauge!(RECORD_LIMIT, "limit" => "per_scope").set(limits.max_records_per_scope as f64);
+    gauge!(RECORD_LIMIT, "limit" => "total").set(limits.max_records_total as f64);
 }
 
 /// Counts a keyed call's decision by its key's source, then as [`on_decision`].

@@ -43,6 +43,13 @@ mod demo_server;
 mod demo_server_http;
 #[cfg(unix)]
 mod demo_server_stateful;
+// deploy/: the manifests, the alerts, the dashboard, and a live Prometheus.
+#[cfg(unix)]
+mod deploy_live;
+#[cfg(unix)]
+mod deploy_manifests;
+#[cfg(unix)]
+mod deploy_monitoring;
 #[cfg(target_os = "linux")]
 mod exhaustion;
 #[cfg(unix)]

@@ -74,13 +74,26 @@ async fn proxy_metrics_count_executions_replays_and_rejections() {
     let store = sqlite_in(&dir);
     let proxy = Proxy::spawn(
         &server.base_url(),
-        &["--store", &store, "--metrics-listen", "127.0.0.1:0"],
+        &[
+            "--store",
+            &store,
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--max-records-total",
+            "5000",
+        ],
     );
     let metrics = metrics_authority(&proxy.stderr());
     let raw = Raw::new(&proxy);
 
     let before = scrape(&metrics);
     assert_eq!(sample(&before, "mcp_idem_executions_total"), 0.0);
+    // The limits in force, for the quota alert (deploy/prometheus/alerts.yml).
+    assert_eq!(
+        sample(&before, "mcp_idem_record_limit{limit=\"total\"}"),
+        5000.0
+    );
+    assert!(sample(&before, "mcp_idem_record_limit{limit=\"per_scope\"}") > 0.0);
     assert_eq!(rejections(&before, "idempotency_key_conflict"), 0.0);
     // Counted on this first scrape; later scrapes within 10 s reuse the counts (the wrap test below
     // checks a count after calls).

@@ -120,6 +120,8 @@ pub struct Deduplicator {
 impl Deduplicator {
     /// A driver for an engine with `config` over `store`, on the system clock.
     pub fn new(config: EngineConfig, store: Arc<dyn Store>) -> Self {
+        #[cfg(feature = "metrics")]
+        crate::metrics::set_record_limits(&config.record_limits());
         Self {
             writes: StoreWrites::new(Engine::new(config), store, Arc::new(SystemClock)),
             store_usable: Arc::new(AtomicBool::new(true)),

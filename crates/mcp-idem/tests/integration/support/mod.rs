@@ -8,6 +8,10 @@ pub(crate) mod bridge_sessions;
 #[cfg(unix)]
 pub(crate) mod chaos;
 pub(crate) mod common;
+#[cfg(unix)]
+pub(crate) mod compose;
+#[cfg(unix)]
+pub(crate) mod deploy;
 pub(crate) mod http;
 #[cfg(unix)]
 pub(crate) mod install;
