@@ -27,6 +27,7 @@ use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::InstrumentationScope;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData,
     SpanExporter, SpanProcessor,
@@ -34,6 +35,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 use tokio::runtime::Handle;
 
+use super::metrics_otlp::OtlpRecorder;
 use super::otlp_http::OtlpHttpClient;
 use super::settings::{OtelSettings, Protocol, SamplerSetting};
 
@@ -176,6 +178,7 @@ impl SpanExporter for OnRuntime {
 pub struct Telemetry {
     provider: Option<SdkTracerProvider>,
     tracer: Option<SdkTracer>,
+    meter_provider: Option<SdkMeterProvider>,
     losses: Arc<Losses>,
 }
 
@@ -212,10 +215,18 @@ impl Telemetry {
             capacity: settings.span_queue_size,
             dropped: AtomicU64::new(0),
         });
+        let meter_provider = match settings.metrics {
+            true => Some(super::metrics_otlp::meter_provider(
+                settings,
+                runtime.clone(),
+            )?),
+            false => None,
+        };
         if !settings.traces {
             return Ok(Telemetry {
                 provider: None,
                 tracer: None,
+                meter_provider,
                 losses,
             });
         }
@@ -251,6 +262,7 @@ impl Telemetry {
         Ok(Telemetry {
             provider: Some(provider),
             tracer: Some(tracer),
+            meter_provider,
             losses,
         })
     }
@@ -260,6 +272,15 @@ impl Telemetry {
         self.tracer.as_ref()
     }
 
+    /// With OTLP metrics on, a recorder of the `metrics` facade that exports every series through
+    /// this pipeline; histograms named in `buckets` get those boundaries. Install it beside the
+    /// Prometheus recorder with [`fan_out`](super::fan_out).
+    pub fn metrics_recorder(&self, buckets: &[(&str, &[f64])]) -> Option<OtlpRecorder> {
+        self.meter_provider
+            .as_ref()
+            .map(|provider| OtlpRecorder::new(provider, buckets))
+    }
+
     /// Spans dropped so far: queue full, or their export failed.
     pub fn spans_dropped(&self) -> u64 {
         self.losses.dropped.load(Ordering::Relaxed)
@@ -267,10 +288,13 @@ impl Telemetry {
 
     /// Sends every buffered span now and waits for it, up to `within`.
     pub async fn flush(&self, within: Duration) -> Result<(), TelemetryError> {
-        let Some(provider) = self.provider.clone() else {
-            return Ok(());
-        };
-        let flush = tokio::task::spawn_blocking(move || provider.force_flush());
+        let (provider, meters) = (self.provider.clone(), self.meter_provider.clone());
+        let flush = tokio::task::spawn_blocking(move || {
+            if let Some(meters) = meters {
+                meters.force_flush()?;
+            }
+            provider.map_or(Ok(()), |provider| provider.force_flush())
+        });
         match tokio::time::timeout(within, flush).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(err))) => Err(TelemetryError::Shutdown(err.to_string())),
@@ -285,10 +309,9 @@ impl Telemetry {
     /// lost, and spans ended afterwards are not exported. Call it on the runtime the exports run
     /// on, before that runtime ends. The counters stay readable.
     pub async fn shutdown(&self, grace: Duration) -> Result<(), TelemetryError> {
-        let Some(provider) = self.provider.clone() else {
-            return Ok(());
-        };
-        let stop = tokio::task::spawn_blocking(move || stop(&provider, grace));
+        let (provider, meters) = (self.provider.clone(), self.meter_provider.clone());
+        let stop =
+            tokio::task::spawn_blocking(move || stop(provider.as_ref(), meters.as_ref(), grace));
         match tokio::time::timeout(grace + Duration::from_millis(100), stop).await {
             Ok(Ok(result)) => result,
             Ok(Err(err)) => Err(TelemetryError::Shutdown(err.to_string())),
@@ -301,17 +324,30 @@ impl Telemetry {
     /// [`shutdown`](Telemetry::shutdown) from a thread that is not driving the export runtime
     /// (a binding's exit hook): blocks up to `grace`.
     pub fn shutdown_blocking(&self, grace: Duration) -> Result<(), TelemetryError> {
-        match &self.provider {
-            Some(provider) => stop(provider, grace),
-            None => Ok(()),
-        }
+        stop(self.provider.as_ref(), self.meter_provider.as_ref(), grace)
     }
 }
 
-fn stop(provider: &SdkTracerProvider, grace: Duration) -> Result<(), TelemetryError> {
-    provider
-        .shutdown_with_timeout(grace)
-        .map_err(|err| TelemetryError::Shutdown(err.to_string()))
+/// Stops the span and the metric pipelines side by side, each within `grace`.
+fn stop(
+    spans: Option<&SdkTracerProvider>,
+    meters: Option<&SdkMeterProvider>,
+    grace: Duration,
+) -> Result<(), TelemetryError> {
+    let failed = |err: OTelSdkError| TelemetryError::Shutdown(err.to_string());
+    std::thread::scope(|scope| {
+        let metrics = meters.map(|meters| scope.spawn(move || meters.shutdown_with_timeout(grace)));
+        if let Some(spans) = spans {
+            spans.shutdown_with_timeout(grace).map_err(failed)?;
+        }
+        match metrics.map(|stopping| stopping.join()) {
+            Some(Ok(Err(err))) => Err(failed(err)),
+            Some(Err(_)) => Err(TelemetryError::Shutdown(
+                "the metrics shutdown panicked".into(),
+            )),
+            _ => Ok(()),
+        }
+    })
 }
 
 fn span_exporter(
@@ -333,21 +369,11 @@ fn span_exporter(
             builder.build()
         }
         Protocol::Grpc => {
-            let mut metadata = tonic::metadata::MetadataMap::new();
-            for (name, value) in &settings.headers {
-                // Checked by the settings: ASCII names and values.
-                if let (Ok(name), Ok(value)) = (
-                    name.parse::<tonic::metadata::AsciiMetadataKey>(),
-                    value.parse::<tonic::metadata::AsciiMetadataValue>(),
-                ) {
-                    metadata.insert(name, value);
-                }
-            }
             let mut builder = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_protocol(opentelemetry_otlp::Protocol::Grpc)
                 .with_timeout(settings.timeout)
-                .with_metadata(metadata);
+                .with_metadata(metadata(settings));
             if let Some(endpoint) = &settings.traces_endpoint {
                 if endpoint.starts_with("https://") {
                     builder = builder.with_tls_config(tls_config(settings)?);
@@ -360,8 +386,23 @@ fn span_exporter(
     built.map_err(|err| TelemetryError::Exporter(err.to_string()))
 }
 
+/// The headers of the settings as gRPC metadata.
+pub(crate) fn metadata(settings: &OtelSettings) -> tonic::metadata::MetadataMap {
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    for (name, value) in &settings.headers {
+        // Checked by the settings: ASCII names and values.
+        if let (Ok(name), Ok(value)) = (
+            name.parse::<tonic::metadata::AsciiMetadataKey>(),
+            value.parse::<tonic::metadata::AsciiMetadataValue>(),
+        ) {
+            metadata.insert(name, value);
+        }
+    }
+    metadata
+}
+
 /// gRPC over TLS: the system's roots, plus the CA file if one is given.
-fn tls_config(
+pub(crate) fn tls_config(
     settings: &OtelSettings,
 ) -> Result<tonic::transport::ClientTlsConfig, TelemetryError> {
     let mut config = tonic::transport::ClientTlsConfig::new().with_native_roots();
@@ -393,5 +434,53 @@ pub(crate) fn resource(settings: &OtelSettings) -> Resource {
     match &settings.service_name {
         Some(name) => builder.with_service_name(name.clone()).build(),
         None => builder.build(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dropped_spans_are_counted_by_reason_on_the_metrics_facade() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let scrape = recorder.handle();
+        let losses = Losses {
+            queued: AtomicUsize::new(0),
+            capacity: 1,
+            dropped: AtomicU64::new(0),
+        };
+        metrics::with_local_recorder(&recorder, || {
+            crate::metrics::describe();
+            losses.drop_spans(3, "queue_full");
+            losses.drop_spans(2, "export_failed");
+        });
+        let text = scrape.render();
+        assert!(
+            text.contains("mcp_idem_spans_dropped_total{reason=\"queue_full\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mcp_idem_spans_dropped_total{reason=\"export_failed\"} 2"),
+            "{text}"
+        );
+        assert_eq!(losses.dropped.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn off_starts_nothing_and_needs_no_collector() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let telemetry =
+            Telemetry::start(&OtelSettings::default(), runtime.handle().clone()).unwrap();
+        assert!(telemetry.tracer().is_none());
+        assert!(telemetry.metrics_recorder(&[]).is_none());
+        assert!(telemetry.shutdown_blocking(Duration::from_secs(1)).is_ok());
+        assert!(matches!(
+            Telemetry::install(&OtelSettings::default()),
+            Err(TelemetryError::NoRuntime)
+        ));
     }
 }

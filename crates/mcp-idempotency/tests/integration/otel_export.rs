@@ -262,3 +262,88 @@ async fn an_unreachable_collector_drops_and_counts_spans_without_blocking() {
         );
     }
 }
+
+/// `OTEL_METRICS_EXPORTER=otlp`: the `metrics` facade's counters, gauges and histograms reach the
+/// collector with their names, labels and values, while Prometheus gets them too (`fan_out`).
+async fn metrics_arrive(protocol: &str, transport: Transport) {
+    use metrics::{counter, gauge, histogram};
+    let receiver = Receiver::start().await.unwrap();
+    let endpoint = match transport {
+        Transport::Grpc => receiver.grpc_endpoint(),
+        Transport::Http => receiver.http_endpoint(),
+    };
+    let settings = read_settings(&[
+        ("OTEL_METRICS_EXPORTER", "otlp"),
+        ("OTEL_TRACES_EXPORTER", "none"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+    ]);
+    assert!(settings.metrics && !settings.traces);
+    let telemetry = Telemetry::start(&settings, tokio::runtime::Handle::current()).unwrap();
+    assert!(telemetry.tracer().is_none());
+    let otlp = telemetry.metrics_recorder(&[]).expect("metrics are on");
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let scrape = prometheus.handle();
+    let both = mcp_idempotency::telemetry::fan_out(prometheus, otlp);
+    metrics::with_local_recorder(&both, || {
+        mcp_idempotency::metrics::describe();
+        counter!("mcp_idem_replays_total", "outcome" => "result").increment(2);
+        counter!("mcp_idem_replays_total", "outcome" => "result").increment(1);
+        gauge!("mcp_idem_pending_completions").set(4.0);
+        gauge!("mcp_idem_pending_completions").decrement(1.0);
+        histogram!("mcp_idem_store_operation_duration_seconds", "operation" => "claim")
+            .record(0.003);
+    });
+    telemetry.shutdown(GRACE).await.unwrap();
+
+    assert!(scrape
+        .render()
+        .contains("mcp_idem_replays_total{outcome=\"result\"} 3"));
+    let metrics = receiver.metrics();
+    let find = |name: &str| {
+        metrics
+            .iter()
+            .rev()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} not received: {metrics:#?}"))
+    };
+    let replays = find("mcp_idem_replays_total");
+    assert_eq!((replays.kind, replays.monotonic), ("sum", true));
+    let result = replays
+        .points
+        .iter()
+        .find(|p| p.attributes.get("outcome") == Some(&serde_json::json!("result")))
+        .unwrap();
+    assert_eq!(result.value, 3.0);
+    // Described series are created at zero, as on the Prometheus endpoint.
+    assert!(replays
+        .points
+        .iter()
+        .any(|p| p.attributes.get("outcome") == Some(&serde_json::json!("error"))));
+    let pending = find("mcp_idem_pending_completions");
+    assert_eq!(pending.kind, "gauge");
+    assert_eq!(pending.points[0].value, 3.0);
+    let latency = find("mcp_idem_store_operation_duration_seconds");
+    assert_eq!((latency.kind, latency.unit.as_str()), ("histogram", "s"));
+    let claim = latency
+        .points
+        .iter()
+        .find(|p| p.attributes.get("operation") == Some(&serde_json::json!("claim")))
+        .unwrap();
+    assert_eq!((claim.count, claim.value), (1, 0.003));
+    assert_eq!(
+        replays.resource["service.name"],
+        serde_json::json!("mcp-idem")
+    );
+    assert!(metrics.iter().all(|m| m.transport == transport));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_arrive_over_grpc() {
+    metrics_arrive("grpc", Transport::Grpc).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_arrive_over_http_protobuf() {
+    metrics_arrive("http/protobuf", Transport::Http).await;
+}
