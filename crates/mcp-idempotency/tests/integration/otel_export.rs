@@ -347,3 +347,44 @@ async fn metrics_arrive_over_grpc() {
 async fn metrics_arrive_over_http_protobuf() {
     metrics_arrive("http/protobuf", Transport::Http).await;
 }
+
+/// The bindings' arrangement: their own one-worker runtime (`embedded::runtime`), spans ended on
+/// the host language's threads (no runtime there), and the flush at exit from a thread outside the
+/// runtime (`shutdown_blocking`).
+#[test]
+fn a_bindings_runtime_exports_spans_ended_on_foreign_threads() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    for (protocol, transport) in [
+        ("grpc", Transport::Grpc),
+        ("http/protobuf", Transport::Http),
+    ] {
+        let receiver = runtime.block_on(Receiver::start()).unwrap();
+        let endpoint = match transport {
+            Transport::Grpc => receiver.grpc_endpoint(),
+            Transport::Http => receiver.http_endpoint(),
+        };
+        let settings = read_settings(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+        ]);
+        let telemetry = Telemetry::start(&settings, runtime.handle().clone()).unwrap();
+        std::thread::scope(|threads| {
+            for thread in 0..2 {
+                let tracer = telemetry.tracer().unwrap();
+                threads.spawn(move || {
+                    for n in 0..5 {
+                        tracer.start(format!("host thread {thread} call {n}")).end();
+                    }
+                });
+            }
+        });
+        telemetry.shutdown_blocking(GRACE).unwrap();
+        let spans = receiver.spans();
+        assert_eq!(spans.len(), 10, "{protocol}: {spans:#?}");
+        assert!(spans.iter().all(|s| s.transport == transport));
+    }
+}
