@@ -38,8 +38,10 @@
 //! - `metrics` (feature `metrics`): counters of every decision and a store decorator that times
 //!   each operation, through the `metrics` facade.
 //!
+//! - `telemetry` (feature `otel`): OTLP export of traces and metrics.
+//!
 //! Features: `sqlite` (default), `redis`, `postgres` (stores), `http`, `http-client`, `client`,
-//! `bridge`, `embedded`, `metrics`.
+//! `bridge`, `embedded`, `metrics`, `otel`.
 //!
 //! # Example
 //!
@@ -112,6 +114,8 @@ pub mod sse;
 mod sse;
 pub mod stdio;
 pub mod store;
+#[cfg(feature = "otel")]
+pub mod telemetry;
 mod time;
 #[cfg(any(feature = "http-client", feature = "postgres", feature = "redis"))]
 mod tls;

@@ -101,6 +101,10 @@ pub const COMPLETIONS_LOST_TOTAL: &str = "mcp_idem_completions_lost_total";
 /// read-only or idempotent by its annotations, by `tool`: a name the server listed in `tools/list`,
 /// or `(unlisted)` (a tool not listed yet, or a name the server never listed). Counter.
 pub const UNPROTECTED_CALLS_TOTAL: &str = "mcp_idem_unprotected_calls_total";
+/// Spans that never reached the collector, by `reason`: `queue_full` (more spans ended than the
+/// export queue holds), `export_failed` (the collector could not be reached, refused the batch or
+/// did not answer within the export timeout). Counter; only with feature `otel` and traces on.
+pub const SPANS_DROPPED_TOTAL: &str = "mcp_idem_spans_dropped_total";
 
 /// The record limits in force, by `limit`: `per_scope` (`--max-records-per-scope`), `total`
 /// (`--max-records-total`); `u64::MAX` when unlimited. Set by
@@ -140,6 +144,8 @@ const AMBIGUOUS_FATES: [&str; 2] = ["queued", "dropped"];
 const AMBIGUOUS_RESOLUTIONS: [&str; 3] = ["released", "absent", "expired"];
 const COMPLETION_RETRY_RESULTS: [&str; 3] = ["recorded", "not_owner", "error"];
 const COMPLETION_LOSSES: [&str; 3] = ["error", "full", "deadline"];
+#[cfg(feature = "otel")]
+const SPAN_DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
 
 /// Describes every metric to the installed recorder and creates each counter series at zero, so
 /// that a scrape shows them (and rates work) before the first event.
@@ -196,6 +202,11 @@ pub fn describe() {
         COMPLETIONS_LOST_TOTAL,
         "Completions given up, their records left to their leases"
     );
+    #[cfg(feature = "otel")]
+    describe_counter!(
+        SPANS_DROPPED_TOTAL,
+        "Spans that never reached the OpenTelemetry collector, by reason"
+    );
 
     counter!(EXECUTIONS_TOTAL).increment(0);
     for outcome in REPLAY_OUTCOMES {
@@ -238,6 +249,10 @@ pub fn describe() {
         counter!(COMPLETIONS_LOST_TOTAL, "why" => why).increment(0);
     }
     gauge!(PENDING_COMPLETIONS).set(0.0);
+    #[cfg(feature = "otel")]
+    for reason in SPAN_DROP_REASONS {
+        counter!(SPANS_DROPPED_TOTAL, "reason" => reason).increment(0);
+    }
 }
 
 /// Publishes the counts of [`Store::stats`] as the [`RECORDS`] gauge.

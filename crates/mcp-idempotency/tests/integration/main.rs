@@ -24,6 +24,8 @@ mod http_layer;
 mod interceptor;
 #[cfg(feature = "embedded")]
 mod key_sources;
+#[cfg(feature = "otel")]
+mod otel_export;
 #[cfg(feature = "http")]
 mod principal;
 mod rmcp_embedding;
