@@ -112,7 +112,7 @@ impl Row {
 
 /// How a row's calls travel.
 enum Client {
-    Http(HttpPeer),
+    Http(Box<HttpPeer>),
     Stdio(Box<StdioPeer>),
 }
 
@@ -211,7 +211,7 @@ async fn latency_run(
     let mut configs = Vec::new();
     for &row in &options.rows {
         let client = match row {
-            Row::Direct => Client::Http(HttpPeer::new(&server.url, MODERN)),
+            Row::Direct => Client::Http(Box::new(HttpPeer::new(&server.url, MODERN))),
             Row::DirectLegacy => {
                 // The handshake an `initialize`-era HTTP client does, for the negotiated version.
                 let peer = HttpPeer::new(&server.url, LEGACY);
@@ -224,7 +224,7 @@ async fn latency_run(
                 let peer = HttpPeer::new(&server.url, version);
                 let initialized = json!({"jsonrpc":"2.0","method":"notifications/initialized"});
                 let _ = peer.send(peer.post(&initialized), LATENCY_TIMEOUT).await;
-                Client::Http(peer)
+                Client::Http(Box::new(peer))
             }
             Row::Bridge => {
                 let command = bridge_command(bin, &server.url, &[]);

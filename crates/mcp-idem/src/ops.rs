@@ -15,8 +15,11 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use clap::Args;
-use mcp_idempotency::metrics::{MeteredStore, STORE_OPERATION_DURATION_SECONDS};
+use mcp_idempotency::metrics::{
+    MeteredStore, OPERATION_DURATION_SECONDS, STORE_OPERATION_DURATION_SECONDS,
+};
 use mcp_idempotency::store::Store;
+use mcp_idempotency::telemetry::{fan_out, OtelSettings, Telemetry, OPERATION_DURATION_BUCKETS};
 use mcp_idempotency::{IdempotencyKey, RecordId, Scope, Timestamp};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -46,21 +49,42 @@ pub(crate) struct OpsArgs {
 }
 
 impl OpsArgs {
-    /// With `--metrics-listen`: installs the Prometheus recorder, starts the metrics listener on
-    /// the current runtime, and returns `store` wrapped so that its operations are measured.
-    /// Without it, returns `store` as it is.
-    pub(crate) async fn start(&self, store: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>> {
+    /// With `--metrics-listen`: installs the Prometheus recorder (beside the OTLP one when
+    /// `telemetry` exports metrics), starts the metrics listener on the current runtime, and
+    /// returns `store` wrapped so that its operations are measured. With OTLP metrics alone,
+    /// installs that recorder. Without either, returns `store` as it is.
+    pub(crate) async fn start(
+        &self,
+        store: Arc<dyn Store>,
+        telemetry: Option<&Telemetry>,
+    ) -> anyhow::Result<Arc<dyn Store>> {
+        let buckets: [(&str, &[f64]); 2] = [
+            (STORE_OPERATION_DURATION_SECONDS, &LATENCY_BUCKETS),
+            (OPERATION_DURATION_SECONDS, &OPERATION_DURATION_BUCKETS),
+        ];
+        let otlp = telemetry.and_then(|telemetry| telemetry.metrics_recorder(&buckets));
         let Some(addr) = self.metrics_listen else {
-            return Ok(store);
+            let Some(otlp) = otlp else {
+                return Ok(store);
+            };
+            metrics::set_global_recorder(otlp)
+                .map_err(|_| anyhow::anyhow!("cannot install the metrics recorder"))?;
+            mcp_idempotency::metrics::describe();
+            return Ok(Arc::new(MeteredStore::new(store)));
         };
-        let handle = PrometheusBuilder::new()
-            .set_buckets_for_metric(
-                Matcher::Full(STORE_OPERATION_DURATION_SECONDS.to_owned()),
-                &LATENCY_BUCKETS,
-            )
-            .context("invalid histogram buckets")?
-            .install_recorder()
-            .context("cannot install the metrics recorder")?;
+        let mut builder = PrometheusBuilder::new();
+        for (name, buckets) in buckets {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(name.to_owned()), buckets)
+                .context("invalid histogram buckets")?;
+        }
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        let installed = match otlp {
+            Some(otlp) => metrics::set_global_recorder(fan_out(recorder, otlp)).is_ok(),
+            None => metrics::set_global_recorder(recorder).is_ok(),
+        };
+        anyhow::ensure!(installed, "cannot install the metrics recorder");
         mcp_idempotency::metrics::describe();
         let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store));
 
@@ -94,6 +118,32 @@ impl OpsArgs {
             }
         });
         Ok(store)
+    }
+}
+
+/// Starts OpenTelemetry export as the standard `OTEL_*` variables say (docs/observability.md):
+/// `None` when they ask for neither traces nor metrics. Exports run on the current runtime.
+pub(crate) fn start_telemetry() -> anyhow::Result<Option<Telemetry>> {
+    let settings = OtelSettings::from_env().context("cannot read the OTEL_* variables")?;
+    if !settings.traces && !settings.metrics {
+        return Ok(None);
+    }
+    let telemetry = Telemetry::install(&settings).context("cannot start OpenTelemetry export")?;
+    tracing::info!(
+        traces = settings.traces,
+        metrics = settings.metrics,
+        "exporting OpenTelemetry over OTLP"
+    );
+    Ok(Some(telemetry))
+}
+
+/// Sends what `telemetry` still buffers, within `grace` (the graceful stop's last step).
+pub(crate) async fn stop_telemetry(telemetry: Option<Telemetry>, grace: Duration) {
+    let Some(telemetry) = telemetry else {
+        return;
+    };
+    if let Err(err) = telemetry.shutdown(grace).await {
+        tracing::warn!(error = %err, dropped = telemetry.spans_dropped(), "OpenTelemetry export did not finish");
     }
 }
 

@@ -240,6 +240,10 @@ impl LegacyNamespaceReads {
 }
 
 impl Store for LegacyNamespaceReads {
+    fn system(&self) -> Option<&'static str> {
+        self.inner.system()
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         if req.id.scope.namespace() == &*self.legacy {
             self.active.store(true, Ordering::Relaxed);

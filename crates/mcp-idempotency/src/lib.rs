@@ -73,6 +73,13 @@
 
 #[cfg(feature = "bridge")]
 pub mod bridge;
+/// The span of one decided call: `telemetry`'s with feature `otel`, else one that does nothing.
+#[cfg(feature = "otel")]
+pub(crate) use telemetry::{CallSpan, SpanStart, TransportTrace};
+#[cfg(not(feature = "otel"))]
+mod call_span_off;
+#[cfg(not(feature = "otel"))]
+pub(crate) use call_span_off::{CallSpan, SpanStart, TransportTrace};
 mod claims;
 #[cfg(feature = "client")]
 pub mod client;

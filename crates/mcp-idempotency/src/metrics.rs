@@ -101,6 +101,14 @@ pub const COMPLETIONS_LOST_TOTAL: &str = "mcp_idem_completions_lost_total";
 /// read-only or idempotent by its annotations, by `tool`: a name the server listed in `tools/list`,
 /// or `(unlisted)` (a tool not listed yet, or a name the server never listed). Counter.
 pub const UNPROTECTED_CALLS_TOTAL: &str = "mcp_idem_unprotected_calls_total";
+/// Time from a decided `tools/call`'s arrival to its answer (its outcome recorded), the MCP
+/// semantic conventions' `mcp.server.operation.duration`, by `mcp_method_name` (`tools/call`),
+/// `gen_ai_tool_name` (a tool the server listed, else `_OTHER`: a client cannot grow the series),
+/// `error_type` (empty, a JSON-RPC code, `tool_error`, or an `idempotency_*` type) and
+/// `mcp_idem_decision` (`execute`, `replay`, `conflict`, `in_progress`, `waited`, `bypass`,
+/// `reject`). Histogram, seconds (buckets: [`OPERATION_DURATION_BUCKETS`](crate::telemetry::OPERATION_DURATION_BUCKETS)).
+/// Recorded with feature `otel`.
+pub const OPERATION_DURATION_SECONDS: &str = "mcp_server_operation_duration_seconds";
 /// Spans that never reached the collector, by `reason`: `queue_full` (more spans ended than the
 /// export queue holds), `export_failed` (the collector could not be reached, refused the batch or
 /// did not answer within the export timeout). Counter; only with feature `otel` and traces on.
@@ -150,6 +158,13 @@ const SPAN_DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
 /// Describes every metric to the installed recorder and creates each counter series at zero, so
 /// that a scrape shows them (and rates work) before the first event.
 pub fn describe() {
+    #[cfg(feature = "otel")]
+    crate::telemetry::record_durations();
+    describe_histogram!(
+        OPERATION_DURATION_SECONDS,
+        metrics::Unit::Seconds,
+        "Time from a decided tools/call's arrival to its answer (mcp.server.operation.duration)"
+    );
     describe_counter!(
         EXECUTIONS_TOTAL,
         "Keyed calls claimed and handed to the server to run"
@@ -418,6 +433,10 @@ async fn fenced(
 }
 
 impl Store for MeteredStore {
+    fn system(&self) -> Option<&'static str> {
+        self.inner.system()
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(timed(self.latency("claim"), "claim", self.inner.claim(req)))
     }

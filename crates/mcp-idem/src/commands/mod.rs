@@ -40,8 +40,16 @@ pub(crate) async fn settle_completions(
     grace: std::time::Duration,
     began: Option<std::time::Instant>,
 ) {
-    let left = grace.saturating_sub(began.map_or(std::time::Duration::ZERO, |at| at.elapsed()));
-    mcp_idempotency::upkeep::settle_completions(dedup, left).await;
+    mcp_idempotency::upkeep::settle_completions(dedup, grace_left(grace, began)).await;
+}
+
+/// What is left of the shutdown `grace` of a stop that `began` (all of it when none began: the
+/// client left), at least a second for the spans still buffered to be sent.
+pub(crate) fn grace_left(
+    grace: std::time::Duration,
+    began: Option<std::time::Instant>,
+) -> std::time::Duration {
+    grace.saturating_sub(began.map_or(std::time::Duration::ZERO, |at| at.elapsed()))
 }
 
 /// A future that resolves on SIGINT or, on Unix, SIGTERM. On Unix the handlers are installed at

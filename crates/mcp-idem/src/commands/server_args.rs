@@ -55,7 +55,7 @@ impl ServerArgs {
                 if let Some(ca) = &self.ca_cert {
                     connector = connector.ca_cert(ca);
                 }
-                Connector::Http(connector)
+                Connector::Http(Box::new(connector))
             }
             (None, Some((program, args))) => {
                 Connector::Stdio(StdioConnector::new(program).args(args))
@@ -76,7 +76,7 @@ impl ServerArgs {
 /// The library's connector for one of the two transports.
 #[derive(Debug)]
 pub(crate) enum Connector {
-    Http(HttpConnector),
+    Http(Box<HttpConnector>),
     Stdio(StdioConnector),
 }
 

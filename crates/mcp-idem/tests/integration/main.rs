@@ -84,6 +84,8 @@ mod lost_claim_answer;
 #[cfg(unix)]
 mod ops;
 #[cfg(unix)]
+mod otel_traces;
+#[cfg(unix)]
 mod pg_restart;
 #[cfg(unix)]
 mod pg_restart_in_flight;

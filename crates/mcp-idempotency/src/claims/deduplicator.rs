@@ -10,10 +10,12 @@ use super::running_claim::RunningClaim;
 use super::writes::StoreWrites;
 use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
-use crate::record::{FencingTokens, Outcome, Scope};
+use crate::key::IdempotencyKey;
+use crate::record::{FencingTokens, Outcome, Scope, TraceLink};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
 use crate::time::{backoff, Clock, SystemClock};
+use crate::CallSpan;
 
 /// The first pause of a duplicate waiting for a running call's outcome ([`Deduplicator::decide`]).
 const WAIT_MIN_PAUSE: Duration = Duration::from_millis(50);
@@ -117,6 +119,17 @@ pub struct Deduplicator {
     tokens: FencingTokens,
 }
 
+/// What the looks at the store for one decision found, for the call's span.
+#[derive(Debug, Default)]
+struct Looked {
+    /// How many times a duplicate looked again while the call it found ran.
+    looks: u32,
+    /// The trace of the record that decided the call.
+    linked: Option<TraceLink>,
+    /// The key last claimed or taken over (the record the call is decided under).
+    key: Option<IdempotencyKey>,
+}
+
 impl Deduplicator {
     /// A driver for an engine with `config` over `store`, on the system clock.
     pub fn new(config: EngineConfig, store: Arc<dyn Store>) -> Self {
@@ -169,31 +182,49 @@ impl Deduplicator {
     /// keyed call: a call that comes while `gate` refuses is answered `idempotency_shutting_down`
     /// (counted as that decision) and nothing is claimed; a call claimed as the stop came is
     /// released and refused the same way, so that no claim is left behind the stop's back.
+    ///
+    /// The decision, the store's operations and the record that decided it go to `span`, the
+    /// call's ([`CallSpan`]); an executed call's completion too.
     pub(crate) async fn begin_guarded(
         &self,
         scope: &Scope,
         call: &ToolCall<'_>,
+        span: &CallSpan,
         gate: &impl StopGate,
     ) -> Decision<RunningClaim> {
+        span.store_system(self.store().system());
+        let source = call.terms.source.as_str();
         let shutting_down = || Decision::Reject(Rejection::shutting_down(call.idempotency_key));
         if gate.refuses() {
             let refusal = shutting_down();
             #[cfg(feature = "metrics")]
             crate::metrics::on_decision(&refusal);
+            span.decided(&refusal, source, None, None, 0);
             return refusal;
         }
         // A duplicate waiting for a running call's outcome stops waiting when the stop comes.
-        let decision = self.decide_while(scope, call, || !gate.stopped()).await;
+        let (decision, looked) = self
+            .decide_while(scope, call, span, || !gate.stopped())
+            .await;
         let decision = decision.map_claim(|claim| {
             RunningClaim::start(self.writes.clone(), Arc::clone(&self.renewals), claim)
+                .in_span(span)
         });
-        match decision {
+        let decision = match decision {
             Decision::Execute(claim) if gate.stopped() => {
                 claim.release(gate.release_reason()).await;
                 shutting_down()
             }
             decision => decision,
-        }
+        };
+        span.decided(
+            &decision,
+            source,
+            looked.key.as_ref(),
+            looked.linked,
+            looked.looks,
+        );
+        decision
     }
 
     /// The engine.
@@ -247,18 +278,24 @@ impl Deduplicator {
     /// `idempotency_key_in_progress` as before. A client's own key is answered at once, as the
     /// SEP says.
     pub async fn decide(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
-        self.decide_while(scope, call, || true).await
+        let (decision, _) = self
+            .decide_while(scope, call, &CallSpan::none(), || true)
+            .await;
+        decision
     }
 
-    /// [`decide`](Self::decide), whose duplicate waits only while `keep_waiting` holds.
+    /// [`decide`](Self::decide), whose duplicate waits only while `keep_waiting` holds, its
+    /// store operations shown in `span`; with what the looks found.
     async fn decide_while(
         &self,
         scope: &Scope,
         call: &ToolCall<'_>,
+        span: &CallSpan,
         keep_waiting: impl Fn() -> bool,
-    ) -> Decision {
+    ) -> (Decision, Looked) {
         let wait = call.terms.wait;
-        let mut decision = self.decide_once(scope, call).await;
+        let mut looked = Looked::default();
+        let mut decision = self.decide_once(scope, call, span, &mut looked).await;
         if let Some(wait) = wait {
             let clock = self.clock();
             let start = clock.now();
@@ -275,39 +312,55 @@ impl Deduplicator {
                 }
                 clock.sleep(pause).await;
                 slept += pause;
-                decision = self.decide_once(scope, call).await;
+                looked.looks = looks;
+                decision = self.decide_once(scope, call, span, &mut looked).await;
             }
         }
         #[cfg(feature = "metrics")]
         crate::metrics::on_keyed_decision(&decision, call.terms.source);
-        decision
+        (decision, looked)
     }
 
-    /// One look at the store: the engine's steps, each store request as it says, to a decision.
-    async fn decide_once(&self, scope: &Scope, call: &ToolCall<'_>) -> Decision {
+    /// One look at the store: the engine's steps, each store request as it says, to a decision;
+    /// each request a child span of `span`, and what decided the call in `looked`.
+    async fn decide_once(
+        &self,
+        scope: &Scope,
+        call: &ToolCall<'_>,
+        span: &CallSpan,
+        looked: &mut Looked,
+    ) -> Decision {
         let now = self.clock().now();
         let (mut pending, mut step) = self.engine().begin(scope, *call, self.tokens.mint(), now);
         let decision = loop {
+            let started = std::time::SystemTime::now();
             step = match step {
                 Step::Done(decision) => break decision,
                 Step::ReadClientKey(req) => {
                     let answer = self.store().get(&req.id, req.now).await;
+                    span.store_operation("get", started, answer.as_ref().map(|_| ()));
                     pending.on_client_key(req, answer)
                 }
                 Step::ReadIdentifier(req) => {
                     let answer = self.store().get(&req.id, req.now).await;
+                    span.store_operation("get", started, answer.as_ref().map(|_| ()));
                     pending.on_identifier(req, answer)
                 }
                 Step::TryClaim(req) => {
                     let answer = self.writes.claim(&req).await;
+                    span.store_operation("claim", started, answer.as_ref().map(|_| ()));
+                    looked.key = Some(req.id.key.clone());
                     pending.on_claim(req, answer)
                 }
                 Step::TakeOver(req) => {
                     let answer = self.writes.take_over(&req).await;
+                    span.store_operation("take_over", started, answer.as_ref().map(|_| ()));
+                    looked.key = Some(req.id.key.clone());
                     pending.on_take_over(req, answer)
                 }
             };
         };
+        looked.linked = pending.linked();
         match &decision {
             Decision::Execute(_) | Decision::Replay(_) => {
                 self.store_usable.store(true, Ordering::Relaxed);
@@ -395,10 +448,15 @@ mod tests {
                 refuses: false,
                 stopped: true,
             };
-            let decision = dedup.begin_guarded(&scope, &call, &stopped).await;
+            let decision = dedup
+                .begin_guarded(&scope, &call, &CallSpan::none(), &stopped)
+                .await;
             assert!(is_shutting_down(&decision), "{decision:?}");
             // The key was released: the retry runs the call, as if the first never came.
-            let Decision::Execute(claim) = dedup.begin_guarded(&scope, &call, &OPEN).await else {
+            let Decision::Execute(claim) = dedup
+                .begin_guarded(&scope, &call, &CallSpan::none(), &OPEN)
+                .await
+            else {
                 panic!("the key was left claimed")
             };
             claim.release("the test ends").await;
@@ -424,7 +482,9 @@ mod tests {
                     refuses: true,
                     stopped: true,
                 };
-                let decision = dedup.begin_guarded(&scope, &call, &refusing).await;
+                let decision = dedup
+                    .begin_guarded(&scope, &call, &CallSpan::none(), &refusing)
+                    .await;
                 assert!(is_shutting_down(&decision), "{decision:?}");
                 let Decision::Reject(rejection) = decision else {
                     unreachable!()

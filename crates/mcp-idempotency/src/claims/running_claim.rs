@@ -26,6 +26,7 @@ use super::writes::{CompletionSlot, StoreWrites};
 use crate::engine::{Claim, Companion};
 use crate::record::Outcome;
 use crate::store::{CompleteRequest, Fenced, StoreError};
+use crate::CallSpan;
 
 /// An executed call's claim, its lease kept alive until it is finished, abandoned or released.
 /// Returned by [`Deduplicator::begin`](crate::Deduplicator::begin) inside
@@ -43,6 +44,8 @@ pub struct RunningClaim {
     renewals: Arc<Renewals>,
     renewal: Option<Registration>,
     ended: bool,
+    /// The call's span: its completion is a child span, and it ends once the outcome is written.
+    span: CallSpan,
 }
 
 impl RunningClaim {
@@ -55,7 +58,14 @@ impl RunningClaim {
             renewals,
             renewal,
             ended: false,
+            span: CallSpan::none(),
         }
+    }
+
+    /// The same claim, its store writes shown in `span`.
+    pub(crate) fn in_span(mut self, span: &CallSpan) -> Self {
+        self.span = span.clone();
+        self
     }
 
     /// The claim as decided: its record and owner (its lease moves on as it is renewed).
@@ -93,7 +103,10 @@ impl RunningClaim {
             .writes
             .engine
             .completion(&self.claim, outcome, self.writes.clock.now());
+        let started = std::time::SystemTime::now();
         let result = self.writes.send_completion(&req).await;
+        self.span
+            .store_operation("complete", started, result.as_ref().map(|_| ()));
         if let Some(companion) = companion {
             record_beside(&self.writes, companion, req.outcome.clone()).await;
         }

@@ -267,7 +267,7 @@ impl Connection {
             ClientAction::Decide(call) => {
                 let decision = self
                     .dedup
-                    .begin_guarded(&self.scope, &call.tool_call(), self)
+                    .begin_guarded(&self.scope, &call.tool_call(), call.span(), self)
                     .await;
                 match self.lock().on_decision(call, decision) {
                     Decided::Forward(request) => FromClient::ForwardRewritten(request),

@@ -117,6 +117,9 @@ where
 
     let mut interceptor = Interceptor::new(shared.interceptor.clone());
     interceptor.set_store_usable(shared.dedup.store_usable());
+    if crate::CallSpan::wanted() {
+        interceptor.set_transport(transport_trace(&parts.headers));
+    }
     let call = match interceptor.on_client_message(message) {
         ClientAction::Forward if interceptor.awaits_discovery_result() => {
             let request = Request::from_parts(parts, Full::new(bytes));
@@ -164,13 +167,21 @@ where
     let counted = shared.shutdown.enter();
     let decision = shared
         .dedup
-        .begin_guarded(&scope, &call.tool_call(), &counted)
+        .begin_guarded(&scope, &call.tool_call(), call.span(), &counted)
         .await;
     let request_id = call.id().as_json().to_owned();
+    let id = call.id().clone();
     match interceptor.on_decision(call, decision) {
         Decided::Respond(response) => Ok(json_response(StatusCode::OK, response)),
         Decided::Forward(message) if interceptor.has_calls_in_flight() => {
             set_body_length(&mut parts, message.len());
+            // The header says what `_meta` says: the upstream's span is a child of ours.
+            if let Some(traceparent) = interceptor
+                .outgoing_traceparent(&id)
+                .and_then(|value| HeaderValue::from_str(&value).ok())
+            {
+                parts.headers.insert(TRACEPARENT, traceparent);
+            }
             let request = Request::from_parts(parts, Full::new(Bytes::from(message)));
             Ok(relay::start(
                 Exchange {
@@ -203,6 +214,25 @@ where
         .call(Request::from_parts(parts, Full::new(body)))
         .await?;
     Ok(response.map(|body| body.map_err(Into::into).boxed_unsync()))
+}
+
+/// The W3C Trace Context header.
+const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
+
+/// What a request's headers say of its trace and session.
+fn transport_trace(headers: &http::HeaderMap) -> crate::TransportTrace {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    crate::TransportTrace {
+        traceparent: text("traceparent"),
+        tracestate: text("tracestate"),
+        session_id: text("mcp-session-id"),
+        protocol_version: text("mcp-protocol-version"),
+    }
 }
 
 fn set_body_length(parts: &mut http::request::Parts, len: usize) {

@@ -13,6 +13,7 @@ use crate::policy::select::{self, Chosen};
 use crate::policy::KeyTerms;
 use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
+use crate::{CallSpan, SpanStart};
 
 /// A keyed `tools/call` waiting for its decision.
 #[derive(Clone, Debug)]
@@ -28,13 +29,15 @@ pub struct KeyedCall {
     pub(super) mrtr_continuation: bool,
     /// The tool policy's choice: the key's source and the terms the call is decided on.
     pub(super) terms: Box<KeyTerms>,
+    /// The call's span (empty unless tracing is on or durations are recorded).
+    pub(super) span: CallSpan,
 }
 
 impl KeyedCall {
     /// The facts the engine decides on.
     pub fn tool_call(&self) -> ToolCall<'_> {
         ToolCall {
-            trace: None,
+            trace: self.span.link(),
             tool_name: &self.tool_name,
             arguments: self.arguments.as_deref(),
             idempotency_key: self.key.as_ref(),
@@ -52,6 +55,11 @@ impl KeyedCall {
     /// The request's id.
     pub fn id(&self) -> &RequestId {
         &self.id
+    }
+
+    /// The call's span, which the deduplicator feeds the decision and the store's operations.
+    pub(crate) fn span(&self) -> &CallSpan {
+        &self.span
     }
 }
 
@@ -116,7 +124,21 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 ))
             }
         };
+        let span = match CallSpan::wanted() {
+            true => CallSpan::start(SpanStart {
+                listed: self.config.listing.lists(&tool_name),
+                meta: params
+                    .get("_meta")
+                    .and_then(|meta| RawObject::parse(meta.get()))
+                    .as_ref(),
+                tool: &tool_name,
+                request_id: id.as_json(),
+                transport: &self.transport,
+            }),
+            false => CallSpan::none(),
+        };
         ClientAction::Decide(KeyedCall {
+            span,
             params_at: envelope
                 .only("params")
                 .and_then(|raw| span_of(message, raw.get())),
@@ -132,9 +154,18 @@ impl<C: AsRef<Claim>> Interceptor<C> {
 
     /// The request for the server: without `idempotencyKey` unless configured, and with the key in
     /// `_meta` when the call was claimed.
-    pub(super) fn rewrite_for_server(&self, call: &KeyedCall, claimed_key: Option<&str>) -> String {
+    ///
+    /// With `trace` (the forwarded request's span, as `traceparent` and `tracestate`), `_meta`
+    /// carries it instead of what the client sent, so that the server's span is a child of
+    /// mcp-idem's; `baggage` and every other member stay as they were.
+    pub(super) fn rewrite_for_server(
+        &self,
+        call: &KeyedCall,
+        claimed_key: Option<&str>,
+        trace: Option<(String, Option<String>)>,
+    ) -> String {
         let message = &call.message;
-        if self.config.forward_key && claimed_key.is_none() {
+        if self.config.forward_key && claimed_key.is_none() && trace.is_none() {
             return message.clone();
         }
         let rewrite_params = |params: &str| {
@@ -142,17 +173,29 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             if !self.config.forward_key {
                 params.remove(IDEMPOTENCY_KEY);
             }
-            Some(match claimed_key {
-                Some(key) => {
-                    let meta = params
-                        .get("_meta")
-                        .and_then(|m| RawObject::parse(m.get()))
-                        .unwrap_or_default();
-                    let meta = meta.to_string_with(META_KEY, &json_string(key));
-                    params.to_string_with("_meta", &meta)
+            if claimed_key.is_none() && trace.is_none() {
+                return Some(params.to_json());
+            }
+            let mut meta = params
+                .get("_meta")
+                .map(|m| m.get().to_owned())
+                .filter(|m| RawObject::parse(m).is_some())
+                .unwrap_or_else(|| "{}".to_owned());
+            let mut set = |name: &str, value: &str| {
+                if let Some(object) = RawObject::parse(&meta) {
+                    meta = object.to_string_with(name, &json_string(value));
                 }
-                None => params.to_json(),
-            })
+            };
+            if let Some(key) = claimed_key {
+                set(META_KEY, key);
+            }
+            if let Some((traceparent, tracestate)) = &trace {
+                set("traceparent", traceparent);
+                if let Some(tracestate) = tracestate {
+                    set("tracestate", tracestate);
+                }
+            }
+            Some(params.to_string_with("_meta", &meta))
         };
         let rewritten = match &call.params_at {
             Some(at) => message

@@ -72,6 +72,11 @@ impl SharedListing {
         self.1.notify.notify_waiters();
     }
 
+    /// Whether the server listed `tool`: only such names label a series (`gen_ai.tool.name`).
+    pub(super) fn lists(&self, tool: &str) -> bool {
+        self.lock().tools.contains_key(tool)
+    }
+
     /// Whether any tool is known.
     pub(super) fn is_known(&self) -> bool {
         !self.lock().tools.is_empty()

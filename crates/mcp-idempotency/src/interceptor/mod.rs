@@ -44,6 +44,7 @@ use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
 use crate::record::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
+use crate::{CallSpan, TransportTrace};
 
 pub use batch::BATCH_REFUSED;
 pub use call::KeyedCall;
@@ -234,6 +235,7 @@ pub struct Orphan<C = Claim> {
 struct InFlight<C> {
     claim: C,
     cancelled: bool,
+    span: CallSpan,
 }
 
 /// The interceptor's state: claimed calls in flight and discovery requests awaiting results.
@@ -254,6 +256,11 @@ pub struct Interceptor<C = Claim> {
     tools_list: Option<RequestId>,
     /// The gateway's own `tools/list` (`--tools suggested`).
     own_listing: listing::OwnListing,
+    /// What the transport knows of the trace of the message being read.
+    transport: TransportTrace,
+    /// Calls forwarded unclaimed (bypassed) whose spans wait for the server's answer; empty
+    /// unless spans are live.
+    traced: HashMap<RequestId, CallSpan>,
 }
 
 /// Most unanswered requests tracked in [`Interceptor::pending`]; past that (a server that never
@@ -278,6 +285,8 @@ impl<C> Interceptor<C> {
             store_unusable: false,
             tools_list: None,
             own_listing: listing::OwnListing::default(),
+            transport: TransportTrace::default(),
+            traced: HashMap::new(),
         }
     }
 }
@@ -370,22 +379,37 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         }
     }
 
+    /// Tells the interceptor what the transport knows of the trace of the messages it reads next
+    /// (the HTTP layer: the request's `traceparent` and session headers).
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn set_transport(&mut self, transport: TransportTrace) {
+        self.transport = transport;
+    }
+
     /// Applies the deduplicator's decision about a keyed call.
     pub fn on_decision(&mut self, call: KeyedCall, decision: Decision<C>) -> Decided {
         match decision {
             Decision::Execute(claim) => {
+                let trace = call.span.forwarded();
                 let request =
-                    self.rewrite_for_server(&call, Some(claim.as_ref().id().key.for_tool()));
+                    self.rewrite_for_server(&call, Some(claim.as_ref().id().key.for_tool()), trace);
                 self.in_flight.insert(
                     call.id,
                     InFlight {
                         claim,
                         cancelled: false,
+                        span: call.span,
                     },
                 );
                 Decided::Forward(request)
             }
-            Decision::Bypass(_) => Decided::Forward(self.rewrite_for_server(&call, None)),
+            Decision::Bypass(_) => {
+                let request = self.rewrite_for_server(&call, None, call.span.forwarded());
+                if call.span.is_live() {
+                    self.traced.insert(call.id, call.span);
+                }
+                Decided::Forward(request)
+            }
             Decision::Replay(replay) => Decided::Respond(replay.to_response_raw(call.id.as_json())),
             Decision::Reject(rejection) => {
                 Decided::Respond(rejection_response(&call.id, &rejection))
@@ -401,7 +425,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             .key
             .as_ref()
             .filter(|_| call.terms.source == KeySource::Sep);
-        let decision = Decision::Reject(Rejection::scope_unknown(key));
+        let rejection = Rejection::scope_unknown(key);
+        call.span.refused(&rejection);
+        let decision = Decision::Reject(rejection);
         #[cfg(feature = "metrics")]
         crate::metrics::on_decision(&decision);
         self.on_decision(call, decision)
@@ -442,7 +468,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         } else {
             self.in_flight.remove(&id)
         };
+        if !self.traced.is_empty() {
+            if let Some(span) = self.traced.remove(&id) {
+                span.answered(&envelope);
+            }
+        }
         if let Some(call) = claimed {
+            call.span.answered(&envelope);
             // Some JSON-RPC libraries send the unused member as `null` next to the used one.
             let is_null = |raw: &RawValue| raw.get() == "null";
             let outcome = match (envelope.get("result"), envelope.get("error")) {
@@ -527,9 +559,20 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             .learn(|id| in_flight.contains_key(id) || pending.contains(id))
     }
 
-    /// Whether calls are waiting for the server.
+    /// Whether calls are waiting for the server: claimed calls, or traced calls whose spans wait
+    /// for the answer.
     pub fn has_calls_in_flight(&self) -> bool {
-        !self.in_flight.is_empty()
+        !self.in_flight.is_empty() || !self.traced.is_empty()
+    }
+
+    /// The `traceparent` of the request forwarded for the call `id` (the span of the forwarded
+    /// request), for a transport header beside `_meta`; `None` when the call is not traced.
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn outgoing_traceparent(&self, id: &RequestId) -> Option<String> {
+        match self.in_flight.get(id) {
+            Some(call) => call.span.forwarded_traceparent(),
+            None => self.traced.get(id)?.forwarded_traceparent(),
+        }
     }
 
     /// Whether any client request forwarded to the server is still unanswered: a claimed call,
@@ -545,9 +588,13 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         self.discovery.clear();
         self.own_listing.clear();
         self.pending.clear();
+        for (_, span) in self.traced.drain() {
+            span.unanswered();
+        }
         self.in_flight
             .drain()
             .map(|(id, call)| {
+                call.span.unanswered();
                 let response = (!call.cancelled).then(|| {
                     let rejection = Rejection::new(
                         RejectionKind::OutcomeUnknown,

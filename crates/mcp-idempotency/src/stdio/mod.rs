@@ -448,7 +448,7 @@ impl StdioProxy {
                     if call.terms().wait.is_none() {
                         let decision = self
                             .dedup
-                            .begin_guarded(&scope, &call.tool_call(), &deciding)
+                            .begin_guarded(&scope, &call.tool_call(), call.span(), &deciding)
                             .await;
                         self.deliver(state, (call, decision, deciding), &mut server_in, to_client)
                             .await?;
@@ -457,7 +457,7 @@ impl StdioProxy {
                     waiting.push(async move {
                         let decision = self
                             .dedup
-                            .begin_guarded(&scope, &call.tool_call(), &deciding)
+                            .begin_guarded(&scope, &call.tool_call(), call.span(), &deciding)
                             .await;
                         (call, decision, deciding)
                     });

@@ -353,4 +353,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// whose in-progress record was deleted finds it gone (its complete, renew and release answer
     /// [`Fenced::NotOwner`]).
     fn delete<'a>(&'a self, id: &'a RecordId) -> StoreFuture<'a, bool>;
+
+    /// The database behind the store as OpenTelemetry's `db.system.name` names it (`redis`,
+    /// `postgresql`, `sqlite`), for the spans of its operations; `None` (the default) for a
+    /// store that is no database. A store that wraps another answers for it.
+    fn system(&self) -> Option<&'static str> {
+        None
+    }
 }

@@ -6,6 +6,8 @@
 //! - [`OtelSettings`]: what to export where, from the environment or filled by hand.
 //! - [`OtlpRecorder`]: every series of the `metrics` facade over OTLP too
 //!   (`OTEL_METRICS_EXPORTER=otlp`), beside Prometheus through [`fan_out`].
+//! - [`CallSpan`]: the span of one decided `tools/call`, and its duration metric: the one place
+//!   that turns decisions into spans (`spans.rs`).
 //! - `receiver` (feature `testsuite`): an OTLP receiver (gRPC and HTTP) for tests.
 
 mod export;
@@ -14,10 +16,16 @@ mod otlp_http;
 #[cfg(feature = "testsuite")]
 pub mod receiver;
 mod settings;
+mod spans;
 
 pub use export::{tracer, Telemetry, TelemetryError, SCOPE_NAME};
 pub use metrics_otlp::{fan_out, OtlpRecorder, SECONDS_BUCKETS};
 pub use settings::{
     OtelSettings, Protocol, SamplerSetting, SettingsError, DEFAULT_EXPORT_TIMEOUT,
     DEFAULT_SERVICE_NAME, DEFAULT_SPAN_QUEUE_SIZE,
+};
+pub(crate) use spans::SpanStart;
+pub use spans::{
+    record_durations, CallSpan, TransportTrace, DECISION, DECISION_REASON, KEY_DIGEST, KEY_SOURCE,
+    LINKED_TRACE_ID, OPERATION_DURATION, OPERATION_DURATION_BUCKETS, WAIT_LOOKS,
 };

@@ -171,8 +171,8 @@ impl Reply {
 }
 
 enum Transport {
-    Stdio(LineClient),
-    Http(HttpClient),
+    Stdio(Box<LineClient>),
+    Http(Box<HttpClient>),
 }
 
 /// A request on its way, for the checks that send a duplicate meanwhile.
@@ -195,7 +195,7 @@ impl Session {
     /// A stdio session over a started server (not yet in any era: see [`Self::set_era`]).
     pub(crate) fn stdio(client: LineClient, timeout: Duration) -> Self {
         Self {
-            transport: Transport::Stdio(client),
+            transport: Transport::Stdio(Box::new(client)),
             era: Era::Current,
             next_id: 1,
             timeout,
@@ -204,7 +204,7 @@ impl Session {
 
     pub(crate) fn http(client: HttpClient, timeout: Duration) -> Self {
         Self {
-            transport: Transport::Http(client),
+            transport: Transport::Http(Box::new(client)),
             era: Era::Current,
             next_id: 1,
             timeout,

@@ -153,7 +153,11 @@ impl ProxyArgs {
         let scope_by = self.scope.scope_by()?;
         let policies = self.policy.policies()?;
         PolicyArgs::log(&policies);
-        let mut store = self.ops.start(self.engine.open_store().await?).await?;
+        let telemetry = ops::start_telemetry()?;
+        let mut store = self
+            .ops
+            .start(self.engine.open_store().await?, telemetry.as_ref())
+            .await?;
         let legacy = upstream_namespace(&upstream_url.to_string());
         if self.namespace.is_none() {
             store =
@@ -237,6 +241,11 @@ impl ProxyArgs {
             never = mcp_idempotency::upkeep::purge_periodically(dedup.clone()) => match never {},
         }
         super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
+        ops::stop_telemetry(
+            telemetry,
+            super::grace_left(self.shutdown_grace, stopped_at.get().copied()),
+        )
+        .await;
         Ok(())
     }
 }

@@ -125,7 +125,11 @@ impl WrapArgs {
     async fn run(self) -> anyhow::Result<ExitCode> {
         let policies = self.policy.policies()?;
         PolicyArgs::log(&policies);
-        let mut store = self.ops.start(self.engine.open_store().await?).await?;
+        let telemetry = crate::ops::start_telemetry()?;
+        let mut store = self
+            .ops
+            .start(self.engine.open_store().await?, telemetry.as_ref())
+            .await?;
         let namespace = self
             .namespace
             .clone()
@@ -177,6 +181,8 @@ impl WrapArgs {
         };
         let (proxied, status) = tokio::join!(proxied, server.wait_or_stop(closing));
         super::settle_completions(&dedup, self.shutdown_grace, stopped_at.get().copied()).await;
+        let left = super::grace_left(self.shutdown_grace, stopped_at.get().copied());
+        crate::ops::stop_telemetry(telemetry, left).await;
         let exit = proxied.context("stdio proxy failed")?;
         if exit.calls_cut_off > 0 {
             tracing::warn!(

@@ -223,11 +223,18 @@ impl Proxy {
 
     /// [`Proxy::spawn`] logging with the `MCP_IDEM_LOG` filter `log`.
     pub(crate) fn spawn_with_log(upstream: &str, args: &[&str], log: &str) -> Self {
+        Self::spawn_with_env(upstream, args, &[("MCP_IDEM_LOG", log)])
+    }
+
+    /// [`Proxy::spawn`] with these environment variables (`MCP_IDEM_LOG` is `warn` unless one
+    /// of them sets it).
+    pub(crate) fn spawn_with_env(upstream: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_mcp-idem"));
         command
             .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", upstream])
             .args(args)
-            .env("MCP_IDEM_LOG", log);
+            .env("MCP_IDEM_LOG", "warn")
+            .envs(env.iter().copied());
         let (process, base) =
             Spawned::spawn(command, "mcp-idem proxy", "mcp-idem proxy: listening on ");
         assert!(

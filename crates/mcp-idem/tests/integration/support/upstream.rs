@@ -20,6 +20,8 @@ pub(crate) struct Seen {
     /// Path and query.
     pub(crate) path: String,
     pub(crate) body: String,
+    /// The `traceparent` header, if any.
+    pub(crate) traceparent: Option<String>,
 }
 
 /// The recording upstream on `127.0.0.1`.
@@ -100,6 +102,11 @@ async fn answer(
         method: parts.method.to_string(),
         path: path.clone(),
         body: body.clone(),
+        traceparent: parts
+            .headers
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned),
     });
     let answer = match serde_json::from_str::<Value>(&body) {
         Ok(Value::Array(batch)) => Some(Value::Array(

@@ -207,6 +207,10 @@ impl PostgresStore {
 }
 
 impl Store for PostgresStore {
+    fn system(&self) -> Option<&'static str> {
+        Some("postgresql")
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(queue::claim(self, req))
     }

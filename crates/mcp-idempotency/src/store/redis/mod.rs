@@ -439,6 +439,10 @@ fn claim_outcome(
 }
 
 impl Store for RedisStore {
+    fn system(&self) -> Option<&'static str> {
+        Some("redis")
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         Box::pin(async move {
             if self.batched() {

@@ -193,6 +193,10 @@ fn fenced_write(
 }
 
 impl Store for SqliteStore {
+    fn system(&self) -> Option<&'static str> {
+        Some("sqlite")
+    }
+
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> StoreFuture<'a, ClaimOutcome> {
         // One copy of the request, for both the read and the write.
         let req = Arc::new(req.clone());

@@ -1,0 +1,194 @@
+//! OpenTelemetry traces end to end: `mcp-idem proxy` exporting to an OTLP receiver in the test
+//! (real OTLP protobuf, over gRPC and over HTTP), a client's `_meta.traceparent` as the parent,
+//! the upstream given mcp-idem's own span as its parent (in `_meta` and in the HTTP header), and
+//! a retry through a second proxy on the same Redis linked to the first proxy's execution. With
+//! tracing off, nothing changes: `_meta` reaches the upstream as the client sent it.
+
+use std::time::Duration;
+
+use mcp_idempotency::telemetry::receiver::{ReceivedSpan, Receiver};
+use serde_json::{json, Value};
+
+use crate::support::http::{unique_namespace, Proxy, Raw, SharedStore};
+use crate::support::upstream::RecordingUpstream;
+
+const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+/// A keyed `tools/call` of `charge` with `_meta.traceparent` (and `tracestate`, `baggage`).
+fn traced_call(id: u64, key: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {
+            "name": "charge", "arguments": {"amount": 42},
+            "idempotencyKey": key,
+            "_meta": {
+                "traceparent": format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"),
+                "tracestate": "vendor=opaque",
+                "baggage": "tenant=acme"
+            }
+        }
+    })
+}
+
+fn proxy_env<'a>(endpoint: &'a str, protocol: &'a str) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+        ("OTEL_SERVICE_NAME", "mcp-idem-test"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ]
+}
+
+fn server_span<'a>(spans: &'a [ReceivedSpan], decision: &str) -> Option<&'a ReceivedSpan> {
+    spans
+        .iter()
+        .find(|s| s.kind == "server" && s.str_attribute("mcp_idem.decision") == Some(decision))
+}
+
+async fn one_trace_through_two_proxies(protocol: &str) {
+    let Some(redis) = SharedStore::Redis.url() else {
+        return;
+    };
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = match protocol {
+        "grpc" => receiver.grpc_endpoint(),
+        _ => receiver.http_endpoint(),
+    };
+    let upstream = RecordingUpstream::start();
+    let namespace = unique_namespace("otel-traces");
+    let args = ["--store", &redis, "--namespace", &namespace];
+    let env = proxy_env(&endpoint, protocol);
+    let first = Proxy::spawn_with_env(&upstream.origin, &args, &env);
+    let second = Proxy::spawn_with_env(&upstream.origin, &args, &env);
+
+    let executed = Raw::new(&first).call(traced_call(1, "order-7")).await;
+    assert_eq!(executed.status, 200, "{}", executed.body);
+    let replayed = Raw::new(&second).call(traced_call(2, "order-7")).await;
+    assert_eq!(replayed.json()["result"], executed.json()["result"]);
+    assert_eq!(
+        upstream.seen().len(),
+        1,
+        "the retry did not reach the upstream"
+    );
+
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            server_span(spans, "execute").is_some() && server_span(spans, "replay").is_some()
+        })
+        .await;
+    let execution =
+        server_span(&spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
+    // The client's trace, on the MCP semantic conventions.
+    assert_eq!(execution.trace_id, CLIENT_TRACE);
+    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
+    assert_eq!(execution.name, "tools/call charge");
+    for (name, value) in [
+        ("mcp.method.name", "tools/call"),
+        ("gen_ai.tool.name", "charge"),
+        ("gen_ai.operation.name", "execute_tool"),
+        ("jsonrpc.request.id", "1"),
+        ("mcp_idem.key.source", "sep"),
+        ("mcp_idem.store", "redis"),
+    ] {
+        assert_eq!(
+            execution.str_attribute(name),
+            Some(value),
+            "{name}: {execution:#?}"
+        );
+    }
+    let digest = execution.str_attribute("mcp_idem.key.digest").unwrap();
+    assert_eq!(digest.len(), 32, "a digest, never the key: {digest}");
+    assert!(
+        !format!("{execution:?}").contains("order-7"),
+        "the key leaked"
+    );
+    assert_eq!(
+        execution.resource.get("service.name"),
+        Some(&json!("mcp-idem-test"))
+    );
+    // The store's claim and completion, and the forwarded request, are its children.
+    let children: Vec<_> = spans
+        .iter()
+        .filter(|s| s.parent_span_id.as_deref() == Some(execution.span_id.as_str()))
+        .map(|s| (s.name.as_str(), s.kind, s.str_attribute("db.system.name")))
+        .collect();
+    for child in [
+        ("claim", "client", Some("redis")),
+        ("complete", "client", Some("redis")),
+        ("tools/call charge", "client", None),
+    ] {
+        assert!(children.contains(&child), "{child:?} in {children:?}");
+    }
+    let forwarded = spans
+        .iter()
+        .find(|s| {
+            s.parent_span_id.as_deref() == Some(execution.span_id.as_str())
+                && s.name == "tools/call charge"
+        })
+        .unwrap();
+
+    // The upstream saw mcp-idem's span as its parent, in `_meta` and in the header; the
+    // client's `tracestate` and `baggage` went on.
+    let seen = &upstream.seen()[0];
+    let body: Value = serde_json::from_str(&seen.body).unwrap();
+    let meta = &body["params"]["_meta"];
+    let expected = format!("00-{CLIENT_TRACE}-{}-01", forwarded.span_id);
+    assert_eq!(meta["traceparent"], expected.as_str(), "{meta}");
+    assert_eq!(seen.traceparent.as_deref(), Some(expected.as_str()));
+    assert_eq!(meta["tracestate"], "vendor=opaque");
+    assert_eq!(meta["baggage"], "tenant=acme");
+
+    // The retry, through the second proxy: a span linked to the first one's execution.
+    let replay = server_span(&spans, "replay").unwrap();
+    assert_eq!(replay.trace_id, CLIENT_TRACE);
+    assert_eq!(
+        replay.str_attribute("mcp_idem.linked.trace_id"),
+        Some(CLIENT_TRACE)
+    );
+    assert!(
+        replay
+            .links
+            .iter()
+            .any(|l| l.trace_id == CLIENT_TRACE && l.span_id == execution.span_id),
+        "{replay:#?}"
+    );
+    assert_eq!(
+        replay.str_attribute("mcp_idem.key.digest"),
+        Some(digest),
+        "one digest for one key"
+    );
+    eprintln!("{} spans received", spans.len());
+    drop((first, second));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_through_another_proxy_links_to_the_execution_over_grpc() {
+    one_trace_through_two_proxies("grpc").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_through_another_proxy_links_to_the_execution_over_http() {
+    one_trace_through_two_proxies("http/protobuf").await;
+}
+
+/// Tracing off: `_meta` (its `traceparent` too) reaches the upstream exactly as sent, with no
+/// header added.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tracing_meta_passes_untouched() {
+    let upstream = RecordingUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::support::http::sqlite_in(&dir);
+    let proxy = Proxy::spawn(&upstream.origin, &["--store", &store, "--namespace", "n"]);
+    let sent = traced_call(1, "order-8");
+    let answer = Raw::new(&proxy).call(sent.clone()).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let seen = &upstream.seen()[0];
+    let body: Value = serde_json::from_str(&seen.body).unwrap();
+    let mut meta = body["params"]["_meta"].clone();
+    meta.as_object_mut()
+        .unwrap()
+        .remove("mcp-idem/idempotencyKey");
+    assert_eq!(meta, sent["params"]["_meta"]);
+    assert_eq!(seen.traceparent, None);
+}

@@ -1,0 +1,95 @@
+//! [`CallSpan`] without feature `otel`: the same calls, doing nothing, so that the interceptor
+//! and the deduplicator feed one interface whatever the features (`telemetry/spans.rs` is the
+//! real one).
+
+use crate::engine::Decision;
+use crate::raw_object::RawObject;
+use crate::record::TraceLink;
+use crate::rejection::Rejection;
+use crate::store::StoreError;
+
+/// What the transport knows of a request's trace and session (unused without feature `otel`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TransportTrace {
+    /// The `traceparent` header.
+    pub(crate) traceparent: Option<String>,
+    /// The `tracestate` header.
+    pub(crate) tracestate: Option<String>,
+    /// The session id.
+    pub(crate) session_id: Option<String>,
+    /// The protocol version.
+    pub(crate) protocol_version: Option<String>,
+}
+
+/// No span: feature `otel` is off.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CallSpan;
+
+// Built as with feature `otel`; nothing reads it.
+#[allow(dead_code)]
+pub(crate) struct SpanStart<'a> {
+    pub(crate) tool: &'a str,
+    pub(crate) listed: bool,
+    pub(crate) request_id: &'a str,
+    pub(crate) meta: Option<&'a RawObject<'a>>,
+    pub(crate) transport: &'a TransportTrace,
+}
+
+#[allow(clippy::unused_self)]
+impl CallSpan {
+    pub(crate) fn start(_: SpanStart<'_>) -> Self {
+        Self
+    }
+
+    pub(crate) fn none() -> Self {
+        Self
+    }
+
+    pub(crate) fn wanted() -> bool {
+        false
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        false
+    }
+
+    /// Always `None`.
+    pub(crate) fn link(&self) -> Option<TraceLink> {
+        None
+    }
+
+    pub(crate) fn store_system(&self, _: Option<&'static str>) {}
+
+    pub(crate) fn store_operation(
+        &self,
+        _: &'static str,
+        _: std::time::SystemTime,
+        _: Result<(), &StoreError>,
+    ) {
+    }
+
+    pub(crate) fn decided<C>(
+        &self,
+        _: &Decision<C>,
+        _: &str,
+        _: Option<&crate::key::IdempotencyKey>,
+        _: Option<TraceLink>,
+        _: u32,
+    ) {
+    }
+
+    pub(crate) fn refused(&self, _: &Rejection) {}
+
+    pub(crate) fn forwarded(&self) -> Option<(String, Option<String>)> {
+        None
+    }
+
+    #[cfg_attr(not(feature = "http"), allow(dead_code))]
+    pub(crate) fn forwarded_traceparent(&self) -> Option<String> {
+        None
+    }
+
+    pub(crate) fn answered(&self, _: &RawObject<'_>) {}
+
+    pub(crate) fn unanswered(&self) {}
+}
