@@ -10,6 +10,9 @@
 //! {"timestamp":"2026-08-01T09:30:00.123456Z","level":"WARN","target":"mcp_idem::commands::proxy","message":"store unavailable","attempt":3,"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","span_id":"00f067aa0ba902b7"}
 //! ```
 //!
+//! The keys come in that order, the event's fields in the order it names them. A record of the
+//! `log` crate (a dependency's, through `tracing-log`) has its own target, as in the text format.
+//!
 //! The trace context comes from the innermost enclosing span with a `trace_id` field (recorded as
 //! a string, when the span starts or later with `Span::record`), with that span's `span_id`: the
 //! tracing code enters such a span around each call it handles. Each must be hexadecimal of the
@@ -22,7 +25,7 @@ use std::io::Write;
 use std::str::FromStr;
 use std::time::SystemTime;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
@@ -108,12 +111,12 @@ impl Visit for TraceIds {
     }
 }
 
-/// An event's fields as JSON values.
-struct Fields<'a>(&'a mut Map<String, Value>);
+/// An event's fields as JSON values, in the order the event names them.
+struct Fields<'a>(&'a mut Vec<(&'static str, Value)>);
 
 impl Fields<'_> {
     fn put(&mut self, field: &Field, value: Value) {
-        self.0.insert(field.name().to_owned(), value);
+        self.0.push((field.name(), value));
     }
 }
 
@@ -201,58 +204,79 @@ where
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
-        let mut line = json_line(event, SystemTime::now());
-        if let Some(scope) = ctx.event_scope(event) {
-            let found = scope.into_iter().find_map(|span| {
+        let ids = ctx.event_scope(event).and_then(|scope| {
+            scope.into_iter().find_map(|span| {
                 let extensions = span.extensions();
                 let ids = extensions.get::<TraceIds>()?;
-                Some((ids.trace_id.clone()?, ids.span_id.clone()))
-            });
-            if let Some((trace_id, span_id)) = found {
-                line.insert("trace_id".to_owned(), trace_id.into());
-                if let Some(span_id) = span_id {
-                    line.insert("span_id".to_owned(), span_id.into());
-                }
-            }
-        }
-        let mut text = Value::Object(line).to_string();
-        text.push('\n');
+                ids.trace_id.is_some().then(|| ids.clone())
+            })
+        });
+        let mut line = json_line(event, SystemTime::now(), ids.unwrap_or_default());
+        line.push('\n');
         // One write per line, so that lines from several threads never interleave; a log that
         // cannot be written is lost, as the text format's.
-        let _ = self.writer.make_writer().write_all(text.as_bytes());
+        let _ = self.writer.make_writer().write_all(line.as_bytes());
     }
 }
 
-/// `event` as a JSON object, without the trace context: the event's fields first, then the
-/// top-level names over them.
-fn json_line(event: &Event<'_>, now: SystemTime) -> Map<String, Value> {
-    let mut fields = Map::new();
+/// The names a line starts with, or ends with, which an event's field of the same name does not
+/// replace.
+const TOP_LEVEL: [&str; 6] = [
+    "timestamp",
+    "level",
+    "target",
+    "message",
+    "trace_id",
+    "span_id",
+];
+
+/// `event` as one line of JSON (without the newline): `timestamp`, `level`, `target`, `message`,
+/// the event's fields in its order, then `ids`. A record of the `log` crate (through
+/// `tracing-log`) has its own target, and its `log.*` fields are left out, as in the text format.
+fn json_line(event: &Event<'_>, now: SystemTime, ids: TraceIds) -> String {
+    let mut fields = Vec::new();
     event.record(&mut Fields(&mut fields));
-    let message = fields.remove("message").unwrap_or_else(|| "".into());
     let metadata = event.metadata();
-    let mut line = Map::new();
-    line.insert(
-        "timestamp".to_owned(),
-        humantime::format_rfc3339_micros(now).to_string().into(),
-    );
-    line.insert("level".to_owned(), metadata.level().as_str().into());
-    line.insert("target".to_owned(), metadata.target().into());
-    line.insert("message".to_owned(), message);
+    let mut target = Value::from(metadata.target());
+    let mut message = Value::from("");
+    let mut rest = Vec::new();
     for (name, value) in fields {
-        if !matches!(
-            name.as_str(),
-            "timestamp" | "level" | "target" | "trace_id" | "span_id"
-        ) {
-            line.insert(name, value);
+        match name {
+            "message" => message = value,
+            "log.target" => target = value,
+            _ if name.starts_with("log.") || TOP_LEVEL.contains(&name) => {}
+            _ => rest.push((name, value)),
         }
     }
-    line
+    let timestamp = humantime::format_rfc3339_micros(now).to_string();
+    let mut pairs = vec![
+        ("timestamp", Value::from(timestamp)),
+        ("level", metadata.level().as_str().into()),
+        ("target", target),
+        ("message", message),
+    ];
+    pairs.extend(rest);
+    pairs.extend(ids.trace_id.map(|id| ("trace_id", id.into())));
+    pairs.extend(ids.span_id.map(|id| ("span_id", id.into())));
+    // Written pair by pair: serde_json's map would sort the keys.
+    let mut text = String::from("{");
+    for (index, (name, value)) in pairs.iter().enumerate() {
+        if index > 0 {
+            text.push(',');
+        }
+        text.push_str(&Value::from(*name).to_string());
+        text.push(':');
+        text.push_str(&value.to_string());
+    }
+    text.push('}');
+    text
 }
 
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
 
+    use serde_json::Map;
     use tracing_subscriber::layer::SubscriberExt;
 
     use super::*;
@@ -392,6 +416,36 @@ mod tests {
         assert_eq!(lines.len(), 1);
         assert_eq!(lines[0]["message"], "two\nlines \"quoted\"");
         assert_eq!(lines[0]["path"], "a\"b");
+    }
+
+    #[test]
+    fn a_line_starts_with_the_top_level_keys_and_keeps_the_events_order() {
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::registry().with(JsonLayer::new(lines.clone()));
+        tracing::subscriber::with_default(subscriber, || {
+            let call = tracing::info_span!("mcp.call", trace_id = TRACE, span_id = SPAN);
+            let _entered = call.enter();
+            tracing::info!(zeta = 1, alpha = 2, "ordered");
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let keys: Vec<&str> = text
+            .split(['{', ','])
+            .filter_map(|pair| pair.split_once("\":").map(|(key, _)| &key[1..]))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "timestamp",
+                "level",
+                "target",
+                "message",
+                "zeta",
+                "alpha",
+                "trace_id",
+                "span_id"
+            ],
+            "{text}"
+        );
     }
 
     #[test]
