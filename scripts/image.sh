@@ -34,7 +34,8 @@ certs=/etc/ssl/certs/ca-certificates.crt
 [ -s "$certs" ] || { echo "no $certs (apt-get install ca-certificates)" >&2; exit 1; }
 rm -rf "$work"
 storage=(--root "$work/storage" --runroot "$work/run" --storage-driver vfs)
-# The layers are dated by the last commit: the same sources give the same image.
+# The image is dated by the last commit: the same sources and binary give the same image (the same
+# manifest digest; the archive's own tar headers differ).
 created=$(git log -1 --format=%ct 2>/dev/null || date +%s)
 
 # stage TARGET CONTEXT: the build context of TARGET's binary (see deploy/image/Containerfile).
