@@ -16,7 +16,9 @@
 # TARGETS (default: the host's triple) names the binaries to put in images, one per target, each
 # `target/dist/mcp-idem-<target>`: with several (x86_64-unknown-linux-musl
 # aarch64-unknown-linux-musl, as .github/workflows/release.yml does, untested here) the archive is
-# an image index with one image per platform. IMAGE_ARCHIVE names another archive.
+# an image index with one image per platform. A dynamically linked binary must be of this
+# machine's architecture (ldd finds its libraries here); a static one may be of any. IMAGE_ARCHIVE
+# names another archive.
 # Usage: scripts/image.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -83,7 +85,7 @@ for target in "${targets[@]}"; do
     esac
     stage "$target" "$work/$target"
     # The version, from the binary when it runs here, else from Cargo.toml.
-    version=${version:-$("$dist/mcp-idem-$target" --version 2>/dev/null | awk '{ print $2 }')}
+    version=${version:-$("$dist/mcp-idem-$target" --version 2>/dev/null | awk '$1 == "mcp-idem" { print $2 }')}
     version=${version:-$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)}
     image=localhost/mcp-idem:$version-${platform#linux/}
     buildah "${storage[@]}" build --quiet --isolation chroot --format oci --timestamp "$created" \
