@@ -9,7 +9,7 @@
 # roots, /etc/passwd and /etc/group for `nonroot` (uid and gid 65532), /etc/nsswitch.conf, and
 # /data owned by 65532, where the default SQLite store goes. Nothing else: no shell.
 #
-# Needs root (or a user namespace buildah can use), `buildah` and the binary. buildah keeps its
+# Needs `buildah` and the binary, and runs as root here (rootless buildah is untested). buildah keeps its
 # storage under target/image/ (vfs driver, chroot isolation: no daemon, no overlay mount), and
 # drops it once the archive is written. Load the archive elsewhere with e.g.
 # `podman load -i target/dist/mcp-idem-image.oci.tar` or `skopeo copy oci-archive:... docker://...`.
