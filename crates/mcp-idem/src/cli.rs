@@ -1,6 +1,9 @@
 use std::process::ExitCode;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{CommandFactory, Parser, Subcommand};
+use mcp_idempotency::embedded::log_format::LOG_FORMAT_ENV;
+use mcp_idempotency::embedded::LogFormat;
 
 use crate::commands::bridge::BridgeArgs;
 use crate::commands::call::CallArgs;
@@ -19,6 +22,12 @@ use crate::config_file::Invocation;
 #[derive(Debug, Parser)]
 #[command(name = "mcp-idem", version, about, long_about = None)]
 pub(crate) struct Cli {
+    /// Format of the logs on stderr: `text`, or `json` (one JSON object per line, with
+    /// `trace_id` and `span_id` inside a traced call).
+    #[arg(long, global = true, env = LOG_FORMAT_ENV, value_name = "FORMAT", default_value = "text",
+          value_parser = log_format())]
+    pub(crate) log_format: LogFormat,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -72,6 +81,11 @@ pub(crate) enum Command {
     /// then executes the server.
     #[command(hide = true)]
     ExecServer(ExecServerArgs),
+}
+
+/// `--log-format`: `text` or `json`, listed in the help.
+fn log_format() -> impl TypedValueParser<Value = LogFormat> {
+    PossibleValuesParser::new(["text", "json"]).map(|name| name.parse().unwrap_or_default())
 }
 
 /// The command-line interface; `config-check wrap` needs no server command.

@@ -158,13 +158,21 @@ fn overridden(
 }
 
 /// `["wrap"]`, `["proxy"]`, `["config-check", "wrap"]`, ...: the configurable command being run.
+/// The global options given before the command (`--log-format json`) are passed over.
 fn subcommand_path(args: &[OsString]) -> Vec<String> {
-    let words: Vec<&str> = args
+    let mut words: &[&str] = &args
         .iter()
         .skip(1)
         .map(|a| a.to_str().unwrap_or(""))
-        .collect();
-    match words.as_slice() {
+        .collect::<Vec<_>>();
+    loop {
+        words = match words {
+            ["--log-format", _, rest @ ..] => rest,
+            [global, rest @ ..] if global.starts_with("--log-format=") => rest,
+            _ => break,
+        };
+    }
+    match words {
         [first, ..] if CONFIGURABLE.contains(first) => vec![(*first).to_owned()],
         ["config-check", second, ..] if CONFIGURABLE.contains(second) => {
             vec!["config-check".to_owned(), (*second).to_owned()]
@@ -481,6 +489,21 @@ mod tests {
         "absorb",
         "forward",
     ];
+
+    #[test]
+    fn the_configured_command_is_found_after_global_options() {
+        let path = |words: &[&str]| {
+            let args: Vec<OsString> = ["mcp-idem"].iter().chain(words).map(Into::into).collect();
+            subcommand_path(&args)
+        };
+        assert_eq!(path(&["proxy", "--listen", "x"]), ["proxy"]);
+        assert_eq!(path(&["--log-format", "json", "proxy"]), ["proxy"]);
+        assert_eq!(
+            path(&["--log-format=json", "config-check", "wrap"]),
+            ["config-check", "wrap"]
+        );
+        assert!(path(&["--log-format", "json", "demo"]).is_empty());
+    }
 
     #[test]
     fn wraps_flags_and_config_file_take_each_option_as_the_librarys_table_says() {

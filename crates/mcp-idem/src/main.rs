@@ -26,7 +26,7 @@ fn main() -> ExitCode {
         }
     };
     let cli = cli::Cli::from_arg_matches(&invocation.matches).unwrap_or_else(|err| err.exit());
-    init_logging();
+    init_logging(cli.log_format);
     match cli.command.exec(&invocation) {
         Ok(code) => code,
         Err(err) => {
@@ -39,7 +39,8 @@ fn main() -> ExitCode {
 /// Logs go to stderr: on stdio transports stdout carries the protocol. `MCP_IDEM_LOG` filters
 /// them: a level (`debug`) or comma-separated `TARGET=LEVEL` directives
 /// (`warn,mcp_idempotency::interceptor=debug`); unset or unreadable, `warn`. The bindings log
-/// the same way (`embedded::log_to_stderr`).
-fn init_logging() {
-    mcp_idempotency::embedded::log_to_stderr();
+/// the same way (`embedded::log_to_stderr`). `--log-format` (`MCP_IDEM_LOG_FORMAT`) picks text
+/// or one JSON object per line (`embedded::log_format`).
+fn init_logging(format: mcp_idempotency::embedded::LogFormat) {
+    mcp_idempotency::embedded::log_to_stderr_as(format);
 }

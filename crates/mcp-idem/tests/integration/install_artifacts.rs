@@ -21,7 +21,7 @@ use crate::support::wrap::Sandbox;
 
 /// The artifact in the dist folder whose name starts with `prefix` and ends with `suffix`, or
 /// `None` (after a note; a panic under `CI=true`) when there is none.
-fn artifact(prefix: &str, suffix: &str) -> Option<PathBuf> {
+pub(crate) fn artifact(prefix: &str, suffix: &str) -> Option<PathBuf> {
     let dist =
         std::env::var_os("DIST_DIR").map_or_else(|| repo().join("target/dist"), PathBuf::from);
     let found = std::fs::read_dir(&dist).ok().and_then(|entries| {

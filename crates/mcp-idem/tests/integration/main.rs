@@ -56,6 +56,9 @@ mod exhaustion;
 mod failover_chaos;
 #[cfg(unix)]
 mod failover_storm;
+// The container image of scripts/image.sh, unpacked with umoci and run with chroot.
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod image;
 #[cfg(unix)]
 mod inspect;
 mod inspect_cluster;
@@ -79,6 +82,8 @@ mod limits_http;
 mod limits_stdio;
 #[cfg(unix)]
 mod limits_wrap_store_outage;
+#[cfg(unix)]
+mod log_format;
 #[cfg(unix)]
 mod lost_claim_answer;
 #[cfg(unix)]

@@ -9,6 +9,7 @@ use crate::default_scope::server_namespace;
 use crate::policy::parse::kebab_case;
 use crate::policy::ToolPolicies;
 
+use super::log_format::{JsonLayer, LogFormat, LOG_FORMAT_ENV};
 use super::options::{self, GatewayOption};
 use super::{FromClient, FromServer, Settings, SetupError};
 
@@ -246,9 +247,24 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
 /// Sends the library's logs to stderr, as `mcp-idem` does, filtered by `MCP_IDEM_LOG`: a level
 /// (`debug`) or comma-separated `TARGET=LEVEL` directives
 /// (`warn,mcp_idempotency::interceptor=debug`); unset or unreadable, `warn`. On stdio transports
-/// stdout carries the protocol. A binding calls it once, as its runtime starts; `false` when the
-/// process already has a `tracing` subscriber (left as it is).
+/// stdout carries the protocol. Written in the format `MCP_IDEM_LOG_FORMAT` names, `text` (the
+/// default) or `json` ([`LogFormat`]); another value logs as text, after a warning that says so.
+/// A binding calls it once, as its runtime starts; `false` when the process already has a
+/// `tracing` subscriber (left as it is).
 pub fn log_to_stderr() -> bool {
+    match LogFormat::from_env() {
+        Ok(format) => log_to_stderr_as(format),
+        Err(err) => {
+            let installed = log_to_stderr_as(LogFormat::Text);
+            tracing::warn!("{LOG_FORMAT_ENV}: {err}; logging as text");
+            installed
+        }
+    }
+}
+
+/// [`log_to_stderr`] in the format `format`, whatever `MCP_IDEM_LOG_FORMAT` says (`mcp-idem`'s
+/// `--log-format` has read it).
+pub fn log_to_stderr_as(format: LogFormat) -> bool {
     use tracing_subscriber::layer::{Layer, SubscriberExt};
     use tracing_subscriber::util::SubscriberInitExt;
     let filter = std::env::var("MCP_IDEM_LOG")
@@ -258,9 +274,13 @@ pub fn log_to_stderr() -> bool {
             tracing_subscriber::filter::Targets::new()
                 .with_default(tracing_subscriber::filter::LevelFilter::WARN)
         });
-    let output = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    let output = match format {
+        LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed(),
+        LogFormat::Json => JsonLayer::new(std::io::stderr).boxed(),
+    };
     tracing_subscriber::registry()
         .with(output.with_filter(filter))
         .try_init()

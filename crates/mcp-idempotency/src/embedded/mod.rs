@@ -42,6 +42,7 @@
 mod gateways;
 mod host;
 mod listing;
+pub mod log_format;
 pub mod options;
 mod settings;
 
@@ -61,7 +62,8 @@ use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
 pub use gateways::Gateways;
-pub use host::{log_to_stderr, runtime, Step};
+pub use host::{log_to_stderr, log_to_stderr_as, runtime, Step};
+pub use log_format::LogFormat;
 pub use settings::{default_sqlite_path, store_url_or_default, Settings, SetupError};
 
 /// A gateway in process: the deduplicator, the scope its records belong to, and the interceptor's
