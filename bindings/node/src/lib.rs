@@ -101,6 +101,7 @@ fn init() {
     // The library's logs on stderr, as `wrap`'s (`MCP_IDEM_LOG`).
     embedded::log_to_stderr();
     if let Ok(runtime) = embedded::runtime() {
+        embedded::export_telemetry(runtime.handle());
         napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
     }
 }

@@ -52,7 +52,9 @@ fn runtime() -> PyResult<&'static tokio::runtime::Runtime> {
             // The library's logs on stderr, as `wrap`'s (`MCP_IDEM_LOG`), then the bindings'
             // one-worker runtime (`mcp_idempotency::embedded::runtime`).
             embedded::log_to_stderr();
-            embedded::runtime().map_err(|err| err.to_string())
+            let runtime = embedded::runtime().map_err(|err| err.to_string())?;
+            embedded::export_telemetry(runtime.handle());
+            Ok(runtime)
         })
         .as_ref()
         .map_err(|err| PyOSError::new_err(format!("cannot start the tokio runtime: {err}")))

@@ -1,7 +1,8 @@
 //! OpenTelemetry traces end to end: `mcp-idem proxy` exporting to an OTLP receiver in the test
 //! (real OTLP protobuf, over gRPC and over HTTP), a client's `_meta.traceparent` as the parent,
 //! the upstream given mcp-idem's own span as its parent (in `_meta` and in the HTTP header), and
-//! a retry through a second proxy on the same Redis linked to the first proxy's execution. With
+//! a retry through a second proxy on the same Redis linked to the first proxy's execution; the same
+//! through `wrap` over stdio, the retry in a new process. With
 //! tracing off, nothing changes: `_meta` reaches the upstream as the client sent it.
 
 use std::time::Duration;
@@ -9,8 +10,10 @@ use std::time::Duration;
 use mcp_idempotency::telemetry::receiver::{ReceivedSpan, Receiver};
 use serde_json::{json, Value};
 
+use crate::support::common::{ledger_lines, StdioPeer};
 use crate::support::http::{unique_namespace, Proxy, Raw, SharedStore};
 use crate::support::upstream::RecordingUpstream;
+use crate::support::wrap::{charge, Sandbox};
 
 const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
@@ -191,4 +194,72 @@ async fn without_tracing_meta_passes_untouched() {
         .remove("mcp-idem/idempotencyKey");
     assert_eq!(meta, sent["params"]["_meta"]);
     assert_eq!(seen.traceparent, None);
+}
+
+/// `wrap` over stdio: the client's `_meta.traceparent` is the parent, the server gets mcp-idem's
+/// span in `_meta`, and the retry on a new process (a new connection, no handshake) over the same
+/// SQLite file replays with a link to the first process's execution; the last spans are flushed
+/// when the client closes its input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrap_links_a_replay_in_a_new_process_to_the_execution() {
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = receiver.grpc_endpoint();
+    let sandbox = Sandbox::new();
+    // The first process's server input (`tee` truncates it: one file per process).
+    let capture = sandbox.path("capture.1.jsonl");
+    let run = |id: u64| {
+        let server = sandbox.demo_with_capture(
+            &sandbox.ledger(),
+            &sandbox.path(&format!("capture.{id}.jsonl")),
+        );
+        let mut command = sandbox.wrap_command(&[], &server);
+        command.envs(proxy_env(&endpoint, "grpc"));
+        let mut peer = StdioPeer::spawn(command, &sandbox.path(&format!("wrap.{id}.stderr")));
+        let mut call = charge(id, json!({"amount": 5, "currency": "usd"}), "order-9");
+        call["params"]["_meta"]["traceparent"] =
+            json!(format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"));
+        let response = peer.request(call);
+        assert!(peer.finish().success());
+        response
+    };
+    // The receiver runs on this runtime's other worker meanwhile.
+    let (executed, replayed) = tokio::task::block_in_place(|| (run(1), run(2)));
+    assert!(executed.get("result").is_some(), "{executed}");
+    assert_eq!(executed["result"], replayed["result"]);
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
+
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            server_span(spans, "execute").is_some() && server_span(spans, "replay").is_some()
+        })
+        .await;
+    let execution =
+        server_span(&spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
+    assert_eq!(execution.trace_id, CLIENT_TRACE);
+    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
+    assert_eq!(execution.str_attribute("mcp_idem.store"), Some("sqlite"));
+    let forwarded = spans
+        .iter()
+        .find(|s| {
+            s.kind == "client"
+                && s.parent_span_id.as_deref() == Some(&execution.span_id)
+                && s.name == execution.name
+        })
+        .unwrap_or_else(|| panic!("no forwarded span in {spans:#?}"));
+    let sent: Vec<Value> = std::fs::read_to_string(&capture)
+        .unwrap()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .filter(|m: &Value| m["method"] == "tools/call")
+        .collect();
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0]["params"]["_meta"]["traceparent"],
+        format!("00-{CLIENT_TRACE}-{}-01", forwarded.span_id)
+    );
+    let replay = server_span(&spans, "replay").unwrap();
+    assert!(
+        replay.links.iter().any(|l| l.span_id == execution.span_id),
+        "{replay:#?}"
+    );
 }

@@ -192,6 +192,18 @@ impl Deduplicator {
         span: &CallSpan,
         gate: &impl StopGate,
     ) -> Decision<RunningClaim> {
+        // What is logged meanwhile carries the call's trace (JSON logs).
+        let log_span = span.log_span();
+        tracing::Instrument::instrument(self.begin_in_span(scope, call, span, gate), log_span).await
+    }
+
+    async fn begin_in_span(
+        &self,
+        scope: &Scope,
+        call: &ToolCall<'_>,
+        span: &CallSpan,
+        gate: &impl StopGate,
+    ) -> Decision<RunningClaim> {
         span.store_system(self.store().system());
         let source = call.terms.source.as_str();
         let shutting_down = || Decision::Reject(Rejection::shutting_down(call.idempotency_key));

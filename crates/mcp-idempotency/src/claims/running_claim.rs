@@ -120,7 +120,8 @@ impl RunningClaim {
     /// actions: [`finish`](Self::finish), whose errors are this handle's business (logged, and
     /// sent again in the background when they may pass), not the driver's.
     pub(crate) async fn record(self, outcome: Outcome) {
-        let _ = self.finish(outcome).await;
+        let log_span = self.span.log_span();
+        let _ = tracing::Instrument::instrument(self.finish(outcome), log_span).await;
     }
 
     /// Records the call as [`Outcome::Unknown`]: it may have run, and its answer is lost.

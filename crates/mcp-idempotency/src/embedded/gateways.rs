@@ -57,6 +57,8 @@ impl Gateways {
                 .settle(deadline.saturating_duration_since(Instant::now()))
                 .await;
         }
+        #[cfg(feature = "otel")]
+        super::host::flush_telemetry(deadline.saturating_duration_since(Instant::now())).await;
         pending
     }
 

@@ -244,6 +244,57 @@ pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
         .build()
 }
 
+/// The OTLP pipeline of a binding's process, when the `OTEL_*` variables ask for one.
+#[cfg(feature = "otel")]
+static TELEMETRY: std::sync::OnceLock<Option<crate::telemetry::Telemetry>> =
+    std::sync::OnceLock::new();
+
+/// Starts OpenTelemetry export as the standard `OTEL_*` variables say, as `mcp-idem` does, with
+/// its exports on `runtime` (the binding's [`runtime`]); once per process, as the runtime starts.
+/// Settings that cannot be read are logged and export stays off: a binding never fails its host
+/// over telemetry. [`Gateways::settle_at_exit`](super::Gateways::settle_at_exit) flushes it.
+#[cfg(feature = "otel")]
+pub fn export_telemetry(runtime: &tokio::runtime::Handle) {
+    use crate::telemetry::{OtelSettings, Telemetry};
+    TELEMETRY.get_or_init(|| {
+        let settings = match OtelSettings::from_env() {
+            Ok(settings) if settings.traces || settings.metrics => settings,
+            Ok(_) => return None,
+            Err(err) => {
+                tracing::warn!(error = %err, "OpenTelemetry export is off");
+                return None;
+            }
+        };
+        match Telemetry::install_on(&settings, runtime.clone()) {
+            Ok(telemetry) => {
+                if let Some(recorder) = telemetry.metrics_recorder(&[(
+                    crate::metrics::OPERATION_DURATION_SECONDS,
+                    &crate::telemetry::OPERATION_DURATION_BUCKETS,
+                )]) {
+                    if metrics::set_global_recorder(recorder).is_ok() {
+                        crate::metrics::describe();
+                    }
+                }
+                Some(telemetry)
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "OpenTelemetry export is off");
+                None
+            }
+        }
+    });
+}
+
+/// Sends what the binding's OTLP pipeline still buffers, within `grace`.
+#[cfg(feature = "otel")]
+pub(super) async fn flush_telemetry(grace: std::time::Duration) {
+    if let Some(Some(telemetry)) = TELEMETRY.get() {
+        if let Err(err) = telemetry.shutdown(grace).await {
+            tracing::warn!(error = %err, "OpenTelemetry export did not finish");
+        }
+    }
+}
+
 /// Sends the library's logs to stderr, as `mcp-idem` does, filtered by `MCP_IDEM_LOG`: a level
 /// (`debug`) or comma-separated `TARGET=LEVEL` directives
 /// (`warn,mcp_idempotency::interceptor=debug`); unset or unreadable, `warn`. On stdio transports

@@ -62,6 +62,8 @@ use crate::record::Scope;
 use crate::{Deduplicator, RunningClaim};
 
 pub use gateways::Gateways;
+#[cfg(feature = "otel")]
+pub use host::export_telemetry;
 pub use host::{log_to_stderr, log_to_stderr_as, runtime, Step};
 pub use log_format::LogFormat;
 pub use settings::{default_sqlite_path, store_url_or_default, Settings, SetupError};

@@ -208,6 +208,20 @@ impl CallSpan {
         Some(live.facts.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
+    /// A `tracing` span carrying the call's `trace_id` and `span_id`, which the JSON log lines
+    /// written inside it show (`--log-format json`); a disabled span when the call is not traced.
+    pub(crate) fn log_span(&self) -> tracing::Span {
+        let Some(traced) = self.traced() else {
+            return tracing::Span::none();
+        };
+        let context = traced.context.span().span_context().clone();
+        tracing::info_span!(
+            "mcp.call",
+            trace_id = %context.trace_id(),
+            span_id = %context.span_id()
+        )
+    }
+
     /// The store behind the decision, as `db.system.name` (`redis`, `postgresql`, `sqlite`).
     pub(crate) fn store_system(&self, system: Option<&'static str>) {
         if let Some(traced) = self.traced() {
