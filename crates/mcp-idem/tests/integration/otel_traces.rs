@@ -2,7 +2,7 @@
 //! (real OTLP protobuf, over gRPC and over HTTP), a client's `_meta.traceparent` as the parent,
 //! the upstream given mcp-idem's own span as its parent (in `_meta` and in the HTTP header), and
 //! a retry through a second proxy on the same Redis linked to the first proxy's execution; the same
-//! through `wrap` over stdio, the retry in a new process. With
+//! through `wrap` over stdio and through the Python binding, the retry in a new process. With
 //! tracing off, nothing changes: `_meta` reaches the upstream as the client sent it.
 
 use std::time::Duration;
@@ -10,6 +10,7 @@ use std::time::Duration;
 use mcp_idempotency::telemetry::receiver::{ReceivedSpan, Receiver};
 use serde_json::{json, Value};
 
+use crate::binding_scenarios::Binding;
 use crate::support::common::{ledger_lines, StdioPeer};
 use crate::support::http::{unique_namespace, Proxy, Raw, SharedStore};
 use crate::support::upstream::RecordingUpstream;
@@ -257,6 +258,59 @@ async fn wrap_links_a_replay_in_a_new_process_to_the_execution() {
         sent[0]["params"]["_meta"]["traceparent"],
         format!("00-{CLIENT_TRACE}-{}-01", forwarded.span_id)
     );
+    let replay = server_span(&spans, "replay").unwrap();
+    assert!(
+        replay.links.iter().any(|l| l.span_id == execution.span_id),
+        "{replay:#?}"
+    );
+}
+
+/// The Python binding, in process in an SDK server, exports with the same pipeline and the same
+/// variables: its span's parent is the client's `_meta.traceparent`, and the retry, in a new
+/// server process on the same SQLite file, links to the execution (the first process flushes its
+/// spans as it exits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_binding_links_a_replay_to_the_execution() {
+    let binding = Binding::Python;
+    if !binding.require() {
+        return;
+    }
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = receiver.http_endpoint();
+    let sandbox = Sandbox::new();
+    let ledger = sandbox.ledger();
+    let store = sandbox.store();
+    let argv = binding.stdio_command(&ledger, &["--store", &store, "--namespace", "traced"]);
+    let run = |id: u64| {
+        let mut command = std::process::Command::new(&argv[0]);
+        command
+            .args(&argv[1..])
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .envs(proxy_env(&endpoint, "http/protobuf"));
+        let mut peer = StdioPeer::spawn(command, &sandbox.path(&format!("server.{id}.stderr")));
+        let mut call = charge(id, json!({"amount": 3, "currency": "eur"}), "order-10");
+        call["params"]["_meta"]["traceparent"] =
+            json!(format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"));
+        let response = peer.request(call);
+        assert!(peer.finish().success());
+        response
+    };
+    let (executed, replayed) = tokio::task::block_in_place(|| (run(1), run(2)));
+    let charged = |answer: &Value| answer["result"]["structuredContent"]["chargeId"].clone();
+    assert!(charged(&executed).is_string(), "{executed}");
+    assert_eq!(charged(&executed), charged(&replayed));
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            server_span(spans, "execute").is_some() && server_span(spans, "replay").is_some()
+        })
+        .await;
+    let execution =
+        server_span(&spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
+    assert_eq!(execution.trace_id, CLIENT_TRACE);
+    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
+    assert_eq!(execution.str_attribute("mcp_idem.store"), Some("sqlite"));
     let replay = server_span(&spans, "replay").unwrap();
     assert!(
         replay.links.iter().any(|l| l.span_id == execution.span_id),
