@@ -317,3 +317,56 @@ async fn the_python_binding_links_a_replay_to_the_execution() {
         "{replay:#?}"
     );
 }
+
+/// With the collector's endpoint at a closed port, every call of a load succeeds and the spans
+/// that could not be sent are dropped and counted (`mcp_idem_spans_dropped_total`); the calls'
+/// durations are on the Prometheus endpoint by tool and decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_collector_every_call_succeeds_and_dropped_spans_are_counted() {
+    let upstream = RecordingUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::support::http::sqlite_in(&dir);
+    let closed = crate::support::http::closed_port_url();
+    let args = [
+        "--store",
+        &store,
+        "--namespace",
+        "n",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let proxy = Proxy::spawn_with_env(
+        &upstream.origin,
+        &args,
+        &proxy_env(&closed, "http/protobuf"),
+    );
+    let raw = Raw::new(&proxy);
+    const CALLS: u64 = 200;
+    for id in 1..=CALLS {
+        let answer = raw.call(traced_call(id, &format!("load-{id}"))).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert!(answer.json()["result"].is_object(), "{}", answer.body);
+    }
+    assert_eq!(upstream.seen().len(), CALLS as usize);
+    let authority = crate::ops::metrics_authority(&proxy.stderr());
+    let dropped = |scrape: &str| -> f64 {
+        scrape
+            .lines()
+            .filter(|line| line.starts_with("mcp_idem_spans_dropped_total"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut scrape = crate::ops::scrape(&authority);
+    // Each call makes four spans (the call, its claim and completion, the forwarded request).
+    while dropped(&scrape) < (4 * CALLS) as f64 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        scrape = crate::ops::scrape(&authority);
+    }
+    assert_eq!(dropped(&scrape), (4 * CALLS) as f64, "{scrape}");
+    let executed = crate::ops::sample(
+        &scrape,
+        "mcp_server_operation_duration_seconds_count{mcp_method_name=\"tools/call\",gen_ai_tool_name=\"_OTHER\",error_type=\"\",mcp_idem_decision=\"execute\"}",
+    );
+    assert_eq!(executed, CALLS as f64);
+}
