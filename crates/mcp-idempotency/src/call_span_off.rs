@@ -22,6 +22,20 @@ pub(crate) struct TransportTrace {
 }
 
 /// No span: feature `otel` is off.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "bridge"), allow(dead_code))]
+pub(crate) struct OutgoingSpan;
+
+#[cfg_attr(not(feature = "bridge"), allow(dead_code))]
+impl OutgoingSpan {
+    pub(crate) fn start(_: &str) -> Option<(Self, String)> {
+        None
+    }
+
+    pub(crate) fn answered(&mut self, _: &str) {}
+}
+
+/// No span: feature `otel` is off.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct CallSpan;
 

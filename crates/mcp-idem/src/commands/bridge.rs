@@ -86,16 +86,22 @@ impl BridgeArgs {
             .build()
             .context("cannot start the async runtime")?;
         runtime.block_on(async {
+            let telemetry = crate::ops::start_telemetry()?;
             let bridge = Bridge::connect(config).await?;
             let (input, output) = stdio();
-            bridge
+            let served = bridge
                 .run(input, output)
                 .await
-                .context("cannot read the client's input")?;
+                .context("cannot read the client's input");
+            crate::ops::stop_telemetry(telemetry, TELEMETRY_FLUSH).await;
+            served?;
             Ok(ExitCode::SUCCESS)
         })
     }
 }
+
+/// How long the bridge waits, as its client leaves, for the spans still buffered to be sent.
+const TELEMETRY_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 type Input = Box<dyn tokio::io::AsyncRead + Unpin + Send>;
 type Output = Box<dyn tokio::io::AsyncWrite + Unpin + Send>;

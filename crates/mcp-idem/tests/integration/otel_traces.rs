@@ -370,3 +370,68 @@ async fn without_a_collector_every_call_succeeds_and_dropped_spans_are_counted()
     );
     assert_eq!(executed, CALLS as f64);
 }
+
+/// `bridge`: a call whose client sent a trace context goes on with it, and it is in the HTTP
+/// `traceparent` header too; a call without one gets a span of the bridge's own (exported), whose
+/// context the server gets in `_meta` and in the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bridge_passes_its_clients_context_on_or_starts_one_per_call() {
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = receiver.http_endpoint();
+    let upstream = RecordingUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_mcp-idem"));
+    command
+        .arg("bridge")
+        .arg(format!("{}/mcp", upstream.origin))
+        .env("MCP_IDEM_LOG", "warn")
+        .envs(proxy_env(&endpoint, "http/protobuf"));
+    let (given, started) = tokio::task::block_in_place(|| {
+        let mut bridge = StdioPeer::spawn(command, &dir.path().join("bridge.stderr"));
+        let mut with_context = traced_call(1, "order-11");
+        with_context["params"]
+            .as_object_mut()
+            .unwrap()
+            .remove("idempotencyKey");
+        let given = bridge.request(with_context);
+        let mut without = traced_call(2, "order-12");
+        without["params"]["_meta"] = json!({});
+        let started = bridge.request(without);
+        assert!(bridge.finish().success());
+        (given, started)
+    });
+    assert!(given["result"].is_object(), "{given}");
+    assert!(started["result"].is_object(), "{started}");
+    let calls: Vec<_> = upstream
+        .seen()
+        .into_iter()
+        .filter(|seen| seen.body.contains("tools/call"))
+        .collect();
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    let client_context = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let meta = |seen: &crate::support::upstream::Seen| -> Value {
+        serde_json::from_str::<Value>(&seen.body).unwrap()["params"]["_meta"].clone()
+    };
+    assert_eq!(meta(&calls[0])["traceparent"], client_context.as_str());
+    assert_eq!(
+        calls[0].traceparent.as_deref(),
+        Some(client_context.as_str())
+    );
+    let own = meta(&calls[1])["traceparent"]
+        .as_str()
+        .expect("the bridge's own context")
+        .to_owned();
+    assert_eq!(calls[1].traceparent.as_deref(), Some(own.as_str()));
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| !spans.is_empty())
+        .await;
+    assert_eq!(
+        spans.len(),
+        1,
+        "one span, for the call without a context: {spans:#?}"
+    );
+    let span = &spans[0];
+    assert_eq!(span.kind, "client");
+    assert_eq!(own, format!("00-{}-{}-01", span.trace_id, span.span_id));
+    assert_eq!(span.str_attribute("gen_ai.tool.name"), Some("charge"));
+}

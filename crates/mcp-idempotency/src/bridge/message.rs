@@ -8,7 +8,8 @@ use base64::Engine as _;
 use serde_json::Value;
 
 use crate::protocol::{self, IDEMPOTENCY_KEY, META_PROTOCOL_VERSION};
-use crate::raw_object::RawObject;
+use crate::raw_object::{json_string, RawObject};
+use crate::record::TraceLink;
 
 /// One line from the client, classified.
 #[derive(Debug, PartialEq, Eq)]
@@ -277,6 +278,8 @@ pub(crate) fn tool_annotations(response: &str) -> Vec<(String, bool)> {
 /// The headers that name a message to the server (MCP 2026-07-28, SEP-2243): `Mcp-Method`,
 /// `Mcp-Name` (from `params.name`, `params.uri` or `params.taskId`) and the
 /// `MCP-Protocol-Version` of its `_meta`. Values that cannot travel bare are Base64-wrapped.
+/// A well-formed `_meta.traceparent` (with its `tracestate`) also goes in the `traceparent`
+/// header, so that HTTP gateways on the way see the client's trace context.
 pub(crate) fn routing_headers(message: &str) -> Vec<(&'static str, String)> {
     let mut headers = Vec::new();
     let Some(envelope) = RawObject::parse(message) else {
@@ -295,10 +298,12 @@ pub(crate) fn routing_headers(message: &str) -> Vec<(&'static str, String)> {
         _ => None,
     };
     let name = name_member.and_then(|member| params.as_ref()?.get_str(member));
-    let version = params
+    let meta = params
         .as_ref()
         .and_then(|params| params.get("_meta"))
-        .and_then(|meta| RawObject::parse(meta.get()))
+        .and_then(|meta| RawObject::parse(meta.get()));
+    let version = meta
+        .as_ref()
         .and_then(|meta| meta.get_str(META_PROTOCOL_VERSION));
     headers.push(("mcp-method", header_value(&method)));
     if let Some(name) = name {
@@ -307,7 +312,40 @@ pub(crate) fn routing_headers(message: &str) -> Vec<(&'static str, String)> {
     if let Some(version) = version {
         headers.push(("mcp-protocol-version", header_value(&version)));
     }
+    let traceparent = meta
+        .as_ref()
+        .and_then(|meta| meta.get_str("traceparent"))
+        .filter(|value| TraceLink::from_traceparent(value).is_some());
+    if let Some(traceparent) = traceparent {
+        headers.push(("traceparent", traceparent));
+        let tracestate = meta.as_ref().and_then(|meta| meta.get_str("tracestate"));
+        if let Some(tracestate) = tracestate.filter(|value| header_value(value) == *value) {
+            headers.push(("tracestate", tracestate));
+        }
+    }
     headers
+}
+
+/// Whether the request `message` carries a well-formed `_meta.traceparent`.
+pub(crate) fn has_trace_context(message: &str) -> bool {
+    RawObject::parse(message)
+        .and_then(|envelope| RawObject::parse(envelope.get("params")?.get()))
+        .and_then(|params| RawObject::parse(params.get("_meta")?.get()))
+        .and_then(|meta| meta.get_str("traceparent"))
+        .is_some_and(|value| TraceLink::from_traceparent(&value).is_some())
+}
+
+/// The request `message` with `params._meta.traceparent` set to `traceparent` (a `_meta` made
+/// when there is none); `None` when `params` is not an object.
+pub(crate) fn with_traceparent(message: &str, traceparent: &str) -> Option<String> {
+    let envelope = RawObject::parse(message)?;
+    let params = RawObject::parse(envelope.get("params")?.get())?;
+    let meta = params
+        .get("_meta")
+        .and_then(|meta| RawObject::parse(meta.get()))
+        .unwrap_or_default();
+    let meta = meta.to_string_with("traceparent", &json_string(traceparent));
+    Some(envelope.to_string_with("params", &params.to_string_with("_meta", &meta)))
 }
 
 /// `value` as a header value: as it is when it is visible ASCII without surrounding blanks, else

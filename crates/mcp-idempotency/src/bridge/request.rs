@@ -15,7 +15,7 @@ use crate::client::retry::{Refusal, Retries, Retry};
 use crate::client::GaveUp;
 use crate::jsonrpc::{error_response_with_data, INTERNAL_ERROR, INVALID_REQUEST};
 use crate::protocol::{IDEMPOTENCY_KEY, INITIALIZE};
-use crate::RejectionKind;
+use crate::{OutgoingSpan, RejectionKind};
 
 /// `error.data.type` of the error a client gets when the answer to its request was lost and the
 /// bridge could not, or may not, get it by re-issuing the request.
@@ -37,6 +37,7 @@ enum AttemptEnd {
 /// Sends `request` until it gets an answer or may not be re-issued, then answers the client.
 /// `wire_id` holds the id of the attempt in flight, for a cancellation to name.
 pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mutex<String>>) {
+    let (request, mut span) = traced(request);
     let mut retries = Retries::new(&shared.policy, Instant::now());
     let mut may_have_run = false;
     loop {
@@ -88,6 +89,9 @@ pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mu
                         (refusal.retry(reissuable, after), reason)
                     }
                     _ => {
+                        if let Some(span) = &mut span {
+                            span.answered(&response);
+                        }
                         shared.observe(&request.method, &response);
                         shared
                             .deliver(&message::with_id(&response, &request.id))
@@ -149,6 +153,26 @@ pub(crate) async fn serve(shared: Arc<Shared>, request: Request, wire_id: Arc<Mu
             }
         }
     }
+}
+
+/// A `tools/call` its client sent without a trace context, with tracing on: the span the bridge
+/// starts for it, its `traceparent` put in `_meta` (and so in the header); else as it came (a
+/// client's context goes on as it is, and in the header).
+fn traced(mut request: Request) -> (Request, Option<OutgoingSpan>) {
+    let Some(call) = request
+        .keyed_call
+        .as_ref()
+        .filter(|_| !message::has_trace_context(&request.message))
+    else {
+        return (request, None);
+    };
+    let Some((span, traceparent)) = OutgoingSpan::start(&call.tool) else {
+        return (request, None);
+    };
+    if let Some(message) = message::with_traceparent(&request.message, &traceparent) {
+        request.message = message;
+    }
+    (request, Some(span))
 }
 
 /// One POST of `message` (whose id is `id`) and its answer, read to the final response;

@@ -24,8 +24,8 @@ pub use settings::{
     OtelSettings, Protocol, SamplerSetting, SettingsError, DEFAULT_EXPORT_TIMEOUT,
     DEFAULT_SERVICE_NAME, DEFAULT_SPAN_QUEUE_SIZE,
 };
-pub(crate) use spans::SpanStart;
 pub use spans::{
     record_durations, CallSpan, TransportTrace, DECISION, DECISION_REASON, KEY_DIGEST, KEY_SOURCE,
     LINKED_TRACE_ID, OPERATION_DURATION, OPERATION_DURATION_BUCKETS, WAIT_LOOKS,
 };
+pub(crate) use spans::{OutgoingSpan, SpanStart};

@@ -425,6 +425,57 @@ impl Drop for Live {
     }
 }
 
+/// The client span the bridge starts for a `tools/call` its client sent without a trace context
+/// (tracing on), over all its attempts; ended when dropped.
+#[derive(Debug)]
+pub(crate) struct OutgoingSpan(SdkSpan);
+
+impl OutgoingSpan {
+    /// With tracing on, a root client span `tools/call {tool}` and the `traceparent` that carries
+    /// it; `None` with tracing off.
+    pub(crate) fn start(tool: &str) -> Option<(Self, String)> {
+        let tracer = super::tracer()?;
+        let builder = SpanBuilder::from_name(format!("tools/call {tool}"))
+            .with_kind(SpanKind::Client)
+            .with_attributes([
+                KeyValue::new("mcp.method.name", "tools/call"),
+                KeyValue::new("gen_ai.tool.name", tool.to_owned()),
+                KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            ]);
+        let span = tracer.build_with_context(builder, &Context::new());
+        let mut headers = std::collections::HashMap::new();
+        TraceContextPropagator::new().inject_context(
+            &Context::new().with_remote_span_context(span.span_context().clone()),
+            &mut headers,
+        );
+        let traceparent = headers.remove("traceparent")?;
+        Some((Self(span), traceparent))
+    }
+
+    /// The call's answer: `error.type` and an error status when it is an error (or lost).
+    pub(crate) fn answered(&mut self, response: &str) {
+        let Some(envelope) = RawObject::parse(response) else {
+            return;
+        };
+        let error_type = match (envelope.get("result"), envelope.get("error")) {
+            (_, Some(error)) if error.get() != "null" => Some(error_code(error.get())),
+            (Some(result), _) => result_error(result.get()),
+            _ => None,
+        };
+        if let Some(error_type) = error_type {
+            self.0
+                .set_attribute(KeyValue::new("error.type", error_type.clone()));
+            self.0.set_status(Status::error(error_type));
+        }
+    }
+}
+
+impl Drop for OutgoingSpan {
+    fn drop(&mut self) {
+        self.0.end();
+    }
+}
+
 /// The parent context of a call (from `_meta`, else the transport), and a link to the
 /// transport's context when `_meta` gave the parent. A malformed `traceparent` is ignored.
 fn parent_context(
