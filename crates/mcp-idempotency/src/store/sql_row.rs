@@ -404,15 +404,29 @@ mod tests {
             conn.query_row(&sql, [], |row| Ok(decode(&id(), row, 0)))
                 .unwrap()
         };
-        let good = "zeroblob(32), 'charge', 9, 4, NULL, NULL, NULL, 1, 9";
+        let good = "zeroblob(32), 'charge', 9, 4, NULL, NULL, NULL, 1, 9, NULL";
         assert!(read(good).is_ok());
-        let err = read("zeroblob(32), 'charge', 9, 4, NULL, NULL, NULL, -1, 9").unwrap_err();
+        let err = read("zeroblob(32), 'charge', 9, 4, NULL, NULL, NULL, -1, 9, NULL").unwrap_err();
         assert!(err.0.contains("negative creation time -1"), "{err}");
-        let err = read("zeroblob(32), 'charge', 9, '4', NULL, NULL, NULL, 1, 9").unwrap_err();
+        let err = read("zeroblob(32), 'charge', 9, '4', NULL, NULL, NULL, 1, 9, NULL").unwrap_err();
         assert!(err.0.contains("unreadable lease deadline"), "{err}");
-        let err = read("zeroblob(32), 'charge', 9.5, 4, NULL, NULL, NULL, 1, 9").unwrap_err();
+        let err = read("zeroblob(32), 'charge', 9.5, 4, NULL, NULL, NULL, 1, 9, NULL").unwrap_err();
         assert!(err.0.contains("unreadable owner"), "{err}");
-        let err = read("zeroblob(31), 'charge', 9, 4, NULL, NULL, NULL, 1, 9").unwrap_err();
+        let err = read("zeroblob(31), 'charge', 9, 4, NULL, NULL, NULL, 1, 9, NULL").unwrap_err();
         assert!(err.0.contains("fingerprint of 31 bytes"), "{err}");
+        // A trace is read back when it is its record's; anything else there is ignored, never
+        // corrupt (telemetry never makes a record unreadable).
+        let traced = "zeroblob(32), 'charge', 9, 4, NULL, NULL, NULL, 1, 9, \
+            '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 1'";
+        let trace = read(traced).unwrap().trace.expect("the record's trace");
+        assert_eq!(trace.trace_id_hex(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        for other in [
+            "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 2'",
+            "'junk'",
+            "7",
+        ] {
+            let row = format!("zeroblob(32), 'charge', 9, 4, NULL, NULL, NULL, 1, 9, {other}");
+            assert_eq!(read(&row).unwrap().trace, None, "{other}");
+        }
     }
 }
