@@ -3,23 +3,11 @@
 //! real one).
 
 use crate::engine::Decision;
+use crate::protocol::TransportTrace;
 use crate::raw_object::RawObject;
 use crate::record::TraceLink;
 use crate::rejection::Rejection;
 use crate::store::StoreError;
-
-/// What the transport knows of a request's trace and session (unused without feature `otel`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct TransportTrace {
-    /// The `traceparent` header.
-    pub(crate) traceparent: Option<String>,
-    /// The `tracestate` header.
-    pub(crate) tracestate: Option<String>,
-    /// The session id.
-    pub(crate) session_id: Option<String>,
-    /// The protocol version.
-    pub(crate) protocol_version: Option<String>,
-}
 
 /// No span: feature `otel` is off.
 #[derive(Debug)]

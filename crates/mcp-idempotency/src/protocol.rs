@@ -138,3 +138,18 @@ mod tests {
         assert_eq!(capabilities(&error), None);
     }
 }
+
+/// What a transport knows of a request beside its message: the HTTP `traceparent` and
+/// `tracestate` headers (W3C Trace Context), the `Mcp-Session-Id` and `MCP-Protocol-Version`
+/// headers. The HTTP layer reads them for the call's span; stdio has none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TransportTrace {
+    /// The `traceparent` header.
+    pub(crate) traceparent: Option<String>,
+    /// The `tracestate` header.
+    pub(crate) tracestate: Option<String>,
+    /// The session id (hashed before it goes on a span: it is a credential).
+    pub(crate) session_id: Option<String>,
+    /// The protocol version.
+    pub(crate) protocol_version: Option<String>,
+}

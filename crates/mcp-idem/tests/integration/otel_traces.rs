@@ -50,6 +50,25 @@ fn server_span<'a>(spans: &'a [ReceivedSpan], decision: &str) -> Option<&'a Rece
         .find(|s| s.kind == "server" && s.str_attribute("mcp_idem.decision") == Some(decision))
 }
 
+/// The execution's span (a child of the client's span, on `store`) and the replay's, linked to
+/// it; returns the execution's.
+fn assert_linked_execution<'a>(spans: &'a [ReceivedSpan], store: &str) -> &'a ReceivedSpan {
+    let execution =
+        server_span(spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
+    assert_eq!(execution.trace_id, CLIENT_TRACE);
+    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
+    assert_eq!(execution.str_attribute("mcp_idem.store"), Some(store));
+    let replay = server_span(spans, "replay").expect("a replay span");
+    assert!(
+        replay
+            .links
+            .iter()
+            .any(|l| l.trace_id == execution.trace_id && l.span_id == execution.span_id),
+        "{replay:#?}"
+    );
+    execution
+}
+
 async fn one_trace_through_two_proxies(protocol: &str) {
     let Some(redis) = SharedStore::Redis.url() else {
         return;
@@ -234,11 +253,7 @@ async fn wrap_links_a_replay_in_a_new_process_to_the_execution() {
             server_span(spans, "execute").is_some() && server_span(spans, "replay").is_some()
         })
         .await;
-    let execution =
-        server_span(&spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
-    assert_eq!(execution.trace_id, CLIENT_TRACE);
-    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
-    assert_eq!(execution.str_attribute("mcp_idem.store"), Some("sqlite"));
+    let execution = assert_linked_execution(&spans, "sqlite");
     let forwarded = spans
         .iter()
         .find(|s| {
@@ -257,11 +272,6 @@ async fn wrap_links_a_replay_in_a_new_process_to_the_execution() {
     assert_eq!(
         sent[0]["params"]["_meta"]["traceparent"],
         format!("00-{CLIENT_TRACE}-{}-01", forwarded.span_id)
-    );
-    let replay = server_span(&spans, "replay").unwrap();
-    assert!(
-        replay.links.iter().any(|l| l.span_id == execution.span_id),
-        "{replay:#?}"
     );
 }
 
@@ -306,16 +316,7 @@ async fn the_python_binding_links_a_replay_to_the_execution() {
             server_span(spans, "execute").is_some() && server_span(spans, "replay").is_some()
         })
         .await;
-    let execution =
-        server_span(&spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
-    assert_eq!(execution.trace_id, CLIENT_TRACE);
-    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
-    assert_eq!(execution.str_attribute("mcp_idem.store"), Some("sqlite"));
-    let replay = server_span(&spans, "replay").unwrap();
-    assert!(
-        replay.links.iter().any(|l| l.span_id == execution.span_id),
-        "{replay:#?}"
-    );
+    assert_linked_execution(&spans, "sqlite");
 }
 
 /// With the collector's endpoint at a closed port, every call of a load succeeds and the spans

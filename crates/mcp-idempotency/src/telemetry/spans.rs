@@ -36,6 +36,7 @@ use opentelemetry_sdk::trace::Span as SdkSpan;
 
 use crate::engine::{BypassReason, Decision, Replay};
 use crate::key::IdempotencyKey;
+use crate::protocol::TransportTrace;
 use crate::raw_object::RawObject;
 use crate::record::TraceLink;
 use crate::rejection::{Rejection, RejectionKind};
@@ -72,20 +73,6 @@ static DURATIONS: AtomicBool = AtomicBool::new(false);
 /// which a process calls when it installs a recorder).
 pub fn record_durations() {
     DURATIONS.store(true, Ordering::Relaxed);
-}
-
-/// What the transport knows of a request's trace and session: the HTTP `traceparent` and
-/// `tracestate` headers, the `Mcp-Session-Id` and `MCP-Protocol-Version` headers.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TransportTrace {
-    /// The `traceparent` header.
-    pub traceparent: Option<String>,
-    /// The `tracestate` header.
-    pub tracestate: Option<String>,
-    /// The session id (hashed before it goes on a span: it is a credential).
-    pub session_id: Option<String>,
-    /// The protocol version.
-    pub protocol_version: Option<String>,
 }
 
 /// The span and the clock of one decided `tools/call`; clones share it, and the last one dropped
