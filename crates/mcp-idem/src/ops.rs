@@ -70,6 +70,7 @@ impl OpsArgs {
             metrics::set_global_recorder(otlp)
                 .map_err(|_| anyhow::anyhow!("cannot install the metrics recorder"))?;
             mcp_idempotency::metrics::describe();
+            mcp_idempotency::telemetry::record_durations();
             return Ok(Arc::new(MeteredStore::new(store)));
         };
         let mut builder = PrometheusBuilder::new();
@@ -86,6 +87,7 @@ impl OpsArgs {
         };
         anyhow::ensure!(installed, "cannot install the metrics recorder");
         mcp_idempotency::metrics::describe();
+        mcp_idempotency::telemetry::record_durations();
         let store: Arc<dyn Store> = Arc::new(MeteredStore::new(store));
 
         let listener = tokio::net::TcpListener::bind(addr)

@@ -336,9 +336,9 @@ mod tests {
 
     use super::*;
     use crate::fingerprint::fingerprint;
+    use crate::key::IdempotencyKey;
     use crate::record::{Outcome, RecordState};
     use crate::store::{MemoryStore, RecordLimits};
-    use crate::IdempotencyKey;
 
     const LEGACY: &str = "wrap:server:0011223344556677";
 

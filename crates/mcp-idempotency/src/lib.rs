@@ -73,14 +73,9 @@
 
 #[cfg(feature = "bridge")]
 pub mod bridge;
-/// The span of one decided call: `telemetry`'s with feature `otel`, else one that does nothing.
-#[cfg(feature = "otel")]
-pub(crate) use telemetry::{CallSpan, OutgoingSpan, SpanStart};
+mod call_span;
 #[cfg(not(feature = "otel"))]
 mod call_span_off;
-#[cfg(not(feature = "otel"))]
-pub(crate) use call_span_off::{CallSpan, OutgoingSpan, SpanStart};
-pub(crate) use protocol::TransportTrace;
 mod claims;
 #[cfg(feature = "client")]
 pub mod client;

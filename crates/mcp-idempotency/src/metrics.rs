@@ -106,8 +106,8 @@ pub const UNPROTECTED_CALLS_TOTAL: &str = "mcp_idem_unprotected_calls_total";
 /// `gen_ai_tool_name` (a tool the server listed, else `_OTHER`: a client cannot grow the series),
 /// `error_type` (empty, a JSON-RPC code, `tool_error`, or an `idempotency_*` type) and
 /// `mcp_idem_decision` (`execute`, `replay`, `conflict`, `in_progress`, `waited`, `bypass`,
-/// `reject`). Histogram, seconds (buckets: [`OPERATION_DURATION_BUCKETS`](crate::telemetry::OPERATION_DURATION_BUCKETS)).
-/// Recorded with feature `otel`.
+/// `reject`). Histogram, seconds, on the conventions' buckets (0.01 s to 300 s). Recorded with
+/// feature `otel`.
 pub const OPERATION_DURATION_SECONDS: &str = "mcp_server_operation_duration_seconds";
 /// Spans that never reached the collector, by `reason`: `queue_full` (more spans ended than the
 /// export queue holds), `export_failed` (the collector could not be reached, refused the batch or
@@ -158,8 +158,6 @@ const SPAN_DROP_REASONS: [&str; 2] = ["queue_full", "export_failed"];
 /// Describes every metric to the installed recorder and creates each counter series at zero, so
 /// that a scrape shows them (and rates work) before the first event.
 pub fn describe() {
-    #[cfg(feature = "otel")]
-    crate::telemetry::record_durations();
     describe_histogram!(
         OPERATION_DURATION_SECONDS,
         metrics::Unit::Seconds,

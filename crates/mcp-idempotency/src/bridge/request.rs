@@ -11,11 +11,12 @@ use tokio::time::Instant;
 use super::exchange::{SendError, SESSION_ID};
 use super::message::{self, Request, ServerMessage};
 use super::shared::Shared;
+use crate::call_span::OutgoingSpan;
 use crate::client::retry::{Refusal, Retries, Retry};
 use crate::client::GaveUp;
 use crate::jsonrpc::{error_response_with_data, INTERNAL_ERROR, INVALID_REQUEST};
 use crate::protocol::{IDEMPOTENCY_KEY, INITIALIZE};
-use crate::{OutgoingSpan, RejectionKind};
+use crate::RejectionKind;
 
 /// `error.data.type` of the error a client gets when the answer to its request was lost and the
 /// bridge could not, or may not, get it by re-issuing the request.

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::renewals::Renewals;
 use super::running_claim::RunningClaim;
 use super::writes::StoreWrites;
+use crate::call_span::CallSpan;
 use crate::config::EngineConfig;
 use crate::engine::{Claim, Decision, Engine, Step, ToolCall};
 use crate::key::IdempotencyKey;
@@ -15,7 +16,6 @@ use crate::record::{FencingTokens, Outcome, Scope, TraceLink};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{Fenced, Store, StoreError};
 use crate::time::{backoff, Clock, SystemClock};
-use crate::CallSpan;
 
 /// The first pause of a duplicate waiting for a running call's outcome ([`Deduplicator::decide`]).
 const WAIT_MIN_PAUSE: Duration = Duration::from_millis(50);

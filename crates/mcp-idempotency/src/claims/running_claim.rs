@@ -23,10 +23,10 @@ use std::sync::Arc;
 use super::completion::{CompletionRetry, Next, Settled};
 use super::renewals::{self, Registration, Renewals};
 use super::writes::{CompletionSlot, StoreWrites};
+use crate::call_span::CallSpan;
 use crate::engine::{Claim, Companion};
 use crate::record::Outcome;
 use crate::store::{CompleteRequest, Fenced, StoreError};
-use crate::CallSpan;
 
 /// An executed call's claim, its lease kept alive until it is finished, abandoned or released.
 /// Returned by [`Deduplicator::begin`](crate::Deduplicator::begin) inside

@@ -273,6 +273,7 @@ pub fn export_telemetry(runtime: &tokio::runtime::Handle) {
                 )]) {
                     if metrics::set_global_recorder(recorder).is_ok() {
                         crate::metrics::describe();
+                        crate::telemetry::record_durations();
                     }
                 }
                 Some(telemetry)

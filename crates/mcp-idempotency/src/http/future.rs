@@ -117,7 +117,7 @@ where
 
     let mut interceptor = Interceptor::new(shared.interceptor.clone());
     interceptor.set_store_usable(shared.dedup.store_usable());
-    if crate::CallSpan::wanted() {
+    if crate::call_span::CallSpan::wanted() {
         interceptor.set_transport(transport_trace(&parts.headers));
     }
     let call = match interceptor.on_client_message(message) {
@@ -220,14 +220,14 @@ where
 const TRACEPARENT: http::HeaderName = http::HeaderName::from_static("traceparent");
 
 /// What a request's headers say of its trace and session.
-fn transport_trace(headers: &http::HeaderMap) -> crate::TransportTrace {
+fn transport_trace(headers: &http::HeaderMap) -> crate::protocol::TransportTrace {
     let text = |name: &str| {
         headers
             .get(name)
             .and_then(|value| value.to_str().ok())
             .map(str::to_owned)
     };
-    crate::TransportTrace {
+    crate::protocol::TransportTrace {
         traceparent: text("traceparent"),
         tracestate: text("tracestate"),
         session_id: text("mcp-session-id"),

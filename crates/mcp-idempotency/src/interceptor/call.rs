@@ -6,6 +6,7 @@ use std::ops::Range;
 use serde_json::Value;
 
 use super::{ClientAction, Interceptor, RequestId, META_KEY};
+use crate::call_span::{CallSpan, SpanStart};
 use crate::engine::{Claim, ToolCall};
 use crate::jsonrpc::{error_response, INVALID_PARAMS, INVALID_REQUEST};
 use crate::policy::prefilter;
@@ -13,7 +14,6 @@ use crate::policy::select::{self, Chosen};
 use crate::policy::KeyTerms;
 use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
-use crate::{CallSpan, SpanStart};
 
 /// A keyed `tools/call` waiting for its decision.
 #[derive(Clone, Debug)]

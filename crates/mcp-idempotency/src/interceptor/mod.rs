@@ -36,15 +36,16 @@ use std::sync::Arc;
 
 use serde_json::value::RawValue;
 
+use crate::call_span::CallSpan;
 use crate::engine::{Claim, Decision};
 use crate::jsonrpc::{error_response, raw_error_response, INVALID_REQUEST};
 use crate::policy::KeySource;
 use crate::policy::ToolPolicies;
+use crate::protocol::TransportTrace;
 use crate::protocol::IDEMPOTENCY_KEY;
 use crate::raw_object::{json_string, RawObject};
 use crate::record::Outcome;
 use crate::rejection::{Rejection, RejectionKind};
-use crate::{CallSpan, TransportTrace};
 
 pub use batch::BATCH_REFUSED;
 pub use call::KeyedCall;

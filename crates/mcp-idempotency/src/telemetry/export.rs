@@ -36,11 +36,9 @@ use opentelemetry_sdk::Resource;
 use tokio::runtime::Handle;
 
 use super::metrics_otlp::OtlpRecorder;
+use super::otlp::{metadata, resource, tls_config, TelemetryError, SCOPE_NAME};
 use super::otlp_http::OtlpHttpClient;
 use super::settings::{OtelSettings, Protocol, SamplerSetting};
-
-/// The instrumentation scope of every span the crate makes.
-pub const SCOPE_NAME: &str = "mcp-idempotency";
 
 /// The tracer of the process, once [`Telemetry::install`] has run with traces on.
 static TRACER: OnceLock<SdkTracer> = OnceLock::new();
@@ -49,26 +47,6 @@ static TRACER: OnceLock<SdkTracer> = OnceLock::new();
 /// skip all its work.
 pub fn tracer() -> Option<&'static SdkTracer> {
     TRACER.get()
-}
-
-/// Why the pipeline could not start or stop.
-#[derive(Debug, thiserror::Error)]
-pub enum TelemetryError {
-    /// No tokio runtime to run the exports on.
-    #[error("OpenTelemetry export needs a tokio runtime: start it from within one")]
-    NoRuntime,
-    /// The OTLP exporter refused its configuration.
-    #[error("cannot build the OTLP exporter: {0}")]
-    Exporter(String),
-    /// The CA file of `OTEL_EXPORTER_OTLP_CERTIFICATE` could not be used.
-    #[error("OTEL_EXPORTER_OTLP_CERTIFICATE: {0}")]
-    Certificate(String),
-    /// [`Telemetry::install`] ran twice in one process.
-    #[error("OpenTelemetry export is already installed in this process")]
-    AlreadyInstalled,
-    /// Shutting down did not finish: buffered data may be lost.
-    #[error("OpenTelemetry shutdown: {0}")]
-    Shutdown(String),
 }
 
 /// Spans lost on the way, shared by the processor in front and the exporter behind.
@@ -386,34 +364,6 @@ fn span_exporter(
     built.map_err(|err| TelemetryError::Exporter(err.to_string()))
 }
 
-/// The headers of the settings as gRPC metadata.
-pub(crate) fn metadata(settings: &OtelSettings) -> tonic::metadata::MetadataMap {
-    let mut metadata = tonic::metadata::MetadataMap::new();
-    for (name, value) in &settings.headers {
-        // Checked by the settings: ASCII names and values.
-        if let (Ok(name), Ok(value)) = (
-            name.parse::<tonic::metadata::AsciiMetadataKey>(),
-            value.parse::<tonic::metadata::AsciiMetadataValue>(),
-        ) {
-            metadata.insert(name, value);
-        }
-    }
-    metadata
-}
-
-/// gRPC over TLS: the system's roots, plus the CA file if one is given.
-pub(crate) fn tls_config(
-    settings: &OtelSettings,
-) -> Result<tonic::transport::ClientTlsConfig, TelemetryError> {
-    let mut config = tonic::transport::ClientTlsConfig::new().with_native_roots();
-    if let Some(path) = &settings.certificate {
-        let pem = std::fs::read(path)
-            .map_err(|err| TelemetryError::Certificate(format!("{}: {err}", path.display())))?;
-        config = config.ca_certificate(tonic::transport::Certificate::from_pem(pem));
-    }
-    Ok(config)
-}
-
 fn sampler(setting: SamplerSetting) -> Sampler {
     match setting {
         SamplerSetting::AlwaysOn => Sampler::AlwaysOn,
@@ -424,16 +374,6 @@ fn sampler(setting: SamplerSetting) -> Sampler {
         SamplerSetting::ParentBasedTraceIdRatio(ratio) => {
             Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio)))
         }
-    }
-}
-
-/// The SDK's resource (`OTEL_RESOURCE_ATTRIBUTES`, the SDK's own attributes) with the service
-/// name of the settings.
-pub(crate) fn resource(settings: &OtelSettings) -> Resource {
-    let builder = Resource::builder();
-    match &settings.service_name {
-        Some(name) => builder.with_service_name(name.clone()).build(),
-        None => builder.build(),
     }
 }
 

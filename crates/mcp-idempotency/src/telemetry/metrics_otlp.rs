@@ -30,7 +30,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider, Temporality};
 use tokio::runtime::Handle;
 
-use super::export::{resource, TelemetryError, SCOPE_NAME};
+use super::otlp::{metadata, resource, tls_config, TelemetryError, SCOPE_NAME};
 use super::otlp_http::OtlpHttpClient;
 use super::settings::{OtelSettings, Protocol};
 
@@ -140,11 +140,11 @@ fn metric_exporter(
                 .with_tonic()
                 .with_protocol(opentelemetry_otlp::Protocol::Grpc)
                 .with_timeout(settings.timeout)
-                .with_metadata(super::export::metadata(settings))
+                .with_metadata(metadata(settings))
                 .with_temporality(Temporality::Cumulative);
             if let Some(endpoint) = &settings.metrics_endpoint {
                 if endpoint.starts_with("https://") {
-                    builder = builder.with_tls_config(super::export::tls_config(settings)?);
+                    builder = builder.with_tls_config(tls_config(settings)?);
                 }
                 builder = builder.with_endpoint(endpoint.clone());
             }

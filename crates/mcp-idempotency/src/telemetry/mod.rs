@@ -12,14 +12,16 @@
 
 mod export;
 mod metrics_otlp;
+mod otlp;
 mod otlp_http;
 #[cfg(feature = "testsuite")]
 pub mod receiver;
 mod settings;
 mod spans;
 
-pub use export::{tracer, Telemetry, TelemetryError, SCOPE_NAME};
+pub use export::{tracer, Telemetry};
 pub use metrics_otlp::{fan_out, OtlpRecorder, SECONDS_BUCKETS};
+pub use otlp::{TelemetryError, SCOPE_NAME};
 pub use settings::{
     OtelSettings, Protocol, SamplerSetting, SettingsError, DEFAULT_EXPORT_TIMEOUT,
     DEFAULT_SERVICE_NAME, DEFAULT_SPAN_QUEUE_SIZE,

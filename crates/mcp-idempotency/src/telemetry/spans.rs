@@ -69,8 +69,8 @@ const OTHER_TOOL: &str = "_OTHER";
 
 static DURATIONS: AtomicBool = AtomicBool::new(false);
 
-/// Records [`OPERATION_DURATION`] from now on (called by [`metrics::describe`](crate::metrics::describe),
-/// which a process calls when it installs a recorder).
+/// Records [`OPERATION_DURATION`] from now on: a process calls it when it installs a metrics
+/// recorder (`mcp-idem` with `--metrics-listen` or OTLP metrics, a binding with OTLP metrics).
 pub fn record_durations() {
     DURATIONS.store(true, Ordering::Relaxed);
 }
