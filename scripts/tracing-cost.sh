@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 calls=${1:-2000}
 new=${MCP_IDEM_BIN:-$PWD/target/release/mcp-idem}
-old=${OLD_BIN:?set OLD_BIN to the previous build's mcp-idem}
+old=${OLD_BIN:?set OLD_BIN to the mcp-idem of the previous build}
 
 work=$(mktemp -d /tmp/tracing-cost.XXXXXX)
 sink_pid=

@@ -66,10 +66,14 @@ impl CallSpan {
 
     pub(crate) fn store_system(&self, _: Option<&'static str>) {}
 
+    pub(crate) fn operation_start(&self) -> Option<std::time::SystemTime> {
+        None
+    }
+
     pub(crate) fn store_operation(
         &self,
         _: &'static str,
-        _: std::time::SystemTime,
+        _: Option<std::time::SystemTime>,
         _: Result<(), &StoreError>,
     ) {
     }

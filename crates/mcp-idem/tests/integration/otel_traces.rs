@@ -436,3 +436,43 @@ async fn the_bridge_passes_its_clients_context_on_or_starts_one_per_call() {
     assert_eq!(own, format!("00-{}-{}-01", span.trace_id, span.span_id));
     assert_eq!(span.str_attribute("gen_ai.tool.name"), Some("charge"));
 }
+
+/// A call whose client's `traceparent` says "not sampled" (the default sampler follows it) makes
+/// no span, yet its context goes on to the server, not sampled, in `_meta` and the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsampled_call_makes_no_span_and_passes_its_context_on() {
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = receiver.http_endpoint();
+    let upstream = RecordingUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::support::http::sqlite_in(&dir);
+    let args = ["--store", &store, "--namespace", "n"];
+    let proxy = Proxy::spawn_with_env(
+        &upstream.origin,
+        &args,
+        &proxy_env(&endpoint, "http/protobuf"),
+    );
+    let raw = Raw::new(&proxy);
+    const UNSAMPLED: &str = "5bf92f3577b34da6a3ce929d0e0e4736";
+    let mut unsampled = traced_call(1, "order-13");
+    unsampled["params"]["_meta"]["traceparent"] = json!(format!("00-{UNSAMPLED}-{CLIENT_SPAN}-00"));
+    assert_eq!(raw.call(unsampled).await.status, 200);
+    // A sampled call after it: once its spans are in, the unsampled one's would be too.
+    assert_eq!(raw.call(traced_call(2, "order-14")).await.status, 200);
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            server_span(spans, "execute").is_some()
+        })
+        .await;
+    assert!(spans.iter().all(|s| s.trace_id != UNSAMPLED), "{spans:#?}");
+    assert!(spans.iter().all(|s| s.trace_id == CLIENT_TRACE));
+    let seen = &upstream.seen()[0];
+    let body: Value = serde_json::from_str(&seen.body).unwrap();
+    let sent = body["params"]["_meta"]["traceparent"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(sent.starts_with(&format!("00-{UNSAMPLED}-")), "{sent}");
+    assert!(sent.ends_with("-00"), "not sampled: {sent}");
+    assert_eq!(seen.traceparent.as_deref(), Some(sent.as_str()));
+}

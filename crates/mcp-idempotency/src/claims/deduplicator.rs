@@ -345,7 +345,7 @@ impl Deduplicator {
         let now = self.clock().now();
         let (mut pending, mut step) = self.engine().begin(scope, *call, self.tokens.mint(), now);
         let decision = loop {
-            let started = std::time::SystemTime::now();
+            let started = span.operation_start();
             step = match step {
                 Step::Done(decision) => break decision,
                 Step::ReadClientKey(req) => {

@@ -103,7 +103,7 @@ impl RunningClaim {
             .writes
             .engine
             .completion(&self.claim, outcome, self.writes.clock.now());
-        let started = std::time::SystemTime::now();
+        let started = self.span.operation_start();
         let result = self.writes.send_completion(&req).await;
         self.span
             .store_operation("complete", started, result.as_ref().map(|_| ()));

@@ -95,6 +95,8 @@ struct Traced {
     span: Mutex<SdkSpan>,
     context: Context,
     store: Mutex<Option<&'static str>>,
+    /// Whether the sampler kept the call: if not, no child span and no attribute is made.
+    recording: bool,
 }
 
 #[derive(Debug, Default)]
@@ -102,6 +104,8 @@ struct Facts {
     decision: &'static str,
     error_type: Option<String>,
     forwarded: Option<SdkSpan>,
+    /// The `traceparent` the forwarded request carries.
+    outgoing: Option<String>,
 }
 
 /// What a span starts from: the call, and where its parent context is.
@@ -126,6 +130,24 @@ impl CallSpan {
         };
         let traced = tracer.map(|tracer| {
             let (parent, link) = parent_context(start.meta, start.transport);
+            let name = format!("tools/call {}", start.tool);
+            let builder = SpanBuilder::from_name(name.clone())
+                .with_kind(SpanKind::Server)
+                .with_links(link.into_iter().map(Link::with_context).collect());
+            let mut span = tracer.build_with_context(builder, &parent);
+            let context = Context::new().with_remote_span_context(span.span_context().clone());
+            // A call the sampler left out keeps its context (propagated, kept in its record) and
+            // costs nothing more.
+            let recording = span.is_recording();
+            if !recording {
+                return Traced {
+                    name,
+                    span: Mutex::new(span),
+                    context,
+                    store: Mutex::new(None),
+                    recording,
+                };
+            }
             let mut attributes = vec![
                 KeyValue::new("mcp.method.name", "tools/call"),
                 KeyValue::new("gen_ai.tool.name", start.tool.to_owned()),
@@ -138,18 +160,13 @@ impl CallSpan {
             if let Some(version) = &start.transport.protocol_version {
                 attributes.push(KeyValue::new("mcp.protocol.version", version.clone()));
             }
-            let name = format!("tools/call {}", start.tool);
-            let builder = SpanBuilder::from_name(name.clone())
-                .with_kind(SpanKind::Server)
-                .with_attributes(attributes)
-                .with_links(link.into_iter().map(Link::with_context).collect());
-            let span = tracer.build_with_context(builder, &parent);
-            let context = Context::new().with_remote_span_context(span.span_context().clone());
+            span.set_attributes(attributes);
             Traced {
                 name,
                 span: Mutex::new(span),
                 context,
                 store: Mutex::new(None),
+                recording,
             }
         });
         Self(Some(Arc::new(Live {
@@ -190,6 +207,11 @@ impl CallSpan {
         self.0.as_ref()?.traced.as_ref()
     }
 
+    /// The span, when the sampler kept it.
+    fn recorded(&self) -> Option<&Traced> {
+        self.traced().filter(|traced| traced.recording)
+    }
+
     fn facts(&self) -> Option<std::sync::MutexGuard<'_, Facts>> {
         let live = self.0.as_ref()?;
         Some(live.facts.lock().unwrap_or_else(PoisonError::into_inner))
@@ -211,20 +233,26 @@ impl CallSpan {
 
     /// The store behind the decision, as `db.system.name` (`redis`, `postgresql`, `sqlite`).
     pub(crate) fn store_system(&self, system: Option<&'static str>) {
-        if let Some(traced) = self.traced() {
+        if let Some(traced) = self.recorded() {
             *lock(&traced.store) = system;
         }
     }
 
+    /// When a store operation starts, for [`store_operation`](Self::store_operation); `None` (and
+    /// no clock read) when the call is not traced.
+    pub(crate) fn operation_start(&self) -> Option<SystemTime> {
+        self.recorded().map(|_| SystemTime::now())
+    }
+
     /// A store operation (`claim`, `get`, `take_over`, `complete`, …) that started at `started`
-    /// and has just ended with `result`: a child span.
+    /// ([`operation_start`](Self::operation_start)) and has just ended with `result`: a child span.
     pub(crate) fn store_operation(
         &self,
         operation: &'static str,
-        started: SystemTime,
+        started: Option<SystemTime>,
         result: Result<(), &StoreError>,
     ) {
-        let Some(traced) = self.traced() else {
+        let (Some(traced), Some(started)) = (self.recorded(), started) else {
             return;
         };
         let Some(tracer) = super::tracer() else {
@@ -276,7 +304,7 @@ impl CallSpan {
         facts.decision = name;
         facts.error_type = error_type;
         drop(facts);
-        let Some(traced) = self.traced() else {
+        let Some(traced) = self.recorded() else {
             return;
         };
         let mut span = lock(&traced.span);
@@ -319,32 +347,36 @@ impl CallSpan {
     /// `tracestate`) the server gets, so that its span is a child of this one.
     pub(crate) fn forwarded(&self) -> Option<(String, Option<String>)> {
         let traced = self.traced()?;
-        let tracer = super::tracer()?;
-        let builder = SpanBuilder::from_name(traced.name.clone()).with_kind(SpanKind::Client);
-        let span = tracer.build_with_context(builder, &traced.context);
-        let context = span.span_context().clone();
-        if let Some(mut facts) = self.facts() {
-            facts.forwarded = Some(span);
-        }
+        let context = match traced.recording {
+            true => {
+                let builder =
+                    SpanBuilder::from_name(traced.name.clone()).with_kind(SpanKind::Client);
+                let span = super::tracer()?.build_with_context(builder, &traced.context);
+                let context = span.span_context().clone();
+                if let Some(mut facts) = self.facts() {
+                    facts.forwarded = Some(span);
+                }
+                context
+            }
+            // Left out by the sampler: the server gets the call's own context, not sampled.
+            false => traced.context.span().span_context().clone(),
+        };
         let mut headers = std::collections::HashMap::new();
         TraceContextPropagator::new().inject_context(
             &Context::new().with_remote_span_context(context),
             &mut headers,
         );
-        Some((headers.remove("traceparent")?, headers.remove("tracestate")))
+        let traceparent = headers.remove("traceparent")?;
+        if let Some(mut facts) = self.facts() {
+            facts.outgoing = Some(traceparent.clone());
+        }
+        Some((traceparent, headers.remove("tracestate")))
     }
 
     /// The `traceparent` the forwarded request carries, once [`forwarded`](Self::forwarded).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn forwarded_traceparent(&self) -> Option<String> {
-        let facts = self.facts()?;
-        let context = facts.forwarded.as_ref()?.span_context().clone();
-        let mut headers = std::collections::HashMap::new();
-        TraceContextPropagator::new().inject_context(
-            &Context::new().with_remote_span_context(context),
-            &mut headers,
-        );
-        headers.remove("traceparent")
+        self.facts()?.outgoing.clone()
     }
 
     /// The server's answer to the forwarded request (`result` or `error` of its envelope).
