@@ -133,7 +133,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                     .as_ref(),
                 tool: &tool_name,
                 request_id: id.as_json(),
-                transport: &self.transport,
+                transport: self.transport(),
             }),
             false => CallSpan::none(),
         };

@@ -257,10 +257,17 @@ pub struct Interceptor<C = Claim> {
     tools_list: Option<RequestId>,
     /// The gateway's own `tools/list` (`--tools suggested`).
     own_listing: listing::OwnListing,
+    /// What tracing needs, made only when spans are live (every HTTP request has an interceptor
+    /// of its own: one pointer when tracing is off).
+    tracing: Option<Box<Tracing>>,
+}
+
+/// The interceptor's part in tracing.
+#[derive(Debug, Default)]
+struct Tracing {
     /// What the transport knows of the trace of the message being read.
     transport: TransportTrace,
-    /// Calls forwarded unclaimed (bypassed) whose spans wait for the server's answer; empty
-    /// unless spans are live.
+    /// Calls forwarded unclaimed (bypassed) whose spans wait for the server's answer.
     traced: HashMap<RequestId, CallSpan>,
 }
 
@@ -286,8 +293,7 @@ impl<C> Interceptor<C> {
             store_unusable: false,
             tools_list: None,
             own_listing: listing::OwnListing::default(),
-            transport: TransportTrace::default(),
-            traced: HashMap::new(),
+            tracing: None,
         }
     }
 }
@@ -384,7 +390,20 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// (the HTTP layer: the request's `traceparent` and session headers).
     #[cfg_attr(not(feature = "http"), allow(dead_code))]
     pub(crate) fn set_transport(&mut self, transport: TransportTrace) {
-        self.transport = transport;
+        self.tracing.get_or_insert_default().transport = transport;
+    }
+
+    /// What the transport said of the message being read (nothing over stdio).
+    pub(super) fn transport(&self) -> &TransportTrace {
+        static NONE: TransportTrace = TransportTrace {
+            traceparent: None,
+            tracestate: None,
+            session_id: None,
+            protocol_version: None,
+        };
+        self.tracing
+            .as_ref()
+            .map_or(&NONE, |tracing| &tracing.transport)
     }
 
     /// Applies the deduplicator's decision about a keyed call.
@@ -407,7 +426,8 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             Decision::Bypass(_) => {
                 let request = self.rewrite_for_server(&call, None, call.span.forwarded());
                 if call.span.is_live() {
-                    self.traced.insert(call.id, call.span);
+                    let tracing = self.tracing.get_or_insert_default();
+                    tracing.traced.insert(call.id, call.span);
                 }
                 Decided::Forward(request)
             }
@@ -469,10 +489,8 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         } else {
             self.in_flight.remove(&id)
         };
-        if !self.traced.is_empty() {
-            if let Some(span) = self.traced.remove(&id) {
-                span.answered(&envelope);
-            }
+        if let Some(span) = self.tracing.as_mut().and_then(|t| t.traced.remove(&id)) {
+            span.answered(&envelope);
         }
         if let Some(call) = claimed {
             call.span.answered(&envelope);
@@ -563,7 +581,11 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     /// Whether calls are waiting for the server: claimed calls, or traced calls whose spans wait
     /// for the answer.
     pub fn has_calls_in_flight(&self) -> bool {
-        !self.in_flight.is_empty() || !self.traced.is_empty()
+        !self.in_flight.is_empty()
+            || self
+                .tracing
+                .as_ref()
+                .is_some_and(|tracing| !tracing.traced.is_empty())
     }
 
     /// The `traceparent` of the request forwarded for the call `id` (the span of the forwarded
@@ -572,7 +594,12 @@ impl<C: AsRef<Claim>> Interceptor<C> {
     pub(crate) fn outgoing_traceparent(&self, id: &RequestId) -> Option<String> {
         match self.in_flight.get(id) {
             Some(call) => call.span.forwarded_traceparent(),
-            None => self.traced.get(id)?.forwarded_traceparent(),
+            None => self
+                .tracing
+                .as_ref()?
+                .traced
+                .get(id)?
+                .forwarded_traceparent(),
         }
     }
 
@@ -589,8 +616,10 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         self.discovery.clear();
         self.own_listing.clear();
         self.pending.clear();
-        for (_, span) in self.traced.drain() {
-            span.unanswered();
+        if let Some(tracing) = &mut self.tracing {
+            for (_, span) in tracing.traced.drain() {
+                span.unanswered();
+            }
         }
         self.in_flight
             .drain()
