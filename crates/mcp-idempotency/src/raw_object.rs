@@ -64,20 +64,30 @@ impl<'a> RawObject<'a> {
 
     /// Writes the object with `name` set to `value` (raw JSON), replacing any member of that name.
     pub(crate) fn to_string_with(&self, name: &str, value: &str) -> String {
+        self.to_string_with_all(&[(name, value)])
+    }
+
+    /// Writes the object with each `(name, value)` (raw JSON) of `set` set, replacing any member
+    /// of those names, in one pass.
+    pub(crate) fn to_string_with_all(&self, set: &[(&str, &str)]) -> String {
         let mut out = String::with_capacity(
             self.members
                 .iter()
                 .map(|(k, v)| k.len() + v.get().len() + 4)
                 .sum::<usize>()
-                + name.len()
-                + value.len()
-                + 8,
+                + set
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len() + 8)
+                    .sum::<usize>(),
         );
         out.push('{');
-        for (member, raw) in self.members.iter().filter(|(member, _)| member != name) {
+        let replaced = |member: &str| set.iter().any(|(name, _)| *name == member);
+        for (member, raw) in self.members.iter().filter(|(member, _)| !replaced(member)) {
             push_member(&mut out, member, raw.get());
         }
-        push_member(&mut out, name, value);
+        for (name, value) in set {
+            push_member(&mut out, name, value);
+        }
         out.push('}');
         out
     }

@@ -204,7 +204,9 @@ impl Deduplicator {
         span: &CallSpan,
         gate: &impl StopGate,
     ) -> Decision<RunningClaim> {
-        span.store_system(self.store().system());
+        if span.is_live() {
+            span.store_system(self.store().system());
+        }
         let source = call.terms.source.as_str();
         let shutting_down = || Decision::Reject(Rejection::shutting_down(call.idempotency_key));
         if gate.refuses() {
@@ -361,13 +363,17 @@ impl Deduplicator {
                 Step::TryClaim(req) => {
                     let answer = self.writes.claim(&req).await;
                     span.store_operation("claim", started, answer.as_ref().map(|_| ()));
-                    looked.key = Some(req.id.key.clone());
+                    if span.is_live() {
+                        looked.key = Some(req.id.key.clone());
+                    }
                     pending.on_claim(req, answer)
                 }
                 Step::TakeOver(req) => {
                     let answer = self.writes.take_over(&req).await;
                     span.store_operation("take_over", started, answer.as_ref().map(|_| ()));
-                    looked.key = Some(req.id.key.clone());
+                    if span.is_live() {
+                        looked.key = Some(req.id.key.clone());
+                    }
                     pending.on_take_over(req, answer)
                 }
             };

@@ -176,26 +176,26 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             if claimed_key.is_none() && trace.is_none() {
                 return Some(params.to_json());
             }
-            let mut meta = params
+            let meta = params
                 .get("_meta")
-                .map(|m| m.get().to_owned())
-                .filter(|m| RawObject::parse(m).is_some())
-                .unwrap_or_else(|| "{}".to_owned());
-            let mut set = |name: &str, value: &str| {
-                if let Some(object) = RawObject::parse(&meta) {
-                    meta = object.to_string_with(name, &json_string(value));
-                }
+                .and_then(|m| RawObject::parse(m.get()))
+                .unwrap_or_default();
+            let key = claimed_key.map(|key| (META_KEY, json_string(key)));
+            let (traceparent, tracestate) = match &trace {
+                Some((parent, state)) => (
+                    Some(("traceparent", json_string(parent))),
+                    state
+                        .as_deref()
+                        .map(|state| ("tracestate", json_string(state))),
+                ),
+                None => (None, None),
             };
-            if let Some(key) = claimed_key {
-                set(META_KEY, key);
-            }
-            if let Some((traceparent, tracestate)) = &trace {
-                set("traceparent", traceparent);
-                if let Some(tracestate) = tracestate {
-                    set("tracestate", tracestate);
-                }
-            }
-            Some(params.to_string_with("_meta", &meta))
+            let set: Vec<(&str, &str)> = [key.as_ref(), traceparent.as_ref(), tracestate.as_ref()]
+                .into_iter()
+                .flatten()
+                .map(|(name, value)| (*name, value.as_str()))
+                .collect();
+            Some(params.to_string_with("_meta", &meta.to_string_with_all(&set)))
         };
         let rewritten = match &call.params_at {
             Some(at) => message
