@@ -1,5 +1,6 @@
 //! OpenTelemetry traces end to end: `mcp-idem proxy` exporting to an OTLP receiver in the test
-//! (real OTLP protobuf, over gRPC and over HTTP), a client's `_meta.traceparent` as the parent,
+//! (real OTLP protobuf, over gRPC and over HTTP), the official Python SDK client's
+//! `_meta.traceparent` as the parent,
 //! the upstream given mcp-idem's own span as its parent (in `_meta` and in the HTTP header), and
 //! a retry through a second proxy on the same Redis linked to the first proxy's execution; the same
 //! through `wrap` over stdio and through the Python binding, the retry in a new process. With
@@ -11,8 +12,10 @@ use mcp_idempotency::telemetry::receiver::{ReceivedSpan, Receiver};
 use serde_json::{json, Value};
 
 use crate::binding_scenarios::Binding;
+use crate::support::bridge::{Fault, Forwarder, Plan};
 use crate::support::common::{ledger_lines, StdioPeer};
-use crate::support::http::{unique_namespace, Proxy, Raw, SharedStore};
+use crate::support::http::{unique_namespace, HttpDemo, Proxy, Raw, SharedStore};
+use crate::support::interop::{run_report, script, Toolchain};
 use crate::support::upstream::RecordingUpstream;
 use crate::support::wrap::{charge, Sandbox};
 
@@ -73,46 +76,70 @@ async fn one_trace_through_two_proxies(protocol: &str) {
     let Some(redis) = SharedStore::Redis.url() else {
         return;
     };
+    if !Toolchain::Python.require() {
+        return;
+    }
     let receiver = Receiver::start().await.expect("the OTLP receiver");
     let endpoint = match protocol {
         "grpc" => receiver.grpc_endpoint(),
         _ => receiver.http_endpoint(),
     };
-    let upstream = RecordingUpstream::start();
+    let sandbox = Sandbox::new();
+    let demo = HttpDemo::spawn(&sandbox.ledger(), &[]);
+    // Between the proxies and the demo server: what each forwarded call carried.
+    let upstream = Forwarder::start(
+        &format!("{}/mcp", demo.base_url()),
+        None,
+        Plan::new(|_| Fault::Forward),
+        Duration::ZERO,
+    );
     let namespace = unique_namespace("otel-traces");
     let args = ["--store", &redis, "--namespace", &namespace];
     let env = proxy_env(&endpoint, protocol);
-    let first = Proxy::spawn_with_env(&upstream.origin, &args, &env);
-    let second = Proxy::spawn_with_env(&upstream.origin, &args, &env);
+    let first = Proxy::spawn_with_env(&upstream.url, &args, &env);
+    let second = Proxy::spawn_with_env(&upstream.url, &args, &env);
 
-    let executed = Raw::new(&first).call(traced_call(1, "order-7")).await;
-    assert_eq!(executed.status, 200, "{}", executed.body);
-    let replayed = Raw::new(&second).call(traced_call(2, "order-7")).await;
-    assert_eq!(replayed.json()["result"], executed.json()["result"]);
+    // The official Python SDK client: the call through the first proxy, its retry (same key)
+    // through the second.
+    let client_args: Vec<std::ffi::OsString> = vec![
+        script("py_traced_client.py").into(),
+        format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01").into(),
+        first.url.clone().into(),
+        second.url.clone().into(),
+    ];
+    let report = tokio::task::block_in_place(|| {
+        run_report(
+            Toolchain::Python.program(),
+            &client_args,
+            &sandbox.path("client.stderr"),
+        )
+    });
+    let results = report["results"].as_array().expect("two results");
+    let charge = |result: &Value| result["structuredContent"]["chargeId"].clone();
+    assert!(charge(&results[0]).is_string(), "{report}");
+    assert_eq!(charge(&results[0]), charge(&results[1]), "{report}");
     assert_eq!(
-        upstream.seen().len(),
+        ledger_lines(&sandbox.ledger()).len(),
         1,
-        "the retry did not reach the upstream"
+        "the retry ran nothing"
     );
+    let calls = upstream.exchanges();
+    assert_eq!(calls.len(), 1, "the retry reached no upstream: {calls:?}");
 
     let spans = receiver
         .wait_for(Duration::from_secs(20), |spans| {
             server_span(spans, "execute").is_some() && server_span(spans, "replay").is_some()
         })
         .await;
-    let execution =
-        server_span(&spans, "execute").unwrap_or_else(|| panic!("no execution span in {spans:#?}"));
-    // The client's trace, on the MCP semantic conventions.
-    assert_eq!(execution.trace_id, CLIENT_TRACE);
-    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
-    assert_eq!(execution.name, "tools/call charge");
+    let execution = assert_linked_execution(&spans, "redis");
+    // The MCP semantic conventions.
+    assert_eq!(execution.name, "tools/call charge_payment");
     for (name, value) in [
         ("mcp.method.name", "tools/call"),
-        ("gen_ai.tool.name", "charge"),
+        ("gen_ai.tool.name", "charge_payment"),
         ("gen_ai.operation.name", "execute_tool"),
-        ("jsonrpc.request.id", "1"),
+        ("mcp_idem.decision", "execute"),
         ("mcp_idem.key.source", "sep"),
-        ("mcp_idem.store", "redis"),
     ] {
         assert_eq!(
             execution.str_attribute(name),
@@ -120,10 +147,12 @@ async fn one_trace_through_two_proxies(protocol: &str) {
             "{name}: {execution:#?}"
         );
     }
+    assert!(execution.str_attribute("jsonrpc.request.id").is_some());
+    assert!(execution.str_attribute("mcp.protocol.version").is_some());
     let digest = execution.str_attribute("mcp_idem.key.digest").unwrap();
     assert_eq!(digest.len(), 32, "a digest, never the key: {digest}");
     assert!(
-        !format!("{execution:?}").contains("order-7"),
+        !format!("{spans:?}").contains("traced-order-1"),
         "the key leaked"
     );
     assert_eq!(
@@ -139,7 +168,7 @@ async fn one_trace_through_two_proxies(protocol: &str) {
     for child in [
         ("claim", "client", Some("redis")),
         ("complete", "client", Some("redis")),
-        ("tools/call charge", "client", None),
+        ("tools/call charge_payment", "client", None),
     ] {
         assert!(children.contains(&child), "{child:?} in {children:?}");
     }
@@ -147,41 +176,29 @@ async fn one_trace_through_two_proxies(protocol: &str) {
         .iter()
         .find(|s| {
             s.parent_span_id.as_deref() == Some(execution.span_id.as_str())
-                && s.name == "tools/call charge"
+                && s.name == "tools/call charge_payment"
         })
         .unwrap();
-
-    // The upstream saw mcp-idem's span as its parent, in `_meta` and in the header; the
-    // client's `tracestate` and `baggage` went on.
-    let seen = &upstream.seen()[0];
-    let body: Value = serde_json::from_str(&seen.body).unwrap();
-    let meta = &body["params"]["_meta"];
+    // The upstream saw mcp-idem's span as its parent, in `_meta` and in the header.
     let expected = format!("00-{CLIENT_TRACE}-{}-01", forwarded.span_id);
-    assert_eq!(meta["traceparent"], expected.as_str(), "{meta}");
-    assert_eq!(seen.traceparent.as_deref(), Some(expected.as_str()));
-    assert_eq!(meta["tracestate"], "vendor=opaque");
-    assert_eq!(meta["baggage"], "tenant=acme");
+    assert_eq!(
+        calls[0].meta_traceparent.as_deref(),
+        Some(expected.as_str())
+    );
+    assert_eq!(calls[0].traceparent.as_deref(), Some(expected.as_str()));
 
-    // The retry, through the second proxy: a span linked to the first one's execution.
+    // The retry's span, through the second proxy, is linked to the first one's execution.
     let replay = server_span(&spans, "replay").unwrap();
     assert_eq!(replay.trace_id, CLIENT_TRACE);
     assert_eq!(
         replay.str_attribute("mcp_idem.linked.trace_id"),
         Some(CLIENT_TRACE)
     );
-    assert!(
-        replay
-            .links
-            .iter()
-            .any(|l| l.trace_id == CLIENT_TRACE && l.span_id == execution.span_id),
-        "{replay:#?}"
-    );
     assert_eq!(
         replay.str_attribute("mcp_idem.key.digest"),
         Some(digest),
         "one digest for one key"
     );
-    eprintln!("{} spans received", spans.len());
     drop((first, second));
 }
 

@@ -97,6 +97,10 @@ pub(crate) struct Exchange {
     pub(crate) content_type: String,
     /// The upstream's whole body.
     pub(crate) body: String,
+    /// `params._meta.traceparent` of the request.
+    pub(crate) meta_traceparent: Option<String>,
+    /// The request's `traceparent` header.
+    pub(crate) traceparent: Option<String>,
 }
 
 /// A `tools/call` the plan decides on.
@@ -322,6 +326,12 @@ async fn handle(
         status: 0,
         content_type: String::new(),
         body: String::new(),
+        meta_traceparent: params["_meta"]["traceparent"].as_str().map(str::to_owned),
+        traceparent: parts
+            .headers
+            .get("traceparent")
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned),
     };
     let answer = whole_answer(&state, upstream, parts, body).await;
     let Some((head, body)) = answer else {
