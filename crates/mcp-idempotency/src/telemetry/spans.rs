@@ -361,16 +361,11 @@ impl CallSpan {
             // Left out by the sampler: the server gets the call's own context, not sampled.
             false => traced.context.span().span_context().clone(),
         };
-        let mut headers = std::collections::HashMap::new();
-        TraceContextPropagator::new().inject_context(
-            &Context::new().with_remote_span_context(context),
-            &mut headers,
-        );
-        let traceparent = headers.remove("traceparent")?;
+        let (traceparent, tracestate) = injected(context)?;
         if let Some(mut facts) = self.facts() {
             facts.outgoing = Some(traceparent.clone());
         }
-        Some((traceparent, headers.remove("tracestate")))
+        Some((traceparent, tracestate))
     }
 
     /// The `traceparent` the forwarded request carries, once [`forwarded`](Self::forwarded).
@@ -384,11 +379,7 @@ impl CallSpan {
         let Some(mut facts) = self.facts() else {
             return;
         };
-        facts.error_type = match (envelope.get("result"), envelope.get("error")) {
-            (_, Some(error)) if error.get() != "null" => Some(error_code(error.get())),
-            (Some(result), _) => result_error(result.get()),
-            _ => None,
-        };
+        facts.error_type = answer_error(envelope);
         if let Some(mut forwarded) = facts.forwarded.take() {
             if let Some(error_type) = &facts.error_type {
                 forwarded.set_attribute(KeyValue::new("error.type", error_type.clone()));
@@ -462,12 +453,7 @@ impl OutgoingSpan {
                 KeyValue::new("gen_ai.operation.name", "execute_tool"),
             ]);
         let span = tracer.build_with_context(builder, &Context::new());
-        let mut headers = std::collections::HashMap::new();
-        TraceContextPropagator::new().inject_context(
-            &Context::new().with_remote_span_context(span.span_context().clone()),
-            &mut headers,
-        );
-        let traceparent = headers.remove("traceparent")?;
+        let (traceparent, _) = injected(span.span_context().clone())?;
         Some((Self(span), traceparent))
     }
 
@@ -476,12 +462,7 @@ impl OutgoingSpan {
         let Some(envelope) = RawObject::parse(response) else {
             return;
         };
-        let error_type = match (envelope.get("result"), envelope.get("error")) {
-            (_, Some(error)) if error.get() != "null" => Some(error_code(error.get())),
-            (Some(result), _) => result_error(result.get()),
-            _ => None,
-        };
-        if let Some(error_type) = error_type {
+        if let Some(error_type) = answer_error(&envelope) {
             self.0
                 .set_attribute(KeyValue::new("error.type", error_type.clone()));
             self.0.set_status(Status::error(error_type));
@@ -584,6 +565,26 @@ fn replay_error(replay: &Replay) -> Option<String> {
     match replay {
         Replay::Result(result) => result_error(result),
         Replay::Error(error) => Some(error_code(error)),
+    }
+}
+
+/// The `traceparent` (and `tracestate`) that carry `context`, as W3C Trace Context writes them.
+fn injected(context: SpanContext) -> Option<(String, Option<String>)> {
+    let mut headers = std::collections::HashMap::new();
+    TraceContextPropagator::new().inject_context(
+        &Context::new().with_remote_span_context(context),
+        &mut headers,
+    );
+    Some((headers.remove("traceparent")?, headers.remove("tracestate")))
+}
+
+/// The `error.type` of a JSON-RPC response's envelope: its error's, or `tool_error` for a result
+/// with `isError: true`; `None` for a success.
+fn answer_error(envelope: &RawObject<'_>) -> Option<String> {
+    match (envelope.get("result"), envelope.get("error")) {
+        (_, Some(error)) if error.get() != "null" => Some(error_code(error.get())),
+        (Some(result), _) => result_error(result.get()),
+        _ => None,
     }
 }
 
