@@ -35,6 +35,7 @@ pub(crate) struct SpanStart<'a> {
     pub(crate) request_id: &'a str,
     pub(crate) meta: Option<&'a RawObject<'a>>,
     pub(crate) transport: &'a TransportTrace,
+    pub(crate) negotiated_version: Option<&'a str>,
 }
 
 #[allow(clippy::unused_self)]

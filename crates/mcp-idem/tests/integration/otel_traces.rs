@@ -292,6 +292,111 @@ async fn wrap_links_a_replay_in_a_new_process_to_the_execution() {
     );
 }
 
+/// `wrap` with a `key-from` policy, after a 2025-06-18 `initialize`: while a call runs, a
+/// duplicate that sent a key of its own is refused at once (`idempotency_key_in_progress`) and one
+/// without a key waits for the outcome; both spans link to the running call's span and carry its
+/// trace id, and every span has the revision the `initialize` result chose as
+/// `mcp.protocol.version` (its calls have no per-request `_meta` version).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrap_links_an_in_progress_rejection_and_a_waiting_duplicate_to_the_running_call() {
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = receiver.grpc_endpoint();
+    let sandbox = Sandbox::new();
+    let mut command = sandbox.wrap_command(
+        &[
+            "--tools",
+            r#"{"charge_payment": {"key-from": "/order_id"}}"#,
+        ],
+        &sandbox.demo(&sandbox.ledger()),
+    );
+    command
+        .envs(proxy_env(&endpoint, "grpc"))
+        .env("MCP_IDEM_LOG", "debug");
+    let arguments = json!({"amount": 7, "currency": "usd", "order_id": "ord-77", "delay_ms": 1500});
+    // A legacy call: no per-request `_meta` version, the client's trace context only.
+    let legacy_call = |id: u64, key: Option<&str>| {
+        let mut call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+            "name": "charge_payment", "arguments": arguments.clone(),
+            "_meta": {"traceparent": format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")}}});
+        if let Some(key) = key {
+            call["params"]["idempotencyKey"] = json!(key);
+        }
+        call
+    };
+    let (running, refused, waited) = tokio::task::block_in_place(|| {
+        let mut wrap = StdioPeer::spawn(command, &sandbox.path("wrap.stderr"));
+        let initialized = wrap.request(crate::support::wrap::legacy_initialize(0));
+        assert_eq!(initialized["result"]["protocolVersion"], "2025-06-18");
+        wrap.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        wrap.send(&legacy_call(1, None));
+        // Sent while call 1 runs (it takes 1.5 s).
+        let refused = wrap.request(legacy_call(2, Some("own-key-2")));
+        let waited = wrap.request(legacy_call(3, None));
+        let running = wrap.response(&json!(1));
+        assert!(wrap.finish().success());
+        (running, refused, waited)
+    });
+    assert!(running["result"].is_object(), "{running}");
+    assert_eq!(
+        refused["error"]["data"]["type"], "idempotency_key_in_progress",
+        "{refused}"
+    );
+    assert_eq!(
+        waited["result"]["structuredContent"],
+        running["result"]["structuredContent"]
+    );
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
+
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            ["execute", "in_progress", "waited"]
+                .iter()
+                .all(|decision| server_span(spans, decision).is_some())
+        })
+        .await;
+    let execution = server_span(&spans, "execute").unwrap();
+    assert_eq!(execution.parent_span_id.as_deref(), Some(CLIENT_SPAN));
+    assert_eq!(
+        execution.str_attribute("mcp_idem.key.source"),
+        Some("key-from")
+    );
+    for decision in ["in_progress", "waited"] {
+        let span = server_span(&spans, decision).unwrap();
+        assert!(
+            span.links
+                .iter()
+                .any(|l| l.trace_id == execution.trace_id && l.span_id == execution.span_id),
+            "{decision} links to the running call: {span:#?}"
+        );
+        assert_eq!(
+            span.str_attribute("mcp_idem.linked.trace_id"),
+            Some(CLIENT_TRACE)
+        );
+    }
+    let refusal = server_span(&spans, "in_progress").unwrap();
+    assert_eq!(refusal.status, "error");
+    assert_eq!(
+        refusal.str_attribute("error.type"),
+        Some("idempotency_key_in_progress")
+    );
+    let waiting = server_span(&spans, "waited").unwrap();
+    assert!(
+        waiting.attributes["mcp_idem.wait.looks"].as_i64() > Some(0),
+        "{waiting:#?}"
+    );
+    assert_eq!(
+        waiting.status, "unset",
+        "the waiting duplicate got the outcome: {waiting:#?}"
+    );
+    for span in spans.iter().filter(|s| s.kind == "server") {
+        assert_eq!(
+            span.str_attribute("mcp.protocol.version"),
+            Some("2025-06-18"),
+            "{span:#?}"
+        );
+    }
+}
+
 /// The Python binding, in process in an SDK server, exports with the same pipeline and the same
 /// variables: its span's parent is the client's `_meta.traceparent`, and the retry, in a new
 /// server process on the same SQLite file, links to the execution (the first process flushes its
@@ -452,6 +557,103 @@ async fn the_bridge_passes_its_clients_context_on_or_starts_one_per_call() {
     assert_eq!(span.kind, "client");
     assert_eq!(own, format!("00-{}-{}-01", span.trace_id, span.span_id));
     assert_eq!(span.str_attribute("gen_ai.tool.name"), Some("charge"));
+}
+
+/// A call no key protects gets a span too (decision `bypass`, reason `no_key`, key source
+/// `none`), whose forwarded request's context the upstream gets in `_meta` and the header; it is
+/// timed by tool and decision. With tracing off and durations recorded, the same call reaches the
+/// upstream byte for byte as the client sent it, and is timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unkeyed_call_gets_a_span_and_passes_it_on() {
+    let receiver = Receiver::start().await.expect("the OTLP receiver");
+    let endpoint = receiver.http_endpoint();
+    let upstream = RecordingUpstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::support::http::sqlite_in(&dir);
+    let args = [
+        "--store",
+        &store,
+        "--namespace",
+        "n",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let mut unkeyed = traced_call(1, "unused");
+    unkeyed["params"]
+        .as_object_mut()
+        .unwrap()
+        .remove("idempotencyKey");
+    let duration_count = |decision: &str| {
+        format!(
+            "mcp_server_operation_duration_seconds_count{{mcp_method_name=\"tools/call\",\
+             gen_ai_tool_name=\"_OTHER\",error_type=\"\",mcp_idem_decision=\"{decision}\"}}"
+        )
+    };
+
+    let traced = Proxy::spawn_with_env(
+        &upstream.origin,
+        &args,
+        &proxy_env(&endpoint, "http/protobuf"),
+    );
+    let answer = Raw::new(&traced).call(unkeyed.clone()).await;
+    assert!(answer.json()["result"].is_object(), "{}", answer.body);
+    let spans = receiver
+        .wait_for(Duration::from_secs(20), |spans| {
+            server_span(spans, "bypass").is_some() && spans.len() >= 2
+        })
+        .await;
+    let span = server_span(&spans, "bypass").unwrap();
+    assert_eq!(span.name, "tools/call charge");
+    assert_eq!(span.trace_id, CLIENT_TRACE);
+    assert_eq!(span.parent_span_id.as_deref(), Some(CLIENT_SPAN));
+    for (name, value) in [
+        ("mcp_idem.decision.reason", "no_key"),
+        ("mcp_idem.key.source", "none"),
+        ("mcp.protocol.version", "2026-07-28"),
+    ] {
+        assert_eq!(span.str_attribute(name), Some(value), "{name}: {span:#?}");
+    }
+    assert_eq!(
+        span.str_attribute("mcp_idem.store"),
+        None,
+        "no store: {span:#?}"
+    );
+    let forwarded = spans
+        .iter()
+        .find(|s| s.parent_span_id.as_deref() == Some(span.span_id.as_str()))
+        .unwrap_or_else(|| panic!("no forwarded span in {spans:#?}"));
+    assert_eq!(forwarded.kind, "client");
+    let expected = format!("00-{CLIENT_TRACE}-{}-01", forwarded.span_id);
+    let seen = &upstream.seen()[0];
+    let body: Value = serde_json::from_str(&seen.body).unwrap();
+    assert_eq!(body["params"]["_meta"]["traceparent"], expected.as_str());
+    assert_eq!(body["params"]["_meta"]["baggage"], "tenant=acme");
+    assert_eq!(seen.traceparent.as_deref(), Some(expected.as_str()));
+    let authority = crate::ops::metrics_authority(&traced.stderr());
+    let scrape = crate::ops::scrape(&authority);
+    assert_eq!(
+        crate::ops::sample(&scrape, &duration_count("bypass")),
+        1.0,
+        "{scrape}"
+    );
+    drop(traced);
+
+    // Tracing off, durations recorded: the call goes on untouched, and is timed.
+    let timed = Proxy::spawn(&upstream.origin, &args);
+    let sent = unkeyed.to_string();
+    let answer = Raw::new(&timed).call(unkeyed).await;
+    assert!(answer.json()["result"].is_object(), "{}", answer.body);
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].body, sent, "byte for byte");
+    assert_eq!(seen[1].traceparent, None);
+    let authority = crate::ops::metrics_authority(&timed.stderr());
+    let scrape = crate::ops::scrape(&authority);
+    assert_eq!(
+        crate::ops::sample(&scrape, &duration_count("bypass")),
+        1.0,
+        "{scrape}"
+    );
 }
 
 /// A call whose client's `traceparent` says "not sampled" (the default sampler follows it) makes

@@ -166,3 +166,33 @@ fn a_cancelled_keyed_call_is_absorbed_by_default_or_forwarded_as_outcome_unknown
         assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
     }
 }
+
+/// A call decided at once (the client's own key) sent right behind a call decided beside the
+/// reads (no key, a `key-from` policy: its duplicates may wait) is answered, and so is a
+/// duplicate that waits. The first call's decision leads the SQLite store's write batch; wrap
+/// awaited the second's decision without polling the first, and hung for good (found by the
+/// in-progress span test of issue 41).
+#[test]
+fn a_call_decided_at_once_behind_one_decided_beside_the_reads_is_answered() {
+    let sandbox = Sandbox::new();
+    let mut wrap = sandbox.wrap_demo(&[
+        "--tools",
+        r#"{"charge_payment": {"key-from": "/order_id"}}"#,
+    ]);
+    let arguments = json!({"amount": 8, "currency": "EUR", "order_id": "ord-8", "delay_ms": 1000});
+    wrap.send(&call(1, "charge_payment", arguments.clone(), None));
+    wrap.send(&charge(2, arguments.clone(), "own-key-2"));
+    wrap.send(&call(3, "charge_payment", arguments, None));
+    let refused = wrap.response(&json!(2));
+    assert_rejected(
+        &refused,
+        -32602,
+        "idempotency_key_in_progress",
+        Some("own-key-2"),
+    );
+    let first = wrap.response(&json!(1));
+    let waited = wrap.response(&json!(3));
+    assert_eq!(charge_id(&waited), charge_id(&first));
+    assert_eq!(ledger_lines(&sandbox.ledger()).len(), 1);
+    assert_eq!(wrap.finish().code(), Some(0));
+}

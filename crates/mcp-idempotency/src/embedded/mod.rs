@@ -262,6 +262,7 @@ impl Connection {
     pub async fn decide(&self, received: Received) -> FromClient {
         match received.0 {
             ClientAction::Forward => FromClient::Forward,
+            ClientAction::ForwardTraced { message, .. } => FromClient::ForwardRewritten(message),
             ClientAction::Absorb => FromClient::Drop,
             ClientAction::Respond(response) => FromClient::Respond(response),
             ClientAction::RecordThenForward(claim, outcome) => {

@@ -140,6 +140,10 @@ where
         ClientAction::Absorb | ClientAction::RecordThenForward(..) => {
             return pass_through(&mut inner, parts, bytes).await
         }
+        ClientAction::ForwardTraced { id, message } => {
+            let request_id = id.as_json().to_owned();
+            return Ok(forward(inner, parts, interceptor, &id, message, request_id, None).await);
+        }
         ClientAction::Decide(call) => call,
     };
 
@@ -174,30 +178,51 @@ where
     match interceptor.on_decision(call, decision) {
         Decided::Respond(response) => Ok(json_response(StatusCode::OK, response)),
         Decided::Forward(message) if interceptor.has_calls_in_flight() => {
-            set_body_length(&mut parts, message.len());
-            // The header says what `_meta` says: the upstream's span is a child of ours.
-            if let Some(traceparent) = interceptor
-                .outgoing_traceparent(&id)
-                .and_then(|value| HeaderValue::from_str(&value).ok())
-            {
-                parts.headers.insert(TRACEPARENT, traceparent);
-            }
-            let request = Request::from_parts(parts, Full::new(Bytes::from(message)));
-            Ok(relay::start(
-                Exchange {
-                    interceptor,
-                    request_id,
-                    call: counted,
-                },
-                inner.call(request),
-            )
-            .await)
+            Ok(forward(inner, parts, interceptor, &id, message, request_id, counted).await)
         }
         Decided::Forward(message) => {
             set_body_length(&mut parts, message.len());
             pass_through(&mut inner, parts, Bytes::from(message)).await
         }
     }
+}
+
+/// Sends `message` (the call `id`) upstream and relays the answer through the interceptor, which
+/// waits for it (a claimed call, or a traced one); the `traceparent` header says what `_meta`
+/// says, so that the upstream's span is a child of mcp-idem's.
+async fn forward<S, ResBody>(
+    mut inner: S,
+    mut parts: http::request::Parts,
+    interceptor: Interceptor<crate::RunningClaim>,
+    id: &crate::interceptor::RequestId,
+    message: String,
+    request_id: String,
+    call: Option<super::shutdown::CallGuard>,
+) -> Response<ResponseBody>
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: std::fmt::Display + Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    set_body_length(&mut parts, message.len());
+    if let Some(traceparent) = interceptor
+        .outgoing_traceparent(id)
+        .and_then(|value| HeaderValue::from_str(&value).ok())
+    {
+        parts.headers.insert(TRACEPARENT, traceparent);
+    }
+    let request = Request::from_parts(parts, Full::new(Bytes::from(message)));
+    relay::start(
+        Exchange {
+            interceptor,
+            request_id,
+            call,
+        },
+        inner.call(request),
+    )
+    .await
 }
 
 async fn pass_through<S, ResBody>(

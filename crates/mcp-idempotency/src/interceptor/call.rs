@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{ClientAction, Interceptor, RequestId, META_KEY};
 use crate::call_span::{CallSpan, SpanStart};
-use crate::engine::{Claim, ToolCall};
+use crate::engine::{BypassReason, Claim, Decision, ToolCall};
 use crate::jsonrpc::{error_response, INVALID_PARAMS, INVALID_REQUEST};
 use crate::policy::prefilter;
 use crate::policy::select::{self, Chosen};
@@ -81,7 +81,8 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             self.config
                 .listing
                 .on_unprotected(|| super::listing::tool_name(envelope.get("params")));
-            return unkeyed(None);
+            unkeyed(None);
+            return self.traced_unkeyed(message, envelope, id);
         };
         let tool = params.get_str("name").unwrap_or_default();
         let choice = match select::choose(&policies, &tool, &params) {
@@ -93,7 +94,8 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                         .listing
                         .on_unprotected(|| Some(tool.as_str().into()));
                 }
-                return unkeyed(missing.map(|m| (tool, m)));
+                unkeyed(missing.map(|m| (tool, m)));
+                return self.traced_unkeyed(message, envelope, id);
             }
             Chosen::Refused(message) => {
                 return ClientAction::Respond(error_response(
@@ -134,6 +136,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 tool: &tool_name,
                 request_id: id.as_json(),
                 transport: self.transport(),
+                negotiated_version: self.discovery.protocol_version.as_deref(),
             }),
             false => CallSpan::none(),
         };
@@ -152,6 +155,64 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         })
     }
 
+    /// A `tools/call` no key protects, forwarded: as it is, unless tracing is on or durations are
+    /// recorded; then it gets a span (decision `bypass`, reason `no_key`) that waits for the
+    /// server's answer, and with tracing on `_meta` carries that span to the server.
+    fn traced_unkeyed(
+        &mut self,
+        message: &str,
+        envelope: &RawObject<'_>,
+        id: RequestId,
+    ) -> ClientAction<C> {
+        if !CallSpan::wanted() {
+            return ClientAction::Forward;
+        }
+        let Some(params) = envelope
+            .get("params")
+            .and_then(|params| RawObject::parse(params.get()))
+        else {
+            return ClientAction::Forward;
+        };
+        let Some(tool_name) = params.get_str("name") else {
+            return ClientAction::Forward;
+        };
+        let span = CallSpan::start(SpanStart {
+            listed: self.config.listing.lists(&tool_name),
+            meta: params
+                .get("_meta")
+                .and_then(|meta| RawObject::parse(meta.get()))
+                .as_ref(),
+            tool: &tool_name,
+            request_id: id.as_json(),
+            transport: self.transport(),
+            negotiated_version: self.discovery.protocol_version.as_deref(),
+        });
+        span.decided(
+            &Decision::<()>::Bypass(BypassReason::NoKey),
+            NO_KEY_SOURCE,
+            None,
+            None,
+            0,
+        );
+        let request = match span.forwarded() {
+            Some(trace) => {
+                let params_at = envelope
+                    .only("params")
+                    .and_then(|raw| span_of(message, raw.get()));
+                self.rewrite_message(message, params_at.as_ref(), None, Some(trace))
+            }
+            None => message.to_owned(),
+        };
+        if span.is_live() {
+            let tracing = self.tracing.get_or_insert_default();
+            tracing.traced.insert(id.clone(), span);
+        }
+        ClientAction::ForwardTraced {
+            id,
+            message: request,
+        }
+    }
+
     /// The request for the server: without `idempotencyKey` unless configured, and with the key in
     /// `_meta` when the call was claimed.
     ///
@@ -164,9 +225,20 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         claimed_key: Option<&str>,
         trace: Option<(String, Option<String>)>,
     ) -> String {
-        let message = &call.message;
+        self.rewrite_message(&call.message, call.params_at.as_ref(), claimed_key, trace)
+    }
+
+    /// [`rewrite_for_server`](Self::rewrite_for_server) of `message`, whose `params` is at
+    /// `params_at` when known.
+    fn rewrite_message(
+        &self,
+        message: &str,
+        params_at: Option<&Range<usize>>,
+        claimed_key: Option<&str>,
+        trace: Option<(String, Option<String>)>,
+    ) -> String {
         if self.config.forward_key && claimed_key.is_none() && trace.is_none() {
-            return message.clone();
+            return message.to_owned();
         }
         let rewrite_params = |params: &str| {
             let mut params = RawObject::parse(params)?;
@@ -197,7 +269,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 .collect();
             Some(params.to_string_with("_meta", &meta.to_string_with_all(&set)))
         };
-        let rewritten = match &call.params_at {
+        let rewritten = match params_at {
             Some(at) => message
                 .get(at.clone())
                 .and_then(rewrite_params)
@@ -208,13 +280,16 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 Some(envelope.to_string_with("params", &params))
             }),
         };
-        rewritten.unwrap_or_else(|| message.clone())
+        rewritten.unwrap_or_else(|| message.to_owned())
     }
 }
 
-/// A `tools/call` no key protects: forwarded as it is, and counted (with the tool and the
+/// The `mcp_idem.key.source` of a call no key protects.
+const NO_KEY_SOURCE: &str = "none";
+
+/// A `tools/call` no key protects: counted (with the tool and the
 /// identifier it lacked, when its policy wanted one).
-fn unkeyed<C>(missing: Option<(String, String)>) -> ClientAction<C> {
+fn unkeyed(missing: Option<(String, String)>) {
     // Without `metrics` the `None` arm is empty.
     #[cfg_attr(not(feature = "metrics"), allow(clippy::single_match))]
     match missing {
@@ -229,12 +304,9 @@ fn unkeyed<C>(missing: Option<(String, String)>) -> ClientAction<C> {
         }
         None => {
             #[cfg(feature = "metrics")]
-            crate::metrics::on_decision(&crate::engine::Decision::<C>::Bypass(
-                crate::engine::BypassReason::NoKey,
-            ));
+            crate::metrics::on_decision(&Decision::<()>::Bypass(BypassReason::NoKey));
         }
     }
-    ClientAction::Forward
 }
 
 /// Where `part` (a slice of `text`, as the values of a [`RawObject`] read from it are) is in

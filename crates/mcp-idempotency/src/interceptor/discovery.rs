@@ -24,6 +24,8 @@ pub(super) struct Discovery {
     probe_failed: bool,
     /// The server's `serverInfo.name`, from the first discovery result that had one.
     pub(super) server_name: Option<String>,
+    /// The revision the server chose in an `initialize` result (`result.protocolVersion`).
+    pub(super) protocol_version: Option<String>,
 }
 
 /// What a driver that decides under the server's name does before deciding a call
@@ -89,10 +91,18 @@ impl Discovery {
         true
     }
 
-    /// A result to a client's discovery request: the first name it gives is kept.
+    /// A result to a client's discovery request: the first name it gives is kept, and the revision
+    /// an `initialize` result chose.
     pub(super) fn on_result(&mut self, envelope: &RawObject<'_>) {
         if self.server_name.is_none() {
             self.server_name = server_name(envelope);
+        }
+        let chosen = envelope
+            .get("result")
+            .and_then(|result| RawObject::parse(result.get()))
+            .and_then(|result| result.get_str("protocolVersion"));
+        if chosen.is_some() {
+            self.protocol_version = chosen;
         }
     }
 

@@ -178,6 +178,15 @@ impl RequestId {
 pub enum ClientAction<C = Claim> {
     /// Send the message to the server unchanged.
     Forward,
+    /// Send this message to the server: a `tools/call` no key protects, whose span waits for the
+    /// server's answer (tracing on, or durations recorded). With tracing on its `_meta` carries
+    /// mcp-idem's span; otherwise it is the client's message unchanged.
+    ForwardTraced {
+        /// The request's id.
+        id: RequestId,
+        /// What the server gets.
+        message: String,
+    },
     /// Ask the deduplicator about this call, then pass its decision to
     /// [`Interceptor::on_decision`].
     Decide(KeyedCall),
@@ -348,7 +357,9 @@ impl<C: AsRef<Claim>> Interceptor<C> {
             (Some("notifications/cancelled"), None) => self.on_cancelled(&envelope),
             _ => ClientAction::Forward,
         };
-        if let (ClientAction::Forward, Some(id)) = (&action, request_id) {
+        if let (ClientAction::Forward | ClientAction::ForwardTraced { .. }, Some(id)) =
+            (&action, request_id)
+        {
             if self.pending.len() < MAX_PENDING {
                 self.pending.insert(id);
             }

@@ -43,6 +43,7 @@
 //! outcome-unknown and answered `idempotency_outcome_unknown`, the client's input is no longer
 //! read, and the server's input is closed; the server's output is still relayed until it ends.
 
+mod from_client;
 mod listing;
 mod naming;
 mod stopping;
@@ -58,18 +59,13 @@ use tokio::io::{
 };
 
 use crate::default_scope::{embedded_legacy_namespace, local_user, LegacyNamespaceReads};
-use crate::interceptor::{
-    ClientAction, Decided, Interceptor, InterceptorConfig, KeyedCall, ServerAction,
-};
-use crate::jsonrpc::{
-    error_response, DEFAULT_MAX_CLIENT_MESSAGE_BYTES, INVALID_REQUEST, MAX_SERVER_MESSAGE_BYTES,
-};
-use crate::lines::{id_in_prefix, next_piece, read_line, read_more, skip_rest, Line};
+use crate::interceptor::{Interceptor, InterceptorConfig, ServerAction};
+use crate::jsonrpc::{DEFAULT_MAX_CLIENT_MESSAGE_BYTES, MAX_SERVER_MESSAGE_BYTES};
+use crate::lines::{next_piece, read_line, Line};
 use crate::record::Scope;
 use crate::store::{self, StoreError, StoreUrl};
-use crate::{Decision, Deduplicator, EngineConfig, RunningClaim, Timestamp};
-use futures_util::StreamExt;
-use stopping::{Deciding, Stopping};
+use crate::{Deduplicator, EngineConfig, RunningClaim, Timestamp};
+use stopping::Stopping;
 
 /// Default of [`StdioProxy::shutdown_grace`]: 3 s. The Python SDK's stdio client closes a server's
 /// input, waits 2 s, sends SIGTERM, waits 2 s more and sends SIGKILL; a grace counted from the
@@ -336,175 +332,6 @@ impl StdioProxy {
             orphaned_calls,
             calls_cut_off,
         })
-    }
-
-    async fn client_to_server<CR, SW>(
-        &self,
-        state: &Mutex<Interceptor<RunningClaim>>,
-        client_in: CR,
-        mut server_in: SW,
-        to_client: &ToClient,
-        stopping: &Stopping,
-    ) -> io::Result<()>
-    where
-        CR: AsyncRead + Unpin,
-        SW: AsyncWrite + Unpin,
-    {
-        let mut lines = BufReader::new(client_in);
-        let mut line = Vec::new();
-        // Waited for beside every read, so made once: a new waiter per line would join and leave
-        // each `Notify`'s list every time.
-        let server_gone = stopping.server_gone_for_pump.notified();
-        let drained = stopping.drained.notified();
-        tokio::pin!(server_gone, drained);
-        // Calls whose duplicates wait for a running call's outcome (keys the client did not
-        // send) are decided here, beside the reads: a wait never holds up the messages behind it
-        // (the elicitation answer the running call itself waits for, say).
-        let mut waiting = futures_util::stream::FuturesUnordered::new();
-        let mut resumed = false;
-        while !stopping.is_over() {
-            if stopping.is_draining() {
-                // A cancellation, or a refused call, may be what the drain waits for.
-                stopping.progress.notify_one();
-            }
-            if !resumed {
-                line.clear();
-            }
-            resumed = false;
-            let read = tokio::select! {
-                biased;
-                // Nobody is left to read what the client sends.
-                () = &mut server_gone => return Ok(()),
-                // The drain is over: nothing more goes to the server.
-                () = &mut drained => break,
-                Some(decided) = waiting.next(), if !waiting.is_empty() => {
-                    self.deliver(state, decided, &mut server_in, to_client).await?;
-                    // The read this interrupted goes on with what it had read.
-                    resumed = true;
-                    continue;
-                }
-                read = read_more(&mut lines, &mut line, self.max_line_bytes) => read?,
-            };
-            match read {
-                Line::Eof => {
-                    stopping.client_ended.notify_one();
-                    // The calls still being decided are decided (and sent) during the drain.
-                    loop {
-                        tokio::select! {
-                            biased;
-                            () = &mut server_gone => return Ok(()),
-                            () = &mut drained => break,
-                            Some(decided) = waiting.next(), if !waiting.is_empty() => {
-                                self.deliver(state, decided, &mut server_in, to_client).await?;
-                            }
-                        }
-                    }
-                    break;
-                }
-                Line::Whole => {}
-                Line::TooLong => {
-                    let skipped = skip_rest(&mut lines).await?;
-                    let id = id_in_prefix(&line);
-                    let length = line.len() as u64 + skipped;
-                    tracing::warn!(
-                        length,
-                        limit = self.max_line_bytes,
-                        id = id.as_deref().unwrap_or("null"),
-                        "discarded a client message longer than the line limit"
-                    );
-                    let message = format!(
-                        "a line of {length} bytes is longer than the line limit of {} bytes; it was discarded, not forwarded",
-                        self.max_line_bytes
-                    );
-                    let response =
-                        error_response(id.as_deref().unwrap_or("null"), INVALID_REQUEST, &message);
-                    send(to_client, &mut response.into_bytes()).await;
-                    continue;
-                }
-            }
-            let action = match message_text(&line) {
-                Some(text) => {
-                    self.tools_for_call(state, text, &mut server_in, stopping)
-                        .await?;
-                    lock(state).on_client_message(text)
-                }
-                None => ClientAction::Forward,
-            };
-            match action {
-                ClientAction::Forward => write_line(&mut server_in, &mut line).await?,
-                ClientAction::Absorb => {}
-                ClientAction::Respond(response) => {
-                    send(to_client, &mut response.into_bytes()).await
-                }
-                ClientAction::Decide(call) => {
-                    let Some(scope) = self.scope_for_call(state, &mut server_in, stopping).await?
-                    else {
-                        let decided = lock(state).refuse_unnamed(call);
-                        self.send_decided(decided, &mut server_in, to_client)
-                            .await?;
-                        continue;
-                    };
-                    let deciding = stopping.enter_decision();
-                    if call.terms().wait.is_none() {
-                        let decision = self
-                            .dedup
-                            .begin_guarded(&scope, &call.tool_call(), call.span(), &deciding)
-                            .await;
-                        self.deliver(state, (call, decision, deciding), &mut server_in, to_client)
-                            .await?;
-                        continue;
-                    }
-                    waiting.push(async move {
-                        let decision = self
-                            .dedup
-                            .begin_guarded(&scope, &call.tool_call(), call.span(), &deciding)
-                            .await;
-                        (call, decision, deciding)
-                    });
-                }
-                ClientAction::RecordThenForward(claim, outcome) => {
-                    claim.record(outcome).await;
-                    write_line(&mut server_in, &mut line).await?;
-                }
-            }
-        }
-        // The drain is over: a call still being decided is refused, and a claim it got released
-        // (its future, dropped, would leave the key in progress with no call behind it).
-        while let Some(decided) = waiting.next().await {
-            self.deliver(state, decided, &mut server_in, to_client)
-                .await?;
-        }
-        server_in.shutdown().await
-    }
-
-    /// Hands a decided call to the interceptor (the decision is over: its `Deciding` ends) and
-    /// sends it where it goes.
-    async fn deliver<SW: AsyncWrite + Unpin>(
-        &self,
-        state: &Mutex<Interceptor<RunningClaim>>,
-        (call, decision, deciding): (KeyedCall, Decision<RunningClaim>, Deciding<'_>),
-        server_in: &mut SW,
-        to_client: &ToClient,
-    ) -> io::Result<()> {
-        let decided = lock(state).on_decision(call, decision);
-        drop(deciding);
-        self.send_decided(decided, server_in, to_client).await
-    }
-
-    /// Sends a decided call where it goes: to the server, or (answered) to the client.
-    async fn send_decided<SW: AsyncWrite + Unpin>(
-        &self,
-        decided: Decided,
-        server_in: &mut SW,
-        to_client: &ToClient,
-    ) -> io::Result<()> {
-        match decided {
-            Decided::Forward(request) => write_line(server_in, &mut request.into_bytes()).await,
-            Decided::Respond(response) => {
-                send(to_client, &mut response.into_bytes()).await;
-                Ok(())
-            }
-        }
     }
 
     async fn server_to_client<SR>(

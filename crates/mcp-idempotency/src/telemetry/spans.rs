@@ -36,7 +36,7 @@ use opentelemetry_sdk::trace::Span as SdkSpan;
 
 use crate::engine::{BypassReason, Decision, Replay};
 use crate::key::IdempotencyKey;
-use crate::protocol::TransportTrace;
+use crate::protocol::{TransportTrace, META_PROTOCOL_VERSION};
 use crate::raw_object::RawObject;
 use crate::record::TraceLink;
 use crate::rejection::{Rejection, RejectionKind};
@@ -55,7 +55,8 @@ pub const OPERATION_DURATION_BUCKETS: [f64; 14] = [
 pub const DECISION: &str = "mcp_idem.decision";
 /// Why: a bypass's reason (`no_key`, `mrtr_continuation`, `store_down`) or a rejection's type.
 pub const DECISION_REASON: &str = "mcp_idem.decision.reason";
-/// Where the key came from (`sep`, `meta`, `key-from`, `argument`, `window`).
+/// Where the key came from (`sep`, `meta`, `key-from`, `argument`, `window`; `none` when no key
+/// protects the call).
 pub const KEY_SOURCE: &str = "mcp_idem.key.source";
 /// The key's digest ([`IdempotencyKey::digest`](crate::IdempotencyKey::digest)), never the key.
 pub const KEY_DIGEST: &str = "mcp_idem.key.digest";
@@ -115,6 +116,8 @@ pub(crate) struct SpanStart<'a> {
     pub(crate) request_id: &'a str,
     pub(crate) meta: Option<&'a RawObject<'a>>,
     pub(crate) transport: &'a TransportTrace,
+    /// The revision the server chose in the session's `initialize` result (stdio), if any.
+    pub(crate) negotiated_version: Option<&'a str>,
 }
 
 impl CallSpan {
@@ -157,8 +160,8 @@ impl CallSpan {
             if let Some(session) = &start.transport.session_id {
                 attributes.push(KeyValue::new("mcp.session.id", hashed(session)));
             }
-            if let Some(version) = &start.transport.protocol_version {
-                attributes.push(KeyValue::new("mcp.protocol.version", version.clone()));
+            if let Some(version) = protocol_version(&start) {
+                attributes.push(KeyValue::new("mcp.protocol.version", version));
             }
             span.set_attributes(attributes);
             Traced {
@@ -474,6 +477,16 @@ impl Drop for OutgoingSpan {
     fn drop(&mut self) {
         self.0.end();
     }
+}
+
+/// The call's revision of MCP: what its `_meta` says (2026-07-28 clients send it with every
+/// request), else the `MCP-Protocol-Version` header, else the session's `initialize` result.
+fn protocol_version(start: &SpanStart<'_>) -> Option<String> {
+    start
+        .meta
+        .and_then(|meta| meta.get_str(META_PROTOCOL_VERSION))
+        .or_else(|| start.transport.protocol_version.clone())
+        .or_else(|| start.negotiated_version.map(str::to_owned))
 }
 
 /// The parent context of a call (from `_meta`, else the transport), and a link to the

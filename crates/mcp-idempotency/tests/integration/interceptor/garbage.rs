@@ -205,7 +205,10 @@ fn drive(h: &mut Harness, from_client: &str, from_server: &str) {
                 }
             }
         }
-        ClientAction::Respond(response) => {
+        ClientAction::Respond(response)
+        | ClientAction::ForwardTraced {
+            message: response, ..
+        } => {
             serde_json::from_str::<Value>(&response).expect("valid JSON out");
         }
         ClientAction::Forward | ClientAction::Absorb | ClientAction::RecordThenForward(..) => {}
