@@ -2,13 +2,12 @@
 //! `proxy` instances, a Redis of the test's own, the demo server as upstream) run as processes
 //! (`support/compose.rs` maps them to loopback), a `prometheus` of the test's own (its own folder
 //! and port, scraping both proxies every second, loading `deploy/prometheus/alerts.yml`) watches a
-//! scripted load: keyed calls, replays across instances, conflicts, duplicates in progress,
-//! key-less calls, and a store outage (the test's Redis stopped, then started again). Then:
+//! scripted load: keyed calls, replays across instances, conflicts, duplicates in progress, a
+//! duplicate that waits (compose.yaml's `key-from` policy), key-less calls, and a store outage (the test's Redis stopped, then started again). Then:
 //!
 //! - the store alert's expression (read from alerts.yml) is false before the outage and true for
 //!   both instances during it, and the alert is pending or firing;
-//! - every query of every panel of `deploy/grafana/mcp-idem.json` returns series, except those
-//!   listed in [`NEEDS_LEADS_METRIC`].
+//! - every query of every panel of `deploy/grafana/mcp-idem.json` returns series.
 //!
 //! Needs `prometheus` and `redis-server` on PATH and the venv of `deploy/tools.sh` (PyYAML);
 //! without them it fails under `CI=true` and skips elsewhere.
@@ -25,16 +24,7 @@ use serde_json::{json, Value};
 
 use crate::support::compose::{services, Running, Service};
 use crate::support::deploy::{deploy_path, system_tool, venv_tool, yaml_document};
-use crate::support::http::{charge, slow_charge, HttpClient, Raw};
-
-/// Panels (by title) whose `mcp_server_operation_duration_seconds` queries are run and printed,
-/// not asserted: the waits' query counts duplicates that waited for a running call's outcome,
-/// which only a key the client did not send makes (a tool policy), and this load sends the SEP's
-/// key. Every other panel's queries, those on that histogram included, must return series.
-const NEEDS_LEADS_METRIC: &[&str] = &["Waits and duplicates in progress"];
-
-/// The metric those panels need.
-const LEADS_METRIC: &str = "mcp_server_operation_duration_seconds";
+use crate::support::http::{charge, slow_charge, tool_call, HttpClient, Raw};
 
 /// Longest wait for Prometheus to see something (scrapes are every second).
 const SEE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -252,8 +242,13 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
             "{}",
             conflict.body
         );
+        // No key and no order id: the policy's identifier is missing, the call runs unprotected.
         let keyless = a.call(charge(next(), 1, None)).await;
         assert!(keyless.charge_id().is_some(), "{}", keyless.body);
+        let unkeyed = a
+            .call(tool_call(next(), "get_balance", json!({}), None))
+            .await;
+        assert!(unkeyed.json()["result"].is_object(), "{}", unkeyed.body);
     }
     // A duplicate of a call still running: sent on the other instance until the slow call
     // answers. Whichever reaches the store second is refused (the duplicate may overtake it).
@@ -286,6 +281,25 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
         in_progress > 0,
         "no duplicate found its call in progress: {answers:#?}"
     );
+
+    // A duplicate without a key (keyed by its order id) of a call still running on the other
+    // instance waits for that call's outcome, and gets it.
+    let order =
+        json!({"amount": 6, "currency": "EUR", "order_id": "live-order", "delay_ms": 1_500});
+    let first = tokio::spawn({
+        let (a, message) = (
+            a.clone(),
+            tool_call(next(), "charge_payment", order.clone(), None),
+        );
+        async move { a.call(message).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waited = b
+        .call(tool_call(next(), "charge_payment", order, None))
+        .await;
+    let first = first.await.unwrap();
+    assert!(first.charge_id().is_some(), "{}", first.body);
+    assert_eq!(waited.charge_id(), first.charge_id(), "{}", waited.body);
 
     // The outage: the store stops; keyed calls are refused on both instances until the store
     // alert's expression holds for both.
@@ -359,6 +373,14 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
             2,
         ),
         (r#"sum(mcp_idem_bypasses_total{reason="no_key"}) > 0"#, 1),
+        (
+            r#"sum(mcp_idem_bypasses_total{reason="missing_identifier"}) > 0"#,
+            1,
+        ),
+        (
+            r#"sum(mcp_server_operation_duration_seconds_count{mcp_idem_decision="waited"}) > 0"#,
+            1,
+        ),
         ("mcp_idem_record_limit", 4),
         ("mcp_idem_records", 1),
     ] {
@@ -376,27 +398,11 @@ async fn prometheus_scrapes_the_compose_services_under_load_and_outage() {
         .iter()
         .filter(|panel| panel["type"] != "row")
         .collect();
-    for title in NEEDS_LEADS_METRIC {
-        assert!(
-            panels.iter().any(|panel| panel["title"] == *title),
-            "NEEDS_LEADS_METRIC names {title:?}, which is no panel"
-        );
-    }
     let mut queries = 0;
     for panel in &panels {
-        let title = panel["title"].as_str().unwrap();
         for target in panel["targets"].as_array().unwrap() {
             let expr = outside_grafana(target["expr"].as_str().unwrap());
             queries += 1;
-            if NEEDS_LEADS_METRIC.contains(&title) && expr.contains(LEADS_METRIC) {
-                let result = prom.query(&expr).await;
-                eprintln!(
-                    "needs the lead's metric: {title:?} {}: {} series",
-                    target["refId"],
-                    result.len()
-                );
-                continue;
-            }
             prom.until(&expr, 1).await;
         }
     }
