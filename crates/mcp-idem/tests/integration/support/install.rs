@@ -59,13 +59,29 @@ pub(crate) fn path_without_rust() -> OsString {
 
 /// `readme-install/` in this checkout's target directory (`$CARGO_TARGET_DIR`, else `target/`):
 /// what a command run here builds goes there, kept between runs, so that it reuses the crates it
-/// compiled there before. Not the target directory itself: the README's npm install builds with
+/// compiled there before (and the README's two installs, each other's). Not the target directory itself: the README's npm install builds with
 /// `--target <host>` and the system linker the crates `scripts/dist.sh` builds with zig, in the same
 /// folder under the same names, so each would build the other's again.
 fn shared_target() -> OsString {
     let root =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo().join("target"), PathBuf::from);
     root.join("readme-install").into()
+}
+
+/// The host's target triple, as rustc names it.
+fn host_triple() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let output = Command::new("rustc")
+            .arg("-vV")
+            .output()
+            .expect("rustc -vV");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .find_map(|line| line.strip_prefix("host: "))
+            .expect("rustc -vV names the host")
+            .to_owned()
+    })
 }
 
 /// Runs `command` with `sh -c` in `dir`, with `path` as `PATH` and builds in this checkout's target
@@ -78,6 +94,9 @@ pub(crate) fn run(dir: &Path, path: &OsString, command: &str) -> String {
         .env("PATH", path)
         .env("CARGO_INCREMENTAL", "0")
         .env("CARGO_TARGET_DIR", shared_target())
+        // napi-rs builds with `--target <host>`; so does maturin then, and the two bindings'
+        // builds share their compiled dependencies (same folder, same features).
+        .env("CARGO_BUILD_TARGET", host_triple())
         .env_remove("VIRTUAL_ENV")
         .output()
         .unwrap_or_else(|err| panic!("sh -c {command:?}: {err}"));
