@@ -52,6 +52,10 @@ impl CallSpan {
         false
     }
 
+    pub(crate) fn tracing() -> bool {
+        false
+    }
+
     pub(crate) fn is_live(&self) -> bool {
         false
     }

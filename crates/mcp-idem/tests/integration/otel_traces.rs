@@ -561,8 +561,8 @@ async fn the_bridge_passes_its_clients_context_on_or_starts_one_per_call() {
 
 /// A call no key protects gets a span too (decision `bypass`, reason `no_key`, key source
 /// `none`), whose forwarded request's context the upstream gets in `_meta` and the header; it is
-/// timed by tool and decision. With tracing off and durations recorded, the same call reaches the
-/// upstream byte for byte as the client sent it, and is timed.
+/// timed by tool and decision. With tracing off, the same call reaches the upstream byte for byte
+/// as the client sent it, and is not timed (it passes through unread), metrics endpoint or not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unkeyed_call_gets_a_span_and_passes_it_on() {
     let receiver = Receiver::start().await.expect("the OTLP receiver");
@@ -638,7 +638,7 @@ async fn an_unkeyed_call_gets_a_span_and_passes_it_on() {
     );
     drop(traced);
 
-    // Tracing off, durations recorded: the call goes on untouched, and is timed.
+    // Tracing off, durations recorded: the call goes on untouched, unread.
     let timed = Proxy::spawn(&upstream.origin, &args);
     let sent = unkeyed.to_string();
     let answer = Raw::new(&timed).call(unkeyed).await;
@@ -649,8 +649,12 @@ async fn an_unkeyed_call_gets_a_span_and_passes_it_on() {
     assert_eq!(seen[1].traceparent, None);
     let authority = crate::ops::metrics_authority(&timed.stderr());
     let scrape = crate::ops::scrape(&authority);
+    assert!(
+        !scrape.contains("mcp_idem_decision=\"bypass\""),
+        "an unread call is not timed: {scrape}"
+    );
     assert_eq!(
-        crate::ops::sample(&scrape, &duration_count("bypass")),
+        crate::ops::sample(&scrape, "mcp_idem_bypasses_total{reason=\"no_key\"}"),
         1.0,
         "{scrape}"
     );

@@ -126,20 +126,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 ))
             }
         };
-        let span = match CallSpan::wanted() {
-            true => CallSpan::start(SpanStart {
-                listed: self.config.listing.lists(&tool_name),
-                meta: params
-                    .get("_meta")
-                    .and_then(|meta| RawObject::parse(meta.get()))
-                    .as_ref(),
-                tool: &tool_name,
-                request_id: id.as_json(),
-                transport: self.transport(),
-                negotiated_version: self.discovery.protocol_version.as_deref(),
-            }),
-            false => CallSpan::none(),
-        };
+        let span = self.call_span(&params, &tool_name, &id);
         ClientAction::Decide(KeyedCall {
             span,
             params_at: envelope
@@ -155,16 +142,37 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         })
     }
 
-    /// A `tools/call` no key protects, forwarded: as it is, unless tracing is on or durations are
-    /// recorded; then it gets a span (decision `bypass`, reason `no_key`) that waits for the
-    /// server's answer, and with tracing on `_meta` carries that span to the server.
+    /// The span of the call `id` to `tool_name` (empty unless tracing is on or durations are
+    /// recorded): its parent from `params._meta` or the transport.
+    fn call_span(&self, params: &RawObject<'_>, tool_name: &str, id: &RequestId) -> CallSpan {
+        if !CallSpan::wanted() {
+            return CallSpan::none();
+        }
+        CallSpan::start(SpanStart {
+            listed: self.config.listing.lists(tool_name),
+            meta: params
+                .get("_meta")
+                .and_then(|meta| RawObject::parse(meta.get()))
+                .as_ref(),
+            tool: tool_name,
+            request_id: id.as_json(),
+            transport: self.transport(),
+            negotiated_version: self.discovery.protocol_version.as_deref(),
+        })
+    }
+
+    /// A `tools/call` no key protects, forwarded: as it is, unless tracing is on; then it gets a
+    /// span (decision `bypass`, reason `no_key`) that waits for the server's answer (and, with a
+    /// metrics recorder, times the call), and `_meta` carries that span to the server. Durations
+    /// alone do not make it read: timing it means reading the server's answer, which costs a
+    /// pass-through call about a third more over HTTP (docs/benchmarks.md, "Tracing cost").
     fn traced_unkeyed(
         &mut self,
         message: &str,
         envelope: &RawObject<'_>,
         id: RequestId,
     ) -> ClientAction<C> {
-        if !CallSpan::wanted() {
+        if !CallSpan::tracing() {
             return ClientAction::Forward;
         }
         let Some(params) = envelope
@@ -176,17 +184,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         let Some(tool_name) = params.get_str("name") else {
             return ClientAction::Forward;
         };
-        let span = CallSpan::start(SpanStart {
-            listed: self.config.listing.lists(&tool_name),
-            meta: params
-                .get("_meta")
-                .and_then(|meta| RawObject::parse(meta.get()))
-                .as_ref(),
-            tool: &tool_name,
-            request_id: id.as_json(),
-            transport: self.transport(),
-            negotiated_version: self.discovery.protocol_version.as_deref(),
-        });
+        let span = self.call_span(&params, &tool_name, &id);
         span.decided(
             &Decision::<()>::Bypass(BypassReason::NoKey),
             NO_KEY_SOURCE,

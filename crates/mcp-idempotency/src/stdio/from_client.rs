@@ -122,10 +122,21 @@ impl StdioProxy {
                     continue;
                 }
             }
-            let acted = self.on_line(state, &mut line, &mut server_in, to_client, stopping);
-            let (acted, decided) = alongside(acted, &mut waiting).await;
-            self.deliver_all(state, decided, &mut server_in, to_client, &mut waiting)
-                .await?;
+            let acted = match waiting.is_empty() {
+                // Nothing else to poll: the message is acted on as it is read.
+                true => {
+                    self.on_line(state, &mut line, &mut server_in, to_client, stopping)
+                        .await
+                }
+                false => {
+                    let acting =
+                        self.on_line(state, &mut line, &mut server_in, to_client, stopping);
+                    let (acted, decided) = alongside(acting, &mut waiting).await;
+                    self.deliver_all(state, decided, &mut server_in, to_client, &mut waiting)
+                        .await?;
+                    acted
+                }
+            };
             if let Some((scope, call, deciding)) = acted? {
                 waiting.push(self.decide(scope, call, deciding));
             }

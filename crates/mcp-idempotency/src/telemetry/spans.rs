@@ -190,6 +190,11 @@ impl CallSpan {
         super::tracer().is_some() || DURATIONS.load(Ordering::Relaxed)
     }
 
+    /// Whether tracing is on.
+    pub(crate) fn tracing() -> bool {
+        super::tracer().is_some()
+    }
+
     /// Whether the call is traced or timed (a recorder is installed).
     pub(crate) fn is_live(&self) -> bool {
         self.0.is_some()
