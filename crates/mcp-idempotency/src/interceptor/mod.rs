@@ -178,9 +178,8 @@ impl RequestId {
 pub enum ClientAction<C = Claim> {
     /// Send the message to the server unchanged.
     Forward,
-    /// Send this message to the server: a `tools/call` no key protects, whose span waits for the
-    /// server's answer (tracing on, or durations recorded). With tracing on its `_meta` carries
-    /// mcp-idem's span; otherwise it is the client's message unchanged.
+    /// Send this message to the server: a `tools/call` no key protects, traced (tracing is on):
+    /// its `_meta` carries mcp-idem's span, and the span waits for the server's answer.
     ForwardTraced {
         /// The request's id.
         id: RequestId,
