@@ -82,7 +82,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                 .listing
                 .on_unprotected(|| super::listing::tool_name(envelope.get("params")));
             unkeyed(None);
-            return self.traced_unkeyed(message, envelope, id);
+            return self.traced_unkeyed(message, envelope, None, id);
         };
         let tool = params.get_str("name").unwrap_or_default();
         let choice = match select::choose(&policies, &tool, &params) {
@@ -95,7 +95,7 @@ impl<C: AsRef<Claim>> Interceptor<C> {
                         .on_unprotected(|| Some(tool.as_str().into()));
                 }
                 unkeyed(missing.map(|m| (tool, m)));
-                return self.traced_unkeyed(message, envelope, id);
+                return self.traced_unkeyed(message, envelope, Some(&params), id);
             }
             Chosen::Refused(message) => {
                 return ClientAction::Respond(error_response(
@@ -170,21 +170,31 @@ impl<C: AsRef<Claim>> Interceptor<C> {
         &mut self,
         message: &str,
         envelope: &RawObject<'_>,
+        params: Option<&RawObject<'_>>,
         id: RequestId,
     ) -> ClientAction<C> {
         if !CallSpan::tracing() {
             return ClientAction::Forward;
         }
-        let Some(params) = envelope
-            .get("params")
-            .and_then(|params| RawObject::parse(params.get()))
-        else {
-            return ClientAction::Forward;
+        // `params` when the policy step read it already, else read here (tracing on only).
+        let parsed;
+        let params = match params {
+            Some(params) => params,
+            None => match envelope
+                .get("params")
+                .and_then(|p| RawObject::parse(p.get()))
+            {
+                Some(read) => {
+                    parsed = read;
+                    &parsed
+                }
+                None => return ClientAction::Forward,
+            },
         };
         let Some(tool_name) = params.get_str("name") else {
             return ClientAction::Forward;
         };
-        let span = self.call_span(&params, &tool_name, &id);
+        let span = self.call_span(params, &tool_name, &id);
         span.decided(
             &Decision::<()>::Bypass(BypassReason::NoKey),
             NO_KEY_SOURCE,
