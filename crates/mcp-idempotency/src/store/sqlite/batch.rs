@@ -8,11 +8,17 @@
 //! waiting for SQLite's write lock. Whatever is queued after that, or met another connection's
 //! lock, is left to a leader on Tokio's blocking pool, which waits for locks and runs transactions
 //! until the queue is empty.
+//!
+//! A leader that yielded is started by its caller's next poll. A caller that holds its future
+//! without polling it (a driver awaiting something else meanwhile) would stall every operation
+//! queued behind it: an operation that has waited [`LEADER_STALL`] for a leader that has not
+//! started takes the role over and hands the queue to the blocking pool.
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::task::Poll;
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::oneshot;
@@ -23,6 +29,10 @@ use crate::store::{StoreError, StoreFuture};
 /// Most operations one transaction runs: bounds how long it holds the write lock (tens of
 /// microseconds per operation).
 const MAX_BATCH: usize = 64;
+
+/// How long an operation waits for a leader that has not started before it takes the role over.
+/// A leader starts within one turn of the runtime when its caller polls it.
+const LEADER_STALL: Duration = Duration::from_millis(100);
 
 /// The connection, and the operations waiting for it.
 pub(super) struct Writer {
@@ -36,6 +46,10 @@ struct Queue {
     /// Whether a leader will run the queued jobs. It stops being one only when it finds the
     /// queue empty, under this lock: a job queued later finds no leader and becomes it.
     led: bool,
+    /// Whether the leader has yet to start (it lets ready tasks queue first). Whoever clears it
+    /// starts leading: the leader when its caller polls it again, or an operation that waited
+    /// [`LEADER_STALL`] for it.
+    starting: bool,
 }
 
 impl std::fmt::Debug for Writer {
@@ -117,19 +131,41 @@ impl Writer {
                 result: None,
                 reply,
             }));
-            !std::mem::replace(&mut queue.led, true)
+            let leads = !std::mem::replace(&mut queue.led, true);
+            queue.starting |= leads;
+            leads
         };
         if leads {
             let leader = Leader(Some(Arc::clone(&self)));
             yield_to_ready_tasks().await;
             leader.lead_here();
         }
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::Backend {
-                message: "SQLite operation stopped before it answered".into(),
-                source: None,
-            })
-        })
+        self.answer(answer).await
+    }
+
+    /// Waits for `answer`; after [`LEADER_STALL`], starts a leader that has not started.
+    async fn answer<T>(
+        self: &Arc<Self>,
+        mut answer: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        // Outside a runtime there is no timer: the caller drives everything itself.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            if let Ok(answered) = tokio::time::timeout(LEADER_STALL, &mut answer).await {
+                return answered.unwrap_or_else(|_| Err(stopped()));
+            }
+            if self.start_leading() {
+                tracing::debug!(
+                    "SQLite: a group commit's leader was not polled for {LEADER_STALL:?}; its queue runs on the blocking pool"
+                );
+                self.drain_elsewhere();
+            }
+        }
+        answer.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// Whether the caller is the one to start the leader that has yet to start.
+    fn start_leading(&self) -> bool {
+        std::mem::take(&mut self.lock_queue().starting)
     }
 
     /// As the leader: runs one transaction on this thread, telling SQLite not to wait for locks,
@@ -220,6 +256,14 @@ impl Writer {
     }
 }
 
+/// Why an operation got no answer.
+fn stopped() -> StoreError {
+    StoreError::Backend {
+        message: "SQLite operation stopped before it answered".into(),
+        source: None,
+    }
+}
+
 /// Lets the tasks that are ready to run go first, so that they queue their operations for the
 /// leader's transaction: the task wakes itself, which puts it back at the end of the runtime's
 /// queue. `tokio::task::yield_now` would also make the runtime poll for I/O first: one
@@ -239,13 +283,15 @@ async fn yield_to_ready_tasks() {
 
 /// The leader's role, held by the operation that found no leader while it lets other tasks queue
 /// theirs. Dropped unused (the caller stopped waiting), it hands the role on, so that what is
-/// queued still runs.
+/// queued still runs. It does nothing when an operation that waited too long took the role over.
 struct Leader(Option<Arc<Writer>>);
 
 impl Leader {
     fn lead_here(mut self) {
         if let Some(writer) = self.0.take() {
-            writer.lead_here();
+            if writer.start_leading() {
+                writer.lead_here();
+            }
         }
     }
 }
@@ -253,7 +299,9 @@ impl Leader {
 impl Drop for Leader {
     fn drop(&mut self) {
         if let Some(writer) = self.0.take() {
-            writer.drain_elsewhere();
+            if writer.start_leading() {
+                writer.drain_elsewhere();
+            }
         }
     }
 }
@@ -480,6 +528,35 @@ mod tests {
         assert_eq!(rows(&writer), (0..count).collect::<Vec<_>>());
         // The busy operation's, then MAX_BATCH operations', then the last six's.
         assert_eq!(commits.load(Ordering::SeqCst), 3);
+    }
+
+    /// A driver that holds a leader's future without polling it again (it awaits something else
+    /// meanwhile) does not stall the operations queued behind it: one of them takes the role over
+    /// after [`LEADER_STALL`]. The held operation still runs once, and its caller gets its answer
+    /// when it polls again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_leader_its_caller_stops_polling_does_not_stall_the_operations_behind_it() {
+        let (_dir, writer, _) = writer();
+        let mut held = writer.run(insert(1));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            held.as_mut().poll(&mut cx).is_pending(),
+            "the leader yields first"
+        );
+
+        let started = std::time::Instant::now();
+        let behind =
+            tokio::time::timeout(Duration::from_secs(10), tokio::spawn(writer.run(insert(2))))
+                .await
+                .expect("the operation behind the held leader is answered")
+                .unwrap();
+        assert_eq!(behind.unwrap(), 2);
+        assert!(started.elapsed() >= LEADER_STALL, "{:?}", started.elapsed());
+        assert_eq!(rows(&writer), [1, 2]);
+
+        assert_eq!(held.await.unwrap(), 1);
+        assert_eq!(rows(&writer), [1, 2], "the held operation ran once");
+        assert!(!writer.lock_queue().led, "no leader is left");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

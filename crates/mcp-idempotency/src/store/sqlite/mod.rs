@@ -50,7 +50,9 @@ const SELECT_RECORD: &str = concat!(
 /// power loss. Operations that wait for the connection at the same time share one transaction
 /// (group commit), and each answers only once it committed. An operation runs on the calling
 /// thread when it can take SQLite's write lock at once, and on Tokio's blocking pool when it has
-/// to wait for another connection.
+/// to wait for another connection. Run it on a Tokio runtime with its timer
+/// (`enable_time`, as `enable_all` does), as the claims' leases need: an operation that waits
+/// 100 ms for a transaction whose leader is not polled runs the queue itself.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
