@@ -148,7 +148,13 @@ impl Writer {
         self: &Arc<Self>,
         mut answer: oneshot::Receiver<Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        // Outside a runtime there is no timer: the caller drives everything itself.
+        // A leader that ran its own transaction has its answer: no timer for it. Outside a
+        // runtime there is no timer either: the caller drives everything itself.
+        match answer.try_recv() {
+            Ok(answered) => return answered,
+            Err(oneshot::error::TryRecvError::Closed) => return Err(stopped()),
+            Err(oneshot::error::TryRecvError::Empty) => {}
+        }
         if tokio::runtime::Handle::try_current().is_ok() {
             if let Ok(answered) = tokio::time::timeout(LEADER_STALL, &mut answer).await {
                 return answered.unwrap_or_else(|_| Err(stopped()));
