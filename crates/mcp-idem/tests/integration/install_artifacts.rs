@@ -141,3 +141,25 @@ fn the_binary_runs_its_demo() {
     let ledger = std::fs::read_to_string(sandbox.path("demo/ledger.jsonl")).unwrap();
     assert_eq!(ledger.lines().count(), 7, "{ledger}");
 }
+
+/// The three artifacts build the dependencies they share with the same features
+/// (`crates/artifact-features`), so a release build of all three builds each of them once:
+/// `scripts/artifact-features.py` names any that a dependency update made differ.
+#[test]
+fn the_three_artifacts_build_their_shared_dependencies_alike() {
+    let output = Command::new("python3")
+        .arg(repo().join("scripts/artifact-features.py"))
+        .current_dir(repo())
+        .output()
+        .expect("run python3 scripts/artifact-features.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "add what it names to crates/artifact-features/Cargo.toml:\n{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains("0 shared dependencies built with other features"),
+        "{stdout}"
+    );
+}

@@ -76,7 +76,7 @@ impl Discovery {
             return false;
         }
         self.probe = None;
-        match server_name(envelope) {
+        match result_of(envelope).and_then(|result| server_name(&result)) {
             Some(name) => {
                 self.server_name.get_or_insert(name);
             }
@@ -94,15 +94,14 @@ impl Discovery {
     /// A result to a client's discovery request: the first name it gives is kept, and the revision
     /// an `initialize` result chose.
     pub(super) fn on_result(&mut self, envelope: &RawObject<'_>) {
+        let Some(result) = result_of(envelope) else {
+            return;
+        };
         if self.server_name.is_none() {
-            self.server_name = server_name(envelope);
+            self.server_name = server_name(&result);
         }
-        let chosen = envelope
-            .get("result")
-            .and_then(|result| RawObject::parse(result.get()))
-            .and_then(|result| result.get_str("protocolVersion"));
-        if chosen.is_some() {
-            self.protocol_version = chosen;
+        if let Some(chosen) = result.get_str("protocolVersion") {
+            self.protocol_version = Some(chosen);
         }
     }
 
@@ -115,10 +114,14 @@ impl Discovery {
     }
 }
 
-/// The server's name in an `initialize` result (`result.serverInfo.name`) or a `server/discover`
-/// result (`result._meta["io.modelcontextprotocol/serverInfo"].name`), when it is a string.
-fn server_name(envelope: &RawObject<'_>) -> Option<String> {
-    let result = RawObject::parse(envelope.get("result")?.get())?;
+/// The `result` object of a response.
+fn result_of<'a>(envelope: &RawObject<'a>) -> Option<RawObject<'a>> {
+    RawObject::parse(envelope.get("result")?.get())
+}
+
+/// The server's name in an `initialize` result (`serverInfo.name`) or a `server/discover` result
+/// (`_meta["io.modelcontextprotocol/serverInfo"].name`), when it is a string.
+fn server_name(result: &RawObject<'_>) -> Option<String> {
     let info = match result.get("serverInfo") {
         Some(info) => info,
         None => RawObject::parse(result.get("_meta")?.get())?
@@ -129,7 +132,7 @@ fn server_name(envelope: &RawObject<'_>) -> Option<String> {
 
 /// Adds `tools.idempotency = {}` to the capabilities of an `initialize` / `server/discover` result.
 pub(super) fn inject_capability(envelope: &RawObject<'_>) -> Option<String> {
-    let result = RawObject::parse(envelope.get("result")?.get())?;
+    let result = result_of(envelope)?;
     let capabilities = RawObject::parse(result.get("capabilities")?.get())?;
     let tools = RawObject::parse(capabilities.get("tools")?.get())?;
     let tools = tools.to_string_with("idempotency", "{}");

@@ -3,9 +3,9 @@
 //! reads.
 //!
 //! Those decisions are polled during every await of this pump, not only while it reads: a
-//! decision left unpolled can hold what another needs (the SQLite store's write batch is led by
-//! the first call that queued into it, and waits for that call's task to run it), so an await that
-//! let them sit could wait for ever.
+//! decision left unpolled can hold what another needs (a store's batch is led by the first call
+//! that queued into it; PostgreSQL's and Redis's wait for that call's exchange, SQLite's takes
+//! the role over only after 100 ms), so an await that let them sit could stall every call.
 
 use std::collections::VecDeque;
 use std::future::Future;

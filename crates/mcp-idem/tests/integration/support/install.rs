@@ -59,9 +59,10 @@ pub(crate) fn path_without_rust() -> OsString {
 
 /// `readme-install/` in this checkout's target directory (`$CARGO_TARGET_DIR`, else `target/`):
 /// what a command run here builds goes there, kept between runs, so that it reuses the crates it
-/// compiled there before (and the README's two installs, each other's). Not the target directory itself: the README's npm install builds with
-/// `--target <host>` and the system linker the crates `scripts/dist.sh` builds with zig, in the same
-/// folder under the same names, so each would build the other's again.
+/// compiled there before (and the README's two installs, each other's). Not the target directory
+/// itself: the README's npm install builds with `--target <host>` and the system linker the crates
+/// `scripts/dist.sh` builds with zig, in the same folder under the same names, so each would build
+/// the other's again.
 fn shared_target() -> OsString {
     let root =
         std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo().join("target"), PathBuf::from);
